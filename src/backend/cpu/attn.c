@@ -1,0 +1,102 @@
+/* attn.c - CPU attention with sinks over per-row key lists, and the lightning indexer's
+ * scores and top-k. Parallel over (row, head) pairs / rows; fixed summation order. */
+#include "cpu_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct attn_job {
+    struct dsi_backend *be;
+    const struct dsi_attn_args *a;
+};
+
+static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
+    struct attn_job *j = ctx;
+    const struct dsi_attn_args *a = j->a;
+    int64_t hd = a->head_dim;
+    float *s = cpu_scratch(j->be, tid, a->keys_ld * (int64_t)sizeof(float));
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r = t / a->n_heads, h = t % a->n_heads;
+        const float *q = a->q + (r * a->n_heads + h) * hd;
+        const float *const *keys = a->keys + r * a->keys_ld;
+        int nk = a->n_keys[r];
+        float sink = cpu_vec_get(a->sinks, h);
+        float mx = sink;
+        for (int i = 0; i < nk; i++) {
+            s[i] = cpu_dot(q, keys[i], hd) * a->scale;
+            mx = fmaxf(mx, s[i]);
+        }
+        float z = 0.0f;
+        for (int i = 0; i < nk; i++) z += (s[i] = expf(s[i] - mx));
+        z += expf(sink - mx);
+        float *o = a->out + (r * a->n_heads + h) * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int i = 0; i < nk; i++) {
+            float p = s[i] / z;
+            if (a->round_probs) p = dsi_bf16_round(p);
+            const float *k = keys[i];
+            for (int64_t d = 0; d < hd; d++) o[d] += p * k[d];
+        }
+        if (a->round_bf16)
+            for (int64_t d = 0; d < hd; d++) o[d] = dsi_bf16_round(o[d]);
+    }
+}
+
+void cpu_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
+    struct attn_job j = {be, a};
+    dsi_pool_run(cpu_ctx(be)->pool, a->n * a->n_heads, 1, attn_part, &j);
+}
+
+struct scored {
+    float v;
+    int32_t i;
+};
+
+static int cmp_scored(const void *x, const void *y) {
+    const struct scored *a = x, *b = y;
+    if (a->v != b->v) return a->v > b->v ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+static int cmp_i32(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a > b) - (a < b);
+}
+
+struct idx_job {
+    struct dsi_backend *be;
+    const struct dsi_indexer_args *a;
+};
+
+static void indexer_part(void *ctx, int64_t r0, int64_t r1, int tid) {
+    struct idx_job *j = ctx;
+    const struct dsi_indexer_args *a = j->a;
+    int64_t hd = a->head_dim, nh = a->n_heads;
+    for (int64_t r = r0; r < r1; r++) {
+        int nv = a->n_visible[r];
+        struct scored *sc = cpu_scratch(j->be, tid, (int64_t)nv * (int64_t)sizeof(*sc));
+        const float *q = a->q + r * nh * hd, *w = a->w + r * nh;
+        for (int i = 0; i < nv; i++) {
+            const float *k = a->keys[r] + (int64_t)i * hd;
+            float acc = 0.0f;
+            for (int64_t h = 0; h < nh; h++) {
+                float d = cpu_dot(q + h * hd, k, hd);
+                acc += (d > 0.0f ? d * a->score_scale : 0.0f) * (w[h] * a->w_scale);
+            }
+            sc[i].v = acc;
+            sc[i].i = i;
+        }
+        int k = DSI_MIN(a->topk, nv);
+        qsort(sc, (size_t)nv, sizeof(*sc), cmp_scored);
+        int32_t *sel = a->sel + r * a->topk;
+        for (int i = 0; i < k; i++) sel[i] = sc[i].i;
+        qsort(sel, (size_t)k, sizeof(*sel), cmp_i32); /* attend in index order */
+        a->n_sel[r] = k;
+    }
+}
+
+void cpu_indexer(struct dsi_backend *be, const struct dsi_indexer_args *a) {
+    struct idx_job j = {be, a};
+    dsi_pool_run(cpu_ctx(be)->pool, a->n, 1, indexer_part, &j);
+}

@@ -1,0 +1,84 @@
+/* cpu.c - the CPU backend object: thread pool, per-thread scratch, op table. */
+#include "cpu_impl.h"
+
+#include <string.h>
+
+void *cpu_scratch(struct dsi_backend *be, int tid, int64_t bytes) {
+    struct cpu_ctx *c = cpu_ctx(be);
+    DSI_ASSERT(tid >= 0 && tid < c->n_threads && bytes <= c->scratch_bytes);
+    return c->scratch[tid];
+}
+
+static int cpu_reserve(struct dsi_backend *be, int64_t bytes, struct dsi_err *err) {
+    struct cpu_ctx *c = cpu_ctx(be);
+    if (bytes <= c->scratch_bytes) return DSI_OK;
+    for (int i = 0; i < c->n_threads; i++) {
+        free(c->scratch[i]);
+        c->scratch[i] = dsi_aligned_alloc((size_t)bytes);
+        if (!c->scratch[i]) {
+            c->scratch_bytes = 0;
+            return dsi_errf(err, DSI_ERR_NOMEM, "cpu backend: cannot reserve %lld bytes of scratch",
+                            (long long)bytes);
+        }
+    }
+    c->scratch_bytes = bytes;
+    return DSI_OK;
+}
+
+static void cpu_free(struct dsi_backend *be) {
+    struct cpu_ctx *c = cpu_ctx(be);
+    for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
+    free(c->scratch);
+    dsi_pool_free(c->pool);
+    free(c);
+}
+
+static const struct dsi_backend_ops g_cpu_ops = {
+    .reserve = cpu_reserve,
+    .free = cpu_free,
+    .gemm = cpu_gemm,
+    .act_quant = cpu_act_quant,
+    .hadamard_q4 = cpu_hadamard_q4,
+    .embed = cpu_embed,
+    .add = cpu_add,
+    .copy = cpu_copy,
+    .slot_write = cpu_slot_write,
+    .rms_norm = cpu_rms_norm,
+    .rope = cpu_rope,
+    .hc_pre = cpu_hc_pre,
+    .hc_post = cpu_hc_post,
+    .hc_head = cpu_hc_head,
+    .attn = cpu_attn,
+    .indexer = cpu_indexer,
+    .compress = cpu_compress,
+    .moe_route = cpu_moe_route,
+    .moe = cpu_moe,
+};
+
+int dsi_backend_cpu_new(struct dsi_backend **out, int n_threads, struct dsi_err *err) {
+    *out = NULL;
+    struct dsi_backend *be = dsi_calloc(1, sizeof(*be));
+    struct cpu_ctx *c = dsi_calloc(1, sizeof(*c));
+    if (!be || !c) goto fail;
+    c->pool = dsi_pool_new(n_threads);
+    if (!c->pool) goto fail;
+    c->n_threads = dsi_pool_size(c->pool);
+    c->scratch = dsi_calloc((size_t)c->n_threads, sizeof(char *));
+    if (!c->scratch) goto fail;
+    be->ops = &g_cpu_ops;
+    be->ctx = c;
+    be->name = "cpu";
+    *out = be;
+    return DSI_OK;
+fail:
+    if (c) dsi_pool_free(c->pool);
+    free(c);
+    free(be);
+    return dsi_errf(err, DSI_ERR_NOMEM, "cpu backend: out of memory");
+}
+
+void dsi_backend_free(struct dsi_backend *be) {
+    if (!be) return;
+    be->ops->free(be);
+    free(be);
+}

@@ -1,0 +1,45 @@
+/* cpu_impl.h - internals shared by the CPU backend's files. */
+#ifndef DSI_CPU_IMPL_H
+#define DSI_CPU_IMPL_H
+
+#include "backend/backend.h"
+#include "backend/cpu/quant.h"
+#include "core/pool.h"
+
+struct cpu_ctx {
+    struct dsi_pool *pool;
+    int n_threads;
+    char **scratch;          /* [n_threads] per-thread scratch, scratch_bytes each */
+    int64_t scratch_bytes;
+};
+
+static inline struct cpu_ctx *cpu_ctx(struct dsi_backend *be) { return be->ctx; }
+/* Per-thread scratch of at least `bytes` (DSI_ASSERT if reserve was too small). */
+void *cpu_scratch(struct dsi_backend *be, int tid, int64_t bytes);
+
+/* Decode row `row` of a weight (any type) into out[0 .. w->ne[0]). */
+void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out);
+/* Read element i of a float vector tensor (F32/BF16/F16). */
+float cpu_vec_get(const struct dsi_tensor *t, int64_t i);
+/* Dot product in fixed order: 32-wide partial sums with 8 lanes each, added in sequence. */
+float cpu_dot(const float *a, const float *b, int64_t n);
+
+void cpu_gemm(struct dsi_backend *, const struct dsi_gemm_args *);
+void cpu_act_quant(struct dsi_backend *, const struct dsi_act_quant_args *);
+void cpu_moe(struct dsi_backend *, const struct dsi_moe_args *);
+void cpu_rms_norm(struct dsi_backend *, const struct dsi_rms_norm_args *);
+void cpu_rope(struct dsi_backend *, const struct dsi_rope_args *);
+void cpu_hc_pre(struct dsi_backend *, const struct dsi_hc_pre_args *);
+void cpu_hc_post(struct dsi_backend *, const struct dsi_hc_post_args *);
+void cpu_hc_head(struct dsi_backend *, const struct dsi_hc_head_args *);
+void cpu_attn(struct dsi_backend *, const struct dsi_attn_args *);
+void cpu_indexer(struct dsi_backend *, const struct dsi_indexer_args *);
+void cpu_compress(struct dsi_backend *, const struct dsi_compress_args *);
+void cpu_hadamard_q4(struct dsi_backend *, const struct dsi_hadamard_q4_args *);
+void cpu_embed(struct dsi_backend *, const struct dsi_embed_args *);
+void cpu_add(struct dsi_backend *, const struct dsi_add_args *);
+void cpu_copy(struct dsi_backend *, const struct dsi_copy_args *);
+void cpu_slot_write(struct dsi_backend *, const struct dsi_slot_write_args *);
+void cpu_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
+
+#endif

@@ -1,0 +1,40 @@
+/* forward.h - the one forward pass of DeepSeek-V4 (spec 4.9) over a flat batch of rows from
+ * any number of sequences, plus the MTP layer (spec 4.11). Prefill, chunked prefill and decode
+ * are the same call: rows are rows.
+ *
+ * struct dsi_fwd owns the step scratch (sized once for max_rows rows and max_ctx positions);
+ * it borrows the model and the backend, which must outlive it. */
+#ifndef DSI_FORWARD_H
+#define DSI_FORWARD_H
+
+#include "cache/kv.h"
+#include "model/dsv4.h"
+
+struct dsi_batch {
+    int n;                         /* rows */
+    const int32_t *tokens;         /* [n] */
+    const int32_t *pos;            /* [n] absolute positions */
+    struct dsi_kv_seq *const *seq; /* [n] the sequence state each row belongs to */
+    const uint8_t *want_logits;    /* [n] 1 = produce logits for this row; NULL = every row */
+};
+
+struct dsi_fwd;
+
+int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_backend *be,
+                int max_rows, int64_t max_ctx, enum dsi_numerics numerics, struct dsi_err *err);
+void dsi_fwd_free(struct dsi_fwd *f);
+
+/* Run the main model. Rows of one sequence must be in position order and continue it
+ * (pos == n_past, n_past + 1, ...). logits: [rows wanting logits, vocab_size] in row order.
+ * streams (optional): [n, hc_mult * hidden_size] final residual streams before hc_head (the
+ * MTP layer's input). Advances each sequence's n_past. */
+int dsi_forward(struct dsi_fwd *f, const struct dsi_batch *b, float *logits, float *streams,
+                struct dsi_err *err);
+
+/* Run the MTP layer: row r takes the main model's streams at position pos[r] and the token
+ * tokens[r] = the token at pos[r] + 1; logits predict the token at pos[r] + 2. Rows of a
+ * sequence continue its MTP positions (mtp_n_past). */
+int dsi_mtp_forward(struct dsi_fwd *f, const struct dsi_batch *b, const float *streams,
+                    float *logits, struct dsi_err *err);
+
+#endif

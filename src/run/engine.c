@@ -1,0 +1,222 @@
+/* engine.c - implements include/dsinfer.h on top of the model, the forward pass and the CPU
+ * backend. Owns the backend, the model, the forward scratch and the sequence states. */
+#include "dsinfer.h"
+
+#include "cache/kv.h"
+#include "model/forward.h"
+#include "run/sample.h"
+
+#include <string.h>
+
+struct dsi_engine {
+    struct dsi_backend *be;
+    struct dsi_model *m;
+    struct dsi_fwd *fwd;
+    int max_rows;
+    int64_t max_ctx;
+    enum dsi_numerics numerics;
+};
+
+int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, struct dsi_err *err) {
+    *out = NULL;
+    struct dsi_engine *e = dsi_calloc(1, sizeof(*e));
+    if (!e) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    e->max_rows = o->max_rows > 0 ? o->max_rows : 256;
+    e->max_ctx = o->max_ctx > 0 ? o->max_ctx : 4096;
+    e->numerics = o->numerics == DSI_OPT_NUMERICS_REFERENCE ? DSI_NUMERICS_REFERENCE
+                                                            : DSI_NUMERICS_PLAIN;
+    int rc = dsi_model_load(&e->m, o->model_dir, err);
+    if (!rc) rc = dsi_backend_cpu_new(&e->be, o->n_threads, err);
+    if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, e->be, e->max_rows, e->max_ctx, e->numerics, err);
+    if (rc) {
+        dsi_engine_close(e);
+        return rc;
+    }
+    *out = e;
+    return DSI_OK;
+}
+
+void dsi_engine_close(struct dsi_engine *e) {
+    if (!e) return;
+    dsi_fwd_free(e->fwd);
+    dsi_backend_free(e->be);
+    dsi_model_free(e->m);
+    free(e);
+}
+
+int dsi_engine_vocab_size(const struct dsi_engine *e) { return e->m->cfg.vocab_size; }
+int dsi_engine_eos_id(const struct dsi_engine *e) { return e->m->cfg.eos_token_id; }
+
+void dsi_engine_sampling_defaults(const struct dsi_engine *e, float *temperature, float *top_p,
+                                  int *top_k) {
+    *temperature = (float)e->m->cfg.gen_temperature;
+    *top_p = (float)e->m->cfg.gen_top_p;
+    *top_k = e->m->cfg.gen_top_k;
+}
+
+int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts,
+                             const int *lens, int n_prompts, int chunk, float *out,
+                             float *mtp_out, struct dsi_err *err) {
+    const struct dsi_config *c = &e->m->cfg;
+    int64_t V = c->vocab_size, HC = c->hc_dim;
+    int rc = DSI_OK;
+    if (chunk <= 0) chunk = e->max_rows;
+    if ((int64_t)chunk * n_prompts > e->max_rows)
+        chunk = e->max_rows / (n_prompts > 0 ? n_prompts : 1);
+    if (chunk < 1)
+        return dsi_errf(err, DSI_ERR_INVALID, "%d prompts do not fit in %d rows per step",
+                        n_prompts, e->max_rows);
+    for (int p = 0; p < n_prompts; p++) {
+        if (lens[p] < 1) return dsi_errf(err, DSI_ERR_INVALID, "prompt %d is empty", p);
+        if (lens[p] > e->max_ctx)
+            return dsi_errf(err, DSI_ERR_CONTEXT_FULL, "prompt %d: %d tokens, context is %lld", p,
+                            lens[p], (long long)e->max_ctx);
+        for (int i = 0; i < lens[p]; i++)
+            if (prompts[p][i] < 0 || prompts[p][i] >= V)
+                return dsi_errf(err, DSI_ERR_INVALID,
+                                "prompt %d: token id %d at position %d is out of range 0..%lld",
+                                p, prompts[p][i], i, (long long)V - 1);
+    }
+    struct dsi_kv_seq **seqs = dsi_calloc((size_t)n_prompts, sizeof(*seqs));
+    int32_t *tok = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
+    int32_t *pos = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
+    int *owner = dsi_malloc(sizeof(int) * (size_t)e->max_rows);
+    struct dsi_kv_seq **rs = dsi_malloc(sizeof(*rs) * (size_t)e->max_rows);
+    float *lg = dsi_malloc(sizeof(float) * (size_t)(e->max_rows * V));
+    float *st = mtp_out ? dsi_malloc(sizeof(float) * (size_t)(e->max_rows * HC)) : NULL;
+    /* streams of every position, kept for the MTP pass */
+    int64_t total = 0;
+    for (int p = 0; p < n_prompts; p++) total += lens[p];
+    float *all_st = mtp_out ? dsi_malloc(sizeof(float) * (size_t)(total * HC)) : NULL;
+    int64_t *off = dsi_calloc((size_t)n_prompts + 1, sizeof(int64_t));
+    if (!seqs || !tok || !pos || !owner || !rs || !lg || (mtp_out && (!st || !all_st)) || !off) {
+        rc = dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < n_prompts; p++) off[p + 1] = off[p] + lens[p];
+    for (int p = 0; p < n_prompts && !rc; p++)
+        rc = dsi_kv_seq_new(&seqs[p], c, e->max_ctx, e->max_rows, err);
+    if (rc) goto out;
+    /* Main model: every step takes up to `chunk` rows from each prompt. */
+    for (int done = 0; !done && !rc;) {
+        int n = 0;
+        done = 1;
+        for (int p = 0; p < n_prompts; p++) {
+            int64_t at = seqs[p]->n_past;
+            for (int k = 0; k < chunk && at + k < lens[p]; k++) {
+                tok[n] = prompts[p][at + k];
+                pos[n] = (int32_t)(at + k);
+                owner[n] = p;
+                rs[n++] = seqs[p];
+            }
+            if (at + chunk < lens[p]) done = 0;
+        }
+        if (!n) break;
+        struct dsi_batch b = {n, tok, pos, rs, NULL};
+        rc = dsi_forward(e->fwd, &b, lg, st, err);
+        for (int r = 0; r < n && !rc; r++) {
+            memcpy(out + (off[owner[r]] + pos[r]) * V, lg + r * V, sizeof(float) * (size_t)V);
+            if (all_st)
+                memcpy(all_st + (off[owner[r]] + pos[r]) * HC, st + r * HC,
+                       sizeof(float) * (size_t)HC);
+        }
+    }
+    /* MTP: row t uses the streams at t and token t+1. */
+    for (int done = 0; mtp_out && !done && !rc;) {
+        int n = 0;
+        done = 1;
+        for (int p = 0; p < n_prompts; p++) {
+            int64_t at = seqs[p]->mtp_n_past;
+            for (int k = 0; k < chunk && at + k < lens[p] - 1; k++) {
+                tok[n] = prompts[p][at + k + 1];
+                pos[n] = (int32_t)(at + k);
+                owner[n] = p;
+                memcpy(st + (int64_t)n * HC, all_st + (off[owner[n]] + at + k) * HC,
+                       sizeof(float) * (size_t)HC);
+                rs[n++] = seqs[p];
+            }
+            if (at + chunk < lens[p] - 1) done = 0;
+        }
+        if (!n) break;
+        struct dsi_batch b = {n, tok, pos, rs, NULL};
+        rc = dsi_mtp_forward(e->fwd, &b, st, lg, err);
+        for (int r = 0; r < n && !rc; r++)
+            memcpy(mtp_out + (off[owner[r]] - owner[r] + pos[r]) * V, lg + r * V,
+                   sizeof(float) * (size_t)V);
+    }
+out:
+    for (int p = 0; seqs && p < n_prompts; p++) dsi_kv_seq_free(seqs[p]);
+    free(seqs);
+    free(tok);
+    free(pos);
+    free(owner);
+    free(rs);
+    free(lg);
+    free(st);
+    free(all_st);
+    free(off);
+    return rc;
+}
+
+int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, int n_new,
+                        const struct dsi_sampling *s, dsi_token_fn fn, void *user,
+                        struct dsi_err *err) {
+    const struct dsi_config *c = &e->m->cfg;
+    int64_t V = c->vocab_size;
+    if (len < 1) return dsi_errf(err, DSI_ERR_INVALID, "empty prompt");
+    if (len + n_new > e->max_ctx)
+        return dsi_errf(err, DSI_ERR_CONTEXT_FULL,
+                        "prompt (%d tokens) + %d new tokens exceed the context of %lld", len,
+                        n_new, (long long)e->max_ctx);
+    for (int i = 0; i < len; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return dsi_errf(err, DSI_ERR_INVALID,
+                            "prompt token id %d at position %d is out of range 0..%lld",
+                            prompt[i], i, (long long)V - 1);
+    struct dsi_kv_seq *seq = NULL;
+    int rc = dsi_kv_seq_new(&seq, c, e->max_ctx, e->max_rows, err);
+    if (rc) return rc;
+    int32_t *tok = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
+    int32_t *pos = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
+    struct dsi_kv_seq **rs = dsi_malloc(sizeof(*rs) * (size_t)e->max_rows);
+    uint8_t *want = dsi_calloc((size_t)e->max_rows, 1);
+    float *lg = dsi_malloc(sizeof(float) * (size_t)V);
+    float *work = dsi_malloc(sizeof(float) * (size_t)(2 * V));
+    if (!tok || !pos || !rs || !want || !lg || !work) {
+        rc = dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int at = 0; at < len && !rc;) { /* chunked prefill; logits for the last row only */
+        int n = DSI_MIN(e->max_rows, len - at);
+        for (int k = 0; k < n; k++) {
+            tok[k] = prompt[at + k];
+            pos[k] = at + k;
+            rs[k] = seq;
+            want[k] = at + k == len - 1;
+        }
+        struct dsi_batch b = {n, tok, pos, rs, want};
+        rc = dsi_forward(e->fwd, &b, lg, NULL, err);
+        at += n;
+    }
+    for (int i = 0; i < n_new && !rc; i++) {
+        int32_t t = dsi_sample(lg, (int)V, s->temperature, s->top_p, s->top_k, s->seed,
+                               (uint64_t)(len + i), work);
+        if (fn && fn(t, user)) break;
+        if (t == c->eos_token_id || i + 1 == n_new) break;
+        tok[0] = t;
+        pos[0] = len + i;
+        rs[0] = seq;
+        want[0] = 1;
+        struct dsi_batch b = {1, tok, pos, rs, want};
+        rc = dsi_forward(e->fwd, &b, lg, NULL, err);
+    }
+out:
+    dsi_kv_seq_free(seq);
+    free(tok);
+    free(pos);
+    free(rs);
+    free(want);
+    free(lg);
+    free(work);
+    return rc;
+}

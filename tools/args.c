@@ -1,0 +1,68 @@
+/* args.c - see args.h. */
+#include "args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int args_parse_ids(const char *s, int32_t **out) {
+    int cap = 64, n = 0;
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!v) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            fprintf(stderr, "dsinfer: --prompt-ids: '%s' is not a list of non-negative ids like "
+                            "1,2,3\n", s);
+            free(v);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *nv = realloc(v, sizeof(int32_t) * (size_t)(cap *= 2));
+            if (!nv) {
+                free(v);
+                return -1;
+            }
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    if (!n) {
+        fprintf(stderr, "dsinfer: --prompt-ids: empty list\n");
+        free(v);
+        return -1;
+    }
+    *out = v;
+    return n;
+}
+
+int args_int(const char *cmd, const char *opt, const char *v, long long lo, long long hi,
+             long long *out) {
+    char *end;
+    errno = 0;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "dsinfer %s: %s: want an integer in %lld..%lld, got '%s'\n", cmd, opt, lo,
+                hi, v ? v : "(nothing)");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int args_float(const char *cmd, const char *opt, const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || *end || errno) {
+        fprintf(stderr, "dsinfer %s: %s: want a number, got '%s'\n", cmd, opt, v ? v : "(nothing)");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}

@@ -1,0 +1,17 @@
+/* args.h - small helpers shared by the subcommands (argument parsing, id lists). */
+#ifndef DSI_ARGS_H
+#define DSI_ARGS_H
+
+#include <stdint.h>
+
+/* The model used when -m is not given. */
+#define DSI_DEFAULT_MODEL "models/dsv4-tiny"
+
+/* Parse "1,2,3" into a malloc'd array; returns count or -1 with a message on stderr. */
+int args_parse_ids(const char *s, int32_t **out);
+/* Parse an integer/float option value or print "dsinfer CMD: OPT: want ..." and return -1. */
+int args_int(const char *cmd, const char *opt, const char *v, long long lo, long long hi,
+             long long *out);
+int args_float(const char *cmd, const char *opt, const char *v, double *out);
+
+#endif

@@ -1,0 +1,14 @@
+/* cmds.h - subcommand entry points of build/dsinfer. Each returns a process exit code and
+ * prints its own errors (one line naming the object and the expectation). */
+#ifndef DSI_CMDS_H
+#define DSI_CMDS_H
+
+int cmd_generate(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_bench_tokenize(int argc, char **argv);
+
+#endif
