@@ -20,7 +20,7 @@ static void usage(FILE *f) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_bench_tokenize(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "tokenize")) return dsi_bench_tokenize(argc - 1, argv + 1);
     const char *dir = DSI_DEFAULT_MODEL;
     long long threads = 0, n_prompt = 128, n_decode = 32;
     for (int i = 1; i < argc; i++) {

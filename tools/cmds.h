@@ -9,6 +9,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
-int cmd_bench_tokenize(int argc, char **argv);
+int dsi_bench_tokenize(int argc, char **argv); /* tools/cmd_tok.c */
 
 #endif

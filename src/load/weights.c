@@ -385,26 +385,31 @@ int dsi_model_load(struct dsi_model **out, const char *dir, struct dsi_err *err)
     bind(&b, &m->norm, "norm.weight", K_VEC, 0, D, NULL);
     bind_hc(&b, &m->hc_head, "", "hc_head", c->hc_mult, c->hc_dim);
     for (int il = 0; il < c->n_layers_total && !b.rc; il++) bind_layer(&b, il);
-    if (!b.rc && b.n_missing)
-        b.rc = dsi_errf(err, DSI_ERR_FORMAT, "%s: %d tensor%s missing: %s%s", dir, b.n_missing,
-                        b.n_missing > 1 ? "s" : "", b.missing, b.n_missing > 4 ? ", ..." : "");
-    if (!b.rc) {
+    if (!b.rc) { /* missing and unexpected tensors, reported together */
         int n_unexp = 0;
         char list[400] = "";
         for (int i = 0; i < b.n; i++) {
             const char *nm = b.names[i];
             /* the reference skips MTP embed/head copies if present */
-            if (b.used[i] || (!strncmp(nm, "mtp.", 4) && (strstr(nm, ".embed.") || strstr(nm, ".head."))))
+            if (b.used[i] ||
+                (!strncmp(nm, "mtp.", 4) && (strstr(nm, ".embed.") || strstr(nm, ".head."))))
                 continue;
             if (n_unexp++ < 4) {
                 size_t l = strlen(list);
                 snprintf(list + l, sizeof(list) - l, "%s%s", l ? ", " : "", m->st->tensors[i].name);
             }
         }
-        if (n_unexp)
-            b.rc = dsi_errf(err, DSI_ERR_FORMAT,
-                            "%s: %d unexpected tensor%s for this config.json: %s%s", dir, n_unexp,
-                            n_unexp > 1 ? "s" : "", list, n_unexp > 4 ? ", ..." : "");
+        if (b.n_missing || n_unexp) {
+            char ms[480] = "", us[480] = "";
+            if (b.n_missing)
+                snprintf(ms, sizeof(ms), "%d tensor%s missing: %s%s", b.n_missing,
+                         b.n_missing > 1 ? "s" : "", b.missing, b.n_missing > 4 ? ", ..." : "");
+            if (n_unexp)
+                snprintf(us, sizeof(us), "%s%d unexpected tensor%s for this config.json: %s%s",
+                         b.n_missing ? "; " : "", n_unexp, n_unexp > 1 ? "s" : "", list,
+                         n_unexp > 4 ? ", ..." : "");
+            b.rc = dsi_errf(err, DSI_ERR_FORMAT, "%s: %s%s", dir, ms, us);
+        }
     }
     for (int il = 0; il < c->num_hidden_layers && !b.rc; il++)
         if (m->layers[il].has_tid2eid) b.rc = check_tid2eid(m, &m->layers[il], il, err);

@@ -1,0 +1,187 @@
+/* test_model.c - the whole forward pass against outside references, on the tiny random
+ * checkpoints of tests/golden/<case> (written by ref/make_goldens.py):
+ *  - `plain` logits of every position vs HF transformers' DeepseekV4ForCausalLM in fp32:
+ *    relative error (max-norm over the row) <= 1e-4 and the same argmax everywhere, with all
+ *    prompts of a case run as several sequences in one batch;
+ *  - chunked prefill (chunks 1, 3, 17, whole) bitwise equal, and any thread count bitwise equal;
+ *  - the MTP layer's logits vs the spec-written Python reference (ref/mtp_ref.py);
+ *  - `reference` numerics: chunk-invariant and close to `plain`. */
+#include "test.h"
+
+#include "dsinfer.h"
+#include "core/core.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+
+struct golden {
+    int n_prompts;
+    int32_t *prompts[8];
+    int lens[8];
+    int vocab;
+    int64_t total;
+    float *logits, *mtp;
+    char model[1024];
+};
+
+static float *read_f32(const char *path, int64_t n) {
+    char *d = NULL;
+    size_t len = 0;
+    struct dsi_err err;
+    if (dsi_read_file(path, &d, &len, &err) || len != (size_t)n * 4) {
+        fprintf(stderr, "  %s: want %lld floats (%s)\n", path, (long long)n,
+                d ? "wrong size" : err.msg);
+        free(d);
+        return NULL;
+    }
+    return (float *)d;
+}
+
+static int golden_load(struct test_ctx *t, const char *name, struct golden *g) {
+    memset(g, 0, sizeof(*g));
+    char path[2400], dir[1100];
+    snprintf(dir, sizeof(dir), "%s", test_path(t, "tests/golden"));
+    snprintf(path, sizeof(path), "%s/%s/golden.json", dir, name);
+    snprintf(g->model, sizeof(g->model), "%.900s/%.60s/model", dir, name);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) {
+        fprintf(stderr, "  %s: %s\n", path, je.text);
+        return -1;
+    }
+    json_t *ps = json_object_get(j, "prompts");
+    g->vocab = (int)json_integer_value(json_object_get(j, "vocab_size"));
+    g->n_prompts = (int)json_array_size(ps);
+    for (int p = 0; p < g->n_prompts && p < 8; p++) {
+        json_t *a = json_array_get(ps, (size_t)p);
+        g->lens[p] = (int)json_array_size(a);
+        g->prompts[p] = malloc(sizeof(int32_t) * (size_t)g->lens[p]);
+        for (int i = 0; i < g->lens[p]; i++)
+            g->prompts[p][i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
+        g->total += g->lens[p];
+    }
+    snprintf(path, sizeof(path), "%s/%s/%s", dir, name,
+             json_string_value(json_object_get(j, "logits")));
+    g->logits = read_f32(path, g->total * g->vocab);
+    const char *mt = json_string_value(json_object_get(j, "mtp_logits"));
+    if (mt) {
+        snprintf(path, sizeof(path), "%s/%s/%s", dir, name, mt);
+        g->mtp = read_f32(path, (g->total - g->n_prompts) * g->vocab);
+    }
+    json_decref(j);
+    return g->logits && g->n_prompts > 0 && g->vocab > 0 ? 0 : -1;
+}
+
+static void golden_free(struct golden *g) {
+    for (int p = 0; p < g->n_prompts; p++) free(g->prompts[p]);
+    free(g->logits);
+    free(g->mtp);
+}
+
+/* Run the prompts as one batch stream; out has total rows (mtp: total - n_prompts rows). */
+static int run(const struct golden *g, int chunk, int threads, int numerics, float *out,
+               float *mtp) {
+    struct dsi_engine_opts o = {.model_dir = g->model, .n_threads = threads,
+                                .max_rows = 1024, .max_ctx = 1024, .numerics = numerics};
+    struct dsi_engine *e = NULL;
+    struct dsi_err err = {0};
+    int rc = dsi_engine_open(&e, &o, &err);
+    if (!rc)
+        rc = dsi_engine_prompt_logits(e, (const int32_t *const *)g->prompts, g->lens,
+                                      g->n_prompts, chunk, out, mtp, &err);
+    if (rc) fprintf(stderr, "  engine: %s\n", err.msg);
+    dsi_engine_close(e);
+    return rc;
+}
+
+/* Max over rows of max|a-b| / max|b|, and the number of rows whose argmax differs. */
+static double compare(const float *a, const float *b, int64_t rows, int vocab, int *argmax_diff) {
+    double worst = 0;
+    *argmax_diff = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = a + r * vocab, *y = b + r * vocab;
+        double md = 0, my = 0;
+        int ax = 0, ay = 0;
+        for (int i = 0; i < vocab; i++) {
+            md = fmax(md, fabs((double)x[i] - (double)y[i]));
+            my = fmax(my, fabs((double)y[i]));
+            if (x[i] > x[ax]) ax = i;
+            if (y[i] > y[ay]) ay = i;
+        }
+        worst = fmax(worst, md / (my > 0 ? my : 1));
+        *argmax_diff += ax != ay;
+    }
+    return worst;
+}
+
+static int check_case(struct test_ctx *t, const char *name) {
+    struct golden g;
+    TEST_ASSERTF(golden_load(t, name, &g) == 0, "golden %s", name);
+    int64_t n = g.total * g.vocab, nm = (g.total - g.n_prompts) * g.vocab;
+    float *whole = malloc(sizeof(float) * (size_t)n), *other = malloc(sizeof(float) * (size_t)n);
+    float *mtp = malloc(sizeof(float) * (size_t)(nm + 1));
+    TEST_ASSERT(whole && other && mtp);
+    TEST_ASSERT(run(&g, 0, 0, DSI_OPT_NUMERICS_PLAIN, whole, g.mtp ? mtp : NULL) == 0);
+    int ad;
+    double err = compare(whole, g.logits, g.total, g.vocab, &ad);
+    fprintf(stderr, "[%s: HF rel err %.2e] ", name, err);
+    TEST_ASSERTF(err <= 1e-4, "%s: relative error %.3g vs HF", name, err);
+    TEST_ASSERTF(ad == 0, "%s: argmax differs from HF on %d rows", name, ad);
+    if (g.mtp) {
+        double em = compare(mtp, g.mtp, g.total - g.n_prompts, g.vocab, &ad);
+        fprintf(stderr, "[MTP rel err %.2e] ", em);
+        TEST_ASSERTF(em <= 1e-4 && ad == 0, "%s: MTP relative error %.3g, %d argmax differ", name,
+                     em, ad);
+    }
+    static const int chunks[] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        TEST_ASSERT(run(&g, chunks[i], 0, DSI_OPT_NUMERICS_PLAIN, other, NULL) == 0);
+        TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0,
+                     "%s: chunk %d differs from the whole-prompt logits", name, chunks[i]);
+    }
+    TEST_ASSERT(run(&g, 0, 1, DSI_OPT_NUMERICS_PLAIN, other, NULL) == 0);
+    TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0, "%s: 1 thread differs", name);
+    TEST_ASSERT(run(&g, 0, 3, DSI_OPT_NUMERICS_PLAIN, other, NULL) == 0);
+    TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0, "%s: 3 threads differ", name);
+    /* Reference numerics: chunk-invariant, and near plain (the [QAT] steps are small). */
+    float *ref = malloc(sizeof(float) * (size_t)n);
+    TEST_ASSERT(ref && run(&g, 0, 0, DSI_OPT_NUMERICS_REFERENCE, ref, NULL) == 0);
+    TEST_ASSERT(run(&g, 5, 0, DSI_OPT_NUMERICS_REFERENCE, other, NULL) == 0);
+    TEST_ASSERTF(memcmp(other, ref, sizeof(float) * (size_t)n) == 0,
+                 "%s: reference numerics differ between chunked and whole prefill", name);
+    double er = compare(ref, whole, g.total, g.vocab, &ad);
+    fprintf(stderr, "[reference vs plain %.2e] ", er);
+    TEST_ASSERTF(er > 0 && er < 0.25, "%s: reference vs plain relative error %.3g", name, er);
+    free(ref);
+    free(whole);
+    free(other);
+    free(mtp);
+    golden_free(&g);
+    return 0;
+}
+
+int test_model_tiny_a(struct test_ctx *t) { return check_case(t, "tiny-a"); }
+int test_model_tiny_b(struct test_ctx *t) { return check_case(t, "tiny-b"); }
+
+/* Out-of-range token ids are refused before they reach the model. */
+int test_model_bad_tokens(struct test_ctx *t) {
+    struct golden g;
+    TEST_ASSERT(golden_load(t, "tiny-a", &g) == 0);
+    int32_t bad[3] = {5, g.vocab, 7};
+    const int32_t *ps[1] = {bad};
+    int lens[1] = {3};
+    struct dsi_engine_opts o = {.model_dir = g.model, .max_rows = 16, .max_ctx = 64};
+    struct dsi_engine *e = NULL;
+    struct dsi_err err = {0};
+    TEST_ASSERT(dsi_engine_open(&e, &o, &err) == 0);
+    float *out = malloc(sizeof(float) * 3 * (size_t)g.vocab);
+    int rc = dsi_engine_prompt_logits(e, ps, lens, 1, 0, out, NULL, &err);
+    TEST_ASSERTF(rc == DSI_ERR_INVALID && strstr(err.msg, "out of range"), "%s", err.msg);
+    bad[1] = -1;
+    rc = dsi_engine_prompt_logits(e, ps, lens, 1, 0, out, NULL, &err);
+    TEST_ASSERT(rc == DSI_ERR_INVALID);
+    free(out);
+    dsi_engine_close(e);
+    golden_free(&g);
+    return 0;
+}

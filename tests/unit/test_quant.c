@@ -1,0 +1,126 @@
+/* test_quant.c - number formats and [QAT] rules: hand-computed cases, and the dequantisation
+ * of FP8/FP4 checkpoint tensors bit-exact against the Python decoder's goldens
+ * (tests/golden/quant, written by ref/quant_golden.py). */
+#include "test.h"
+
+#include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/quant.h"
+#include "load/safetensors.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+
+static int same_bits(float a, float b) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    return memcmp(&a, &b, 4) == 0;
+}
+
+int test_quant_formats(struct test_ctx *t) {
+    TEST_ASSERT(dsi_e4m3_to_f32(0x00) == 0.0f && dsi_e4m3_to_f32(0x38) == 1.0f);
+    TEST_ASSERT(dsi_e4m3_to_f32(0x7e) == 448.0f && dsi_e4m3_to_f32(0xfe) == -448.0f);
+    TEST_ASSERT(isnan(dsi_e4m3_to_f32(0x7f)) && isnan(dsi_e4m3_to_f32(0xff)));
+    TEST_ASSERT(dsi_e4m3_to_f32(0x01) == ldexpf(1, -9)); /* smallest subnormal */
+    TEST_ASSERT(dsi_e8m0_to_f32(127) == 1.0f && dsi_e8m0_to_f32(130) == 8.0f);
+    TEST_ASSERT(isnan(dsi_e8m0_to_f32(0xff)));
+    TEST_ASSERT(dsi_fp4_to_f32(7) == 6.0f && dsi_fp4_to_f32(0xf) == -6.0f);
+    TEST_ASSERT(dsi_fp4_to_f32(8) == 0.0f && signbit(dsi_fp4_to_f32(8)));
+    TEST_ASSERT(dsi_bf16_round(1.00390625f) == 1.0f);    /* tie 1 + 2^-8 -> even */
+    TEST_ASSERT(dsi_bf16_round(1.01171875f) == 1.015625f); /* tie 1 + 3*2^-8 -> even up */
+    return 0;
+}
+
+int test_quant_rounding(struct test_ctx *t) {
+    /* e4m3: spacing 1/8 in [1, 2); ties to even. */
+    TEST_ASSERT(dsi_e4m3_round(1.0625f) == 1.0f);
+    TEST_ASSERT(dsi_e4m3_round(1.1875f) == 1.25f);
+    TEST_ASSERT(dsi_e4m3_round(440.0f) == 448.0f && dsi_e4m3_round(-432.0f) == -448.0f);
+    TEST_ASSERT(dsi_e4m3_round(ldexpf(1.5f, -9)) == ldexpf(2, -9)); /* subnormal tie -> even */
+    /* e2m1 ties (spec 4.1): 0.25, 1.25, 2.5, 5 go down; 0.75, 1.75, 3.5 go up. */
+    float in[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f, 0.2f, 5.9f};
+    float want[] = {0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f, -4.0f, 0.0f, 6.0f};
+    for (int i = 0; i < 10; i++)
+        TEST_ASSERTF(dsi_e2m1_round(in[i]) == want[i], "e2m1(%g) = %g, want %g", (double)in[i],
+                     (double)dsi_e2m1_round(in[i]), (double)want[i]);
+    /* UE8M0 scales: 2^ceil(log2(amax / max)), from the bit pattern, with floors. */
+    TEST_ASSERT(dsi_ue8m0_scale(448.0f, 448.0f, 1e-4f) == 1.0f);
+    TEST_ASSERT(dsi_ue8m0_scale(449.0f, 448.0f, 1e-4f) == 2.0f);
+    TEST_ASSERT(dsi_ue8m0_scale(224.0f, 448.0f, 1e-4f) == 0.5f);
+    TEST_ASSERT(dsi_ue8m0_scale(0.0f, 448.0f, 1e-4f) == ldexpf(1, -22)); /* 1e-4/448 ~ 2^-22.1 */
+    TEST_ASSERT(dsi_ue8m0_scale(6.0f, 6.0f, 6 * ldexpf(1, -126)) == 1.0f);
+    TEST_ASSERT(dsi_ue8m0_scale(0.0f, 6.0f, 6 * ldexpf(1, -126)) == ldexpf(1, -126));
+    /* Q8 round trip over a block: amax 900 -> scale 4; 900/4 = 225 -> 224 (spacing 16? no: 8
+     * in [128, 256)); 1.0/4 = 0.25 exact. */
+    float x[64] = {900.0f, 1.0f, -3.0f};
+    dsi_q8_roundtrip(x, 64, 64);
+    TEST_ASSERT(x[0] == 896.0f && x[1] == 1.0f && x[2] == -3.0f && x[3] == 0.0f);
+    /* Q4 round trip: amax 12 -> scale 2; 5/2 = 2.5 -> 2 -> 4; 12 -> 6*2 = 12. */
+    float y[32] = {12.0f, 5.0f, 1.5f};
+    dsi_q4_roundtrip(y, 32, 32);
+    TEST_ASSERT(y[0] == 12.0f && y[1] == 4.0f && y[2] == 2.0f);
+    /* Hadamard: e0 -> all 1/sqrt(n); orthonormal, so applying it twice is the identity. */
+    float h[128] = {1.0f};
+    dsi_hadamard(h, 128);
+    for (int i = 0; i < 128; i++) TEST_ASSERT(fabsf(h[i] - 1.0f / sqrtf(128.0f)) < 1e-7f);
+    float g[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    dsi_hadamard(g, 8);
+    TEST_ASSERT(fabsf(g[0] - 36.0f / sqrtf(8.0f)) < 1e-5f && fabsf(g[1] + 4.0f / sqrtf(8.0f)) < 1e-5f);
+    dsi_hadamard(g, 8);
+    for (int i = 0; i < 8; i++) TEST_ASSERT(fabsf(g[i] - (float)(i + 1)) < 1e-5f);
+    return 0;
+}
+
+/* Decode a checkpoint tensor with its scale the way the CPU backend does. */
+static int decode_all(const struct dsi_st *st, const char *name, enum dsi_type ty, int64_t rows,
+                      int64_t cols, int sb0, int sb1, float *out) {
+    char sn[256];
+    snprintf(sn, sizeof(sn), "%s.scale", name);
+    const struct dsi_st_tensor *w = dsi_st_find(st, name), *s = dsi_st_find(st, sn);
+    if (!w || !s) return -1;
+    struct dsi_tensor sc = {.type = DSI_TYPE_E8M0, .data = s->data};
+    struct dsi_tensor tw = {.type = ty, .ne = {cols, rows}, .data = w->data, .scale = &sc,
+                            .scale_block = {sb0, sb1}, .scale_row_stride = s->shape[1]};
+    for (int64_t r = 0; r < rows; r++) cpu_decode_row(&tw, r, out + r * cols);
+    return 0;
+}
+
+int test_quant_golden(struct test_ctx *t) {
+    struct dsi_err err = {0};
+    char *file = NULL;
+    size_t len = 0;
+    TEST_ASSERTF(dsi_read_file(test_path(t, "tests/golden/quant/quant.safetensors"), &file, &len,
+                               &err) == 0,
+                 "%s", err.msg);
+    struct dsi_st *st = calloc(1, sizeof(*st));
+    TEST_ASSERTF(dsi_st_parse_header(st, 0, (const uint8_t *)file, len, &err) == 0, "%s", err.msg);
+    dsi_st_sort(st);
+    const struct dsi_st_tensor *e8 = dsi_st_find(st, "fp8_expected"),
+                               *e4 = dsi_st_find(st, "fp4_expected");
+    const struct dsi_st_tensor *w8 = NULL, *w4 = NULL;
+    for (int i = 0; i < st->n_tensors; i++) {
+        if (st->tensors[i].dtype == DSI_DT_F8_E4M3) w8 = &st->tensors[i];
+        if (st->tensors[i].dtype == DSI_DT_I8) w4 = &st->tensors[i];
+    }
+    TEST_ASSERT(e8 && e4 && w8 && w4);
+    int64_t r8 = w8->shape[0], c8 = w8->shape[1], r4 = w4->shape[0], c4 = w4->shape[1] * 2;
+    TEST_ASSERT(e8->n_elem == r8 * c8 && e4->n_elem == r4 * c4);
+    float *got = malloc(sizeof(float) * (size_t)(r8 * c8 + r4 * c4));
+    TEST_ASSERT(got);
+    TEST_ASSERT(decode_all(st, w8->name, DSI_TYPE_F8_E4M3, r8, c8, 128, 128, got) == 0);
+    TEST_ASSERT(decode_all(st, w4->name, DSI_TYPE_FP4_E2M1, r4, c4, 1, 32, got + r8 * c8) == 0);
+    int bad = 0;
+    for (int64_t i = 0; i < r8 * c8 && !bad; i++) {
+        float want;
+        memcpy(&want, (const char *)e8->data + 4 * i, 4);
+        if (!same_bits(got[i], want)) bad = 1, fprintf(stderr, "  fp8 elem %lld: %g vs %g\n", (long long)i, (double)got[i], (double)want);
+    }
+    for (int64_t i = 0; i < r4 * c4 && !bad; i++) {
+        float want;
+        memcpy(&want, (const char *)e4->data + 4 * i, 4);
+        if (!same_bits(got[r8 * c8 + i], want)) bad = 1, fprintf(stderr, "  fp4 elem %lld: %g vs %g\n", (long long)i, (double)got[r8 * c8 + i], (double)want);
+    }
+    free(got);
+    dsi_st_close(st);
+    free(file);
+    TEST_ASSERT(!bad);
+    return 0;
+}
