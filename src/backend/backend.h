@@ -65,14 +65,6 @@ struct dsi_copy_args {
     int64_t n, dim, lds, ldd;
 };
 
-/* Compressor slot write for one token: sa = a; sb = b + ape[pos % ratio]. */
-struct dsi_slot_write_args {
-    const float *a, *b;    /* [width] */
-    float *sa, *sb;        /* [width] */
-    const struct dsi_tensor *ape; /* [ratio, width] */
-    int64_t pos, width;
-    int ratio;
-};
 
 /* y = x * rsqrt(mean(x^2) + eps) (* w), per row, or per group of `dim` when a row holds
  * n_groups groups (per-head norm). w may be NULL. May alias. */
@@ -125,40 +117,129 @@ struct dsi_hc_head_args {
     bool round_bf16;
 };
 
-/* Attention with sinks over an explicit key list per row (K = V, head_dim values):
- * out[r, h] = sum_j softmax_j(q[r,h].k_j * scale | sink_h) k_j. */
+/* ---- per-step batch description and cache layout --------------------------------------
+ * All arrays are backend memory, written once per step by the engine (dsi_step) or once at
+ * start-up (page tables live in backend memory and are updated when pages are assigned).
+ * Window rows live in per-sequence rings; compressed entries and indexer keys live in pages of
+ * page_tokens positions (a page holds page_tokens / ratio entries of a layer); a sequence's
+ * page table maps position / page_tokens to a page id shared by all layers. */
+struct dsi_step {
+    int n;                      /* rows */
+    const int32_t *tokens;      /* [n] */
+    const int32_t *pos;         /* [n] absolute positions */
+    const int32_t *slot;        /* [n] sequence slot of each row */
+    const int32_t *row0;        /* [n] first row of the row's sequence in this step */
+    const int32_t *page_table;  /* [max_seqs, max_pages] */
+    int max_pages, page_tokens;
+    int ring_cap, window;
+};
+
+/* Cache storage of one layer (backend memory, owned by the cache pool). */
+struct dsi_layer_cache {
+    float *ring;                /* [max_seqs, ring_cap, head_dim] */
+    float *slot_a, *slot_b;     /* [max_seqs, n_slots, comp_width] compressor token slots */
+    float *entries;             /* [n_pages, page_tokens / ratio, head_dim] */
+    float *islot_a, *islot_b;   /* [max_seqs, n_slots, 2 * index_head_dim] (CSA) */
+    float *ikeys;               /* [n_pages, page_tokens / ratio, index_head_dim] (CSA) */
+    int ratio, n_slots, comp_width;
+};
+
+/* ring[slot[r]][pos[r] % ring_cap] = kv[r] for every row. */
+struct dsi_kv_store_args {
+    const struct dsi_step *st;
+    const float *kv;            /* [n, head_dim] */
+    int64_t head_dim;
+    float *ring;
+};
+
+/* Compressor token rows: b[r] += ape[pos[r] % ratio] for every row (in place). */
+struct dsi_comp_ape_args {
+    const struct dsi_step *st;
+    float *b;                   /* [n, width] */
+    int64_t width;
+    const struct dsi_tensor *ape; /* [ratio, width] */
+    int ratio;
+};
+
+/* Pool the entries completed in this step (spec 4.6). For emitted row r (its token t closes
+ * window i = (t+1)/ratio - 1), the slots of tokens u come from batch row r - (t - u) when
+ * that row belongs to the same sequence in this step (u >= pos[row0[r]]), else from the
+ * sequence's token slots. CSA (overlap): A-halves (dims [0, w)) of window i-1 and B-halves
+ * (dims [w, 2w)) of window i; otherwise the `ratio` tokens of window i. out[e] = entry. */
+struct dsi_compress_args {
+    const struct dsi_step *st;
+    const int32_t *emit_rows;   /* [n_emit] */
+    int n_emit;
+    const float *a, *b;         /* [n, slot_w] this step's rows (b with ape added) */
+    const float *slot_a, *slot_b; /* [max_seqs, n_slots, slot_w] */
+    int n_slots, ratio, width;  /* width: entry width w; slot_w = (overlap ? 2 : 1) * w */
+    bool overlap;
+    float *out;                 /* [n_emit, width] */
+};
+
+/* Write the last n_slots rows of each sequence in this step into its token slots
+ * (rows with store[r] != 0): slot_x[slot][pos % n_slots] = x[r]. */
+struct dsi_comp_store_args {
+    const struct dsi_step *st;
+    const uint8_t *store;       /* [n] */
+    const float *a, *b;         /* [n, slot_w] */
+    float *slot_a, *slot_b;
+    int n_slots;
+    int64_t slot_w;
+};
+
+/* Scatter finished entries into the paged pool: entry emit_entry[e] of the sequence of row
+ * emit_rows[e]. */
+struct dsi_entry_store_args {
+    const struct dsi_step *st;
+    const int32_t *emit_rows, *emit_entry; /* [n_emit] */
+    int n_emit, ratio;
+    const float *src;           /* [n_emit, width] */
+    int64_t width;
+    float *pool;                /* [n_pages, page_tokens / ratio, width] */
+};
+
+/* Attention with sinks (spec 4.5): row r attends to its window (positions
+ * max(0, t-window+1) .. t from the ring) then, for ratio > 0, to compressed entries in index
+ * order: all i < (t+1)/ratio, or the indexer's selection when sel is not NULL.
+ * out[r, h] = sum_j softmax_j(q.k_j * scale | sink_h) k_j (K = V). */
 struct dsi_attn_args {
+    const struct dsi_step *st;
     const float *q;              /* [n, n_heads, head_dim] */
     float *out;                  /* [n, n_heads, head_dim] */
-    int64_t n, n_heads, head_dim;
-    const float *const *keys;    /* [n, keys_ld] pointers to head_dim floats */
-    const int32_t *n_keys;       /* [n] */
-    int64_t keys_ld;
+    int64_t n_heads, head_dim;
+    const float *ring;           /* [max_seqs, ring_cap, head_dim] */
+    const float *entries;        /* paged pool or NULL */
+    int ratio;
+    const int32_t *sel, *n_sel;  /* [n, topk], [n] or NULL */
+    int topk;
     const struct dsi_tensor *sinks; /* [n_heads] */
     float scale;
     bool round_probs, round_bf16;
 };
 
-/* Lightning indexer: score[r, i] = sum_h w[r,h] * relu(q[r,h] . k_i) over the row's visible
- * keys, then the indices of the min(topk, n_visible) largest (ties: lower index first). */
+/* Lightning indexer: score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale
+ * over the row's visible keys i < (t+1)/ratio (paged), then the min(topk, visible) largest
+ * (ties: lower index first), written in ascending index order. */
 struct dsi_indexer_args {
+    const struct dsi_step *st;
     const float *q;             /* [n, n_heads, head_dim] */
     const float *w;             /* [n, n_heads] */
-    int64_t n, n_heads, head_dim;
-    const float *const *keys;   /* [n] base of the row's sequence's keys, [n_visible, head_dim] */
-    const int32_t *n_visible;   /* [n] */
-    float score_scale;          /* relu(q.k) is multiplied by this before the weight */
-    float w_scale;              /* and the weight by this */
+    int64_t n_heads, head_dim;
+    const float *keys;          /* paged pool [n_pages, page_tokens / ratio, head_dim] */
+    int ratio;
+    float score_scale, w_scale;
     int topk;
-    int32_t *sel;               /* [n, topk], ascending index order */
+    int32_t *sel;               /* [n, topk] */
     int32_t *n_sel;             /* [n] */
 };
 
-/* One compressed entry: out[d] = sum_s softmax_s(b_s[d]) a_s[d] over n_slots slots. */
-struct dsi_compress_args {
-    const float *const *a, *const *b; /* [n_slots] pointers to width floats */
-    int n_slots, width;
-    float *out;
+/* dst[i] = src[idx[i]] (rows of dim floats). */
+struct dsi_gather_args {
+    const float *src;
+    const int32_t *idx;         /* [n] */
+    float *dst;
+    int64_t n, dim;
 };
 
 /* MoE routing (spec 4.8): scores = sqrtsoftplus(logits); selection by tid2eid (hash) or
@@ -195,6 +276,15 @@ struct dsi_moe_args {
 int64_t dsi_moe_work_floats(int64_t n, int64_t topk, int64_t dim, int64_t inter);
 
 struct dsi_backend_ops {
+    /* ---- memory: backend memory is what ops read and write ---- */
+    void *(*alloc)(struct dsi_backend *, size_t bytes);        /* zeroed; NULL on failure */
+    void (*mfree)(struct dsi_backend *, void *p);
+    void (*upload)(struct dsi_backend *, void *dst, const void *src, size_t bytes);
+    void (*download)(struct dsi_backend *, void *dst, const void *src, size_t bytes);
+    /* Make read-only host data (a weight in the mmap) usable by ops: the CPU backend returns
+     * it as is; a device backend copies it once. NULL on failure. */
+    const void *(*import)(struct dsi_backend *, const void *host, size_t bytes);
+    int (*sync)(struct dsi_backend *, struct dsi_err *); /* wait; report a sticky error */
     /* Reserve per-thread scratch for the largest step (called at model init). */
     int (*reserve)(struct dsi_backend *, int64_t bytes_per_thread, struct dsi_err *);
     void (*free)(struct dsi_backend *);
@@ -204,7 +294,6 @@ struct dsi_backend_ops {
     void (*embed)(struct dsi_backend *, const struct dsi_embed_args *);
     void (*add)(struct dsi_backend *, const struct dsi_add_args *);
     void (*copy)(struct dsi_backend *, const struct dsi_copy_args *);
-    void (*slot_write)(struct dsi_backend *, const struct dsi_slot_write_args *);
     void (*rms_norm)(struct dsi_backend *, const struct dsi_rms_norm_args *);
     void (*rope)(struct dsi_backend *, const struct dsi_rope_args *);
     void (*hc_pre)(struct dsi_backend *, const struct dsi_hc_pre_args *);
@@ -212,7 +301,12 @@ struct dsi_backend_ops {
     void (*hc_head)(struct dsi_backend *, const struct dsi_hc_head_args *);
     void (*attn)(struct dsi_backend *, const struct dsi_attn_args *);
     void (*indexer)(struct dsi_backend *, const struct dsi_indexer_args *);
+    void (*kv_store)(struct dsi_backend *, const struct dsi_kv_store_args *);
+    void (*comp_ape)(struct dsi_backend *, const struct dsi_comp_ape_args *);
     void (*compress)(struct dsi_backend *, const struct dsi_compress_args *);
+    void (*comp_store)(struct dsi_backend *, const struct dsi_comp_store_args *);
+    void (*entry_store)(struct dsi_backend *, const struct dsi_entry_store_args *);
+    void (*gather)(struct dsi_backend *, const struct dsi_gather_args *);
     void (*moe_route)(struct dsi_backend *, const struct dsi_moe_route_args *);
     void (*moe)(struct dsi_backend *, const struct dsi_moe_args *);
 };

@@ -1,83 +1,134 @@
-/* kv.c - per-sequence state allocation and reset; see kv.h. */
+/* kv.c - the cache pool; see kv.h. */
 #include "kv.h"
 
 #include <string.h>
 
-static float *falloc(int64_t n, int64_t *bytes) {
-    *bytes += n * (int64_t)sizeof(float);
-    return n ? dsi_aligned_alloc((size_t)n * sizeof(float)) : NULL;
+static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
+
+static float *kalloc(struct dsi_kv *kv, int64_t n_floats, bool *ok) {
+    if (n_floats <= 0) return NULL;
+    kv->bytes += n_floats * 4;
+    float *p = kv->be->ops->alloc(kv->be, (size_t)n_floats * 4);
+    if (!p) *ok = false;
+    return p;
 }
 
-static int64_t g_bytes_unused;
+int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n) {
+    return (n + kv->page_tokens - 1) / kv->page_tokens;
+}
 
-int dsi_kv_seq_new(struct dsi_kv_seq **out, const struct dsi_config *cfg, int64_t max_ctx,
-                   int max_rows, struct dsi_err *err) {
+int dsi_kv_new(struct dsi_kv **out, const struct dsi_config *cfg, struct dsi_backend *be,
+               const struct dsi_kv_opts *o, struct dsi_err *err) {
     *out = NULL;
-    struct dsi_kv_seq *s = dsi_calloc(1, sizeof(*s));
-    if (!s) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
-    s->max_ctx = max_ctx;
-    s->ring_cap = cfg->sliding_window - 1 + max_rows;
-    s->n_layers = cfg->n_layers_total;
-    s->layers = dsi_calloc((size_t)s->n_layers, sizeof(*s->layers));
-    if (!s->layers) goto fail;
-    int64_t *bytes = &g_bytes_unused;
-    for (int il = 0; il < s->n_layers; il++) {
-        struct dsi_kv_layer *L = &s->layers[il];
+    if (o->max_seqs < 1 || o->max_ctx < 1 || o->max_rows < 1)
+        return dsi_errf(err, DSI_ERR_INVALID, "kv: max_seqs, max_ctx and max_rows must be >= 1");
+    struct dsi_kv *kv = dsi_calloc(1, sizeof(*kv));
+    if (!kv) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    kv->cfg = cfg;
+    kv->be = be;
+    kv->max_seqs = o->max_seqs;
+    kv->max_ctx = o->max_ctx;
+    kv->ring_cap = cfg->sliding_window - 1 + o->max_rows;
+    /* Pages of >= 256 positions aligned with every compression window. */
+    int64_t l = 1;
+    for (int il = 0; il < cfg->n_layers_total; il++)
+        if (cfg->layers[il].ratio) l = l / gcd64(l, cfg->layers[il].ratio) * cfg->layers[il].ratio;
+    kv->page_tokens = (int)(l * ((256 + l - 1) / l));
+    kv->max_pages = (int)dsi_kv_pages_for(kv, o->max_ctx);
+    kv->n_pages = o->n_pages > 0 ? o->n_pages : (int64_t)kv->max_pages * o->max_seqs;
+    kv->layers = dsi_calloc((size_t)cfg->n_layers_total, sizeof(*kv->layers));
+    kv->seqs = dsi_calloc((size_t)kv->max_seqs, sizeof(*kv->seqs));
+    kv->pt_host = dsi_calloc((size_t)kv->max_seqs * (size_t)kv->max_pages, sizeof(int32_t));
+    kv->free_pages = dsi_calloc((size_t)kv->n_pages, sizeof(int32_t));
+    bool ok = kv->layers && kv->seqs && kv->pt_host && kv->free_pages;
+    kv->pt_dev = ok ? be->ops->alloc(be, (size_t)kv->max_seqs * (size_t)kv->max_pages * 4) : NULL;
+    ok = ok && kv->pt_dev;
+    int64_t S = kv->max_seqs, hd = cfg->head_dim, ihd = cfg->index_head_dim;
+    for (int il = 0; ok && il < cfg->n_layers_total; il++) {
+        struct dsi_layer_cache *L = &kv->layers[il];
         const struct dsi_layer_info *li = &cfg->layers[il];
-        L->ring = falloc((int64_t)s->ring_cap * cfg->head_dim, bytes);
-        if (!L->ring) goto fail;
-        if (li->ratio == 0) continue;
-        int csa = li->kind == DSI_ATTN_CSA;
+        L->ring = kalloc(kv, S * kv->ring_cap * hd, &ok);
+        L->ratio = li->ratio;
+        if (!li->ratio) continue;
+        bool csa = li->kind == DSI_ATTN_CSA;
         L->n_slots = csa ? 2 * li->ratio : li->ratio;
-        L->comp_width = (csa ? 2 : 1) * cfg->head_dim;
-        L->max_entries = max_ctx / li->ratio + 1;
-        L->slot_a = falloc((int64_t)L->n_slots * L->comp_width, bytes);
-        L->slot_b = falloc((int64_t)L->n_slots * L->comp_width, bytes);
-        L->entries = falloc(L->max_entries * cfg->head_dim, bytes);
-        if (!L->slot_a || !L->slot_b || !L->entries) goto fail;
+        L->comp_width = (int)((csa ? 2 : 1) * hd);
+        int64_t per_page = kv->page_tokens / li->ratio;
+        L->slot_a = kalloc(kv, S * L->n_slots * L->comp_width, &ok);
+        L->slot_b = kalloc(kv, S * L->n_slots * L->comp_width, &ok);
+        L->entries = kalloc(kv, kv->n_pages * per_page * hd, &ok);
         if (!csa) continue;
-        L->islot_a = falloc((int64_t)L->n_slots * 2 * cfg->index_head_dim, bytes);
-        L->islot_b = falloc((int64_t)L->n_slots * 2 * cfg->index_head_dim, bytes);
-        L->ikeys = falloc(L->max_entries * cfg->index_head_dim, bytes);
-        if (!L->islot_a || !L->islot_b || !L->ikeys) goto fail;
+        L->islot_a = kalloc(kv, S * L->n_slots * 2 * ihd, &ok);
+        L->islot_b = kalloc(kv, S * L->n_slots * 2 * ihd, &ok);
+        L->ikeys = kalloc(kv, kv->n_pages * per_page * ihd, &ok);
     }
-    *out = s;
+    if (!ok) {
+        int64_t b = kv->bytes;
+        dsi_kv_free(kv);
+        return dsi_errf(err, DSI_ERR_NOMEM,
+                        "kv: cannot allocate the cache pool (%lld bytes for %d sequences of %lld "
+                        "positions)",
+                        (long long)b, o->max_seqs, (long long)o->max_ctx);
+    }
+    for (int64_t i = 0; i < kv->n_pages; i++) kv->free_pages[i] = (int32_t)(kv->n_pages - 1 - i);
+    kv->n_free = kv->n_pages;
+    *out = kv;
     return DSI_OK;
-fail:
-    dsi_kv_seq_free(s);
-    return dsi_errf(err, DSI_ERR_NOMEM, "kv: out of memory for a sequence of %lld positions",
-                    (long long)max_ctx);
 }
 
-void dsi_kv_seq_free(struct dsi_kv_seq *s) {
-    if (!s) return;
-    for (int il = 0; s->layers && il < s->n_layers; il++) {
-        struct dsi_kv_layer *L = &s->layers[il];
-        free(L->ring);
-        free(L->slot_a);
-        free(L->slot_b);
-        free(L->entries);
-        free(L->islot_a);
-        free(L->islot_b);
-        free(L->ikeys);
+void dsi_kv_free(struct dsi_kv *kv) {
+    if (!kv) return;
+    struct dsi_backend *be = kv->be;
+    for (int il = 0; kv->layers && il < kv->cfg->n_layers_total; il++) {
+        struct dsi_layer_cache *L = &kv->layers[il];
+        float *ps[] = {L->ring, L->slot_a, L->slot_b, L->entries, L->islot_a, L->islot_b, L->ikeys};
+        for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+            if (ps[i]) be->ops->mfree(be, ps[i]);
     }
-    free(s->layers);
-    free(s);
+    if (kv->pt_dev) be->ops->mfree(be, kv->pt_dev);
+    free(kv->layers);
+    free(kv->seqs);
+    free(kv->pt_host);
+    free(kv->free_pages);
+    free(kv);
 }
 
-void dsi_kv_seq_reset(struct dsi_kv_seq *s) {
-    /* Slots are always written before they are read (token t writes slot t % n_slots before
-     * any window containing t is pooled), so resetting the counters is a full reset: no state
-     * of a previous sequence can leak (spec pitfall 13). */
-    s->n_past = 0;
-    s->mtp_n_past = 0;
-    for (int il = 0; il < s->n_layers; il++) {
-        s->layers[il].n_entries = 0;
-        s->layers[il].n_ikeys = 0;
-    }
+int dsi_kv_seq_new(struct dsi_kv *kv, int *slot, struct dsi_err *err) {
+    for (int s = 0; s < kv->max_seqs; s++)
+        if (!kv->seqs[s].used) {
+            /* Token slots and rings are always written before they are read (token t writes
+             * its slot before any window containing t is pooled), so resetting the counters
+             * is a full reset: no state of an earlier sequence can leak (spec pitfall 13). */
+            memset(&kv->seqs[s], 0, sizeof(kv->seqs[s]));
+            kv->seqs[s].used = true;
+            *slot = s;
+            return DSI_OK;
+        }
+    return dsi_errf(err, DSI_ERR_BUSY, "kv: all %d sequence slots are in use", kv->max_seqs);
 }
 
-int64_t dsi_kv_seq_bytes(const struct dsi_kv_seq *s) {
-    (void)s;
-    return 0;
+void dsi_kv_seq_free(struct dsi_kv *kv, int slot) {
+    struct dsi_kv_seq_info *s = &kv->seqs[slot];
+    DSI_ASSERT(s->used);
+    for (int p = s->n_pages - 1; p >= 0; p--)
+        kv->free_pages[kv->n_free++] = kv->pt_host[(int64_t)slot * kv->max_pages + p];
+    memset(s, 0, sizeof(*s));
+}
+
+int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n, struct dsi_err *err) {
+    struct dsi_kv_seq_info *s = &kv->seqs[slot];
+    if (n > kv->max_ctx)
+        return dsi_errf(err, DSI_ERR_CONTEXT_FULL, "kv: %lld positions exceed the context of %lld",
+                        (long long)n, (long long)kv->max_ctx);
+    int64_t need = dsi_kv_pages_for(kv, n) - s->n_pages;
+    if (need <= 0) return DSI_OK;
+    if (need > kv->n_free)
+        return dsi_errf(err, DSI_ERR_NOMEM, "kv: %lld pages needed, %lld free", (long long)need,
+                        (long long)kv->n_free);
+    int32_t *row = kv->pt_host + (int64_t)slot * kv->max_pages;
+    int first = s->n_pages;
+    while (need--) row[s->n_pages++] = kv->free_pages[--kv->n_free];
+    kv->be->ops->upload(kv->be, kv->pt_dev + (int64_t)slot * kv->max_pages + first, row + first,
+                        sizeof(int32_t) * (size_t)(s->n_pages - first));
+    return DSI_OK;
 }

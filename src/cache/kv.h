@@ -1,39 +1,55 @@
-/* kv.h - per-sequence decode state (spec 5.3): per layer a window ring of raw KV rows, the
- * compressor's token slots (a and b rows of the open windows), the compressed entries and the
- * indexer keys. Sized at creation for max_ctx positions and max_rows rows per step; reset for
- * every new sequence. Knows positions and storage, no maths.
- * (Paged pools shared across sequences replace the contiguous entry arrays in the serving
- * core; the interface below is what the forward pass needs.) */
+/* kv.h - the cache pool (spec 5.3, design 7): per sequence slot, a window ring per layer and the
+ * compressor token slots; compressed entries and indexer keys in pages of page_tokens positions
+ * (one page id covers those positions in every layer), with a free list. All storage is backend
+ * memory allocated once at creation; page tables are mirrored on the host and uploaded when a
+ * page is assigned. Knows positions and pages, no maths. Only the engine (scheduler) mutates it.
+ *
+ * Ownership: struct dsi_kv owns its backend allocations; it borrows the config and the backend,
+ * which must outlive it. */
 #ifndef DSI_KV_H
 #define DSI_KV_H
 
+#include "backend/backend.h"
 #include "load/config.h"
 
-struct dsi_kv_layer {
-    float *ring;        /* [ring_cap, head_dim]; position t at row t % ring_cap */
-    float *slot_a, *slot_b; /* [n_slots, comp_width]; token t at slot t % n_slots */
-    float *entries;     /* [max_entries, head_dim] compressed KV */
-    float *islot_a, *islot_b; /* indexer compressor slots [n_slots, 2*index_head_dim] */
-    float *ikeys;       /* [max_entries, index_head_dim] indexer keys */
-    int n_slots, comp_width;
-    int64_t max_entries, n_entries, n_ikeys;
+struct dsi_kv_opts {
+    int max_seqs;    /* sequence slots */
+    int64_t max_ctx; /* positions per sequence */
+    int max_rows;    /* rows of one sequence per step (sizes the rings) */
+    int64_t n_pages; /* pages in the pool; 0 = enough for every slot at max_ctx */
 };
 
-struct dsi_kv_seq {
-    int64_t n_past;     /* main model positions processed */
-    int64_t mtp_n_past; /* MTP layer positions processed */
-    int64_t max_ctx;
-    int ring_cap;
-    int n_layers;       /* layers incl. MTP */
-    struct dsi_kv_layer *layers;
+struct dsi_kv_seq_info {
+    bool used;
+    int64_t n_past;     /* main-model positions processed */
+    int64_t mtp_n_past; /* MTP-layer positions processed */
+    int n_pages;        /* pages assigned (cover positions < n_pages * page_tokens) */
 };
 
-/* Allocate state for one sequence (max_ctx positions, at most max_rows rows per step). */
-int dsi_kv_seq_new(struct dsi_kv_seq **out, const struct dsi_config *cfg, int64_t max_ctx,
-                   int max_rows, struct dsi_err *err);
-void dsi_kv_seq_free(struct dsi_kv_seq *s);
-/* Forget everything (a new sequence starts at position 0). */
-void dsi_kv_seq_reset(struct dsi_kv_seq *s);
-int64_t dsi_kv_seq_bytes(const struct dsi_kv_seq *s);
+struct dsi_kv {
+    const struct dsi_config *cfg;
+    struct dsi_backend *be;
+    int max_seqs, ring_cap, page_tokens, max_pages;
+    int64_t n_pages, max_ctx, bytes;
+    struct dsi_layer_cache *layers; /* [n_layers_total] */
+    int32_t *pt_host;               /* [max_seqs, max_pages] host mirror of the page tables */
+    int32_t *pt_dev;                /* backend copy */
+    int32_t *free_pages;            /* stack of free page ids */
+    int64_t n_free;
+    struct dsi_kv_seq_info *seqs;   /* [max_seqs] */
+};
+
+int dsi_kv_new(struct dsi_kv **out, const struct dsi_config *cfg, struct dsi_backend *be,
+               const struct dsi_kv_opts *opts, struct dsi_err *err);
+void dsi_kv_free(struct dsi_kv *kv);
+/* Take a free sequence slot (state reset: position 0). DSI_ERR_BUSY when none is free. */
+int dsi_kv_seq_new(struct dsi_kv *kv, int *slot, struct dsi_err *err);
+/* Release a slot and its pages. */
+void dsi_kv_seq_free(struct dsi_kv *kv, int slot);
+/* Make sure positions < n_positions of the slot have pages. DSI_ERR_CONTEXT_FULL beyond
+ * max_ctx, DSI_ERR_NOMEM when the pool has no free page (nothing is assigned then). */
+int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n_positions, struct dsi_err *err);
+/* Pages needed to hold n_positions. */
+int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n_positions);
 
 #endif

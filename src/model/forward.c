@@ -11,97 +11,148 @@
  * `reference` adds the official reference's [QAT] simulations and bf16 roundings. */
 #include "forward.h"
 
+#include "cache/kv.h"
+
 #include <math.h>
 #include <string.h>
+
+#define MAX_RATIO_CLASSES 8
+
+/* Per distinct compression ratio: which rows close a window this step and which rows go to
+ * the token slots (backend copies of host-built lists). */
+struct ratio_class {
+    int ratio, n_slots, n_emit;
+    int32_t *emit_rows, *emit_entry, *emit_pos; /* backend [max_rows] */
+    uint8_t *store;                             /* backend [max_rows] */
+};
 
 struct dsi_fwd {
     const struct dsi_model *m;
     const struct dsi_config *c;
     struct dsi_backend *be;
+    struct dsi_kv *kv;
     int max_rows;
-    int64_t max_ctx, keys_ld;
     bool R; /* reference numerics */
-    /* activations, [max_rows, ...] */
+    struct dsi_step st;                          /* arrays below, in backend memory */
+    int32_t *d_tokens, *d_pos, *d_slot, *d_row0, *d_idx;
+    struct ratio_class rc[MAX_RATIO_CLASSES];
+    int n_rc;
+    /* host staging */
+    int32_t *h_row0, *h_emit_rows, *h_emit_entry, *h_emit_pos, *h_idx;
+    uint8_t *h_store;
+    /* activations in backend memory, [max_rows, ...] */
     float *X, *X2, *y, *x, *xq, *post, *comb, *f;
-    float *qa, *qaq, *q, *kv, *o, *z;
-    float *ca, *cb, *ia, *ib, *qI, *wI, *glog, *moe_w, *moe_work, *ent, *ient, *hd_buf;
-    int32_t *moe_idx, *n_keys, *sel, *n_sel, *n_vis, *pos_tmp;
-    const float **keys, **ikey_base;
+    float *qa, *qaq, *q, *kv_rows, *o, *z;
+    float *ca, *cb, *ia, *ib, *qI, *wI, *glog, *moe_w, *moe_work, *ent, *ient, *logits;
+    int32_t *moe_idx, *sel, *n_sel;
 };
 
-static void *buf(int64_t n, size_t elem, bool *ok) {
-    void *p = dsi_aligned_alloc((size_t)(n > 0 ? n : 1) * elem);
+static void *dbuf(struct dsi_fwd *f, int64_t n, size_t elem, bool *ok) {
+    void *p = f->be->ops->alloc(f->be, (size_t)(n > 0 ? n : 1) * elem);
     if (!p) *ok = false;
     return p;
 }
 
+static void *hbuf(int64_t n, size_t elem, bool *ok) {
+    void *p = dsi_calloc((size_t)(n > 0 ? n : 1), elem);
+    if (!p) *ok = false;
+    return p;
+}
+
+static struct ratio_class *class_of(struct dsi_fwd *f, int ratio) {
+    for (int i = 0; i < f->n_rc; i++)
+        if (f->rc[i].ratio == ratio) return &f->rc[i];
+    return NULL;
+}
+
 int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_backend *be,
-                int max_rows, int64_t max_ctx, enum dsi_numerics numerics, struct dsi_err *err) {
+                struct dsi_kv *kv, int max_rows, enum dsi_numerics numerics,
+                struct dsi_err *err) {
     *out = NULL;
     const struct dsi_config *c = &m->cfg;
-    if (max_rows < 1 || max_ctx < 1)
-        return dsi_errf(err, DSI_ERR_INVALID, "forward: max_rows and max_ctx must be >= 1");
+    if (max_rows < 1) return dsi_errf(err, DSI_ERR_INVALID, "forward: max_rows must be >= 1");
     struct dsi_fwd *f = dsi_calloc(1, sizeof(*f));
     if (!f) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
     f->m = m;
     f->c = c;
     f->be = be;
+    f->kv = kv;
     f->max_rows = max_rows;
-    f->max_ctx = max_ctx;
     f->R = numerics == DSI_NUMERICS_REFERENCE;
-    int min_hca = 0;
-    for (int il = 0; il < c->n_layers_total; il++)
-        if (c->layers[il].kind == DSI_ATTN_HCA && (!min_hca || c->layers[il].ratio < min_hca))
-            min_hca = c->layers[il].ratio;
-    int64_t max_comp = c->index_topk;
-    if (min_hca) max_comp = DSI_MAX(max_comp, max_ctx / min_hca + 1);
-    f->keys_ld = c->sliding_window + max_comp;
     int64_t n = max_rows, D = c->hidden_size, HD = (int64_t)c->num_attention_heads * c->head_dim;
     int64_t widest = DSI_MAX(DSI_MAX(D, c->q_lora_rank), DSI_MAX(c->wo_b_in, HD));
     bool ok = true;
-    f->X = buf(n * c->hc_dim, 4, &ok);
-    f->X2 = buf(n * c->hc_dim, 4, &ok);
-    f->y = buf(n * D, 4, &ok);
-    f->x = buf(n * D, 4, &ok);
-    f->xq = buf(n * widest, 4, &ok);
-    f->post = buf(n * c->hc_mult, 4, &ok);
-    f->comb = buf(n * c->hc_mult * c->hc_mult, 4, &ok);
-    f->f = buf(n * D, 4, &ok);
-    f->qa = buf(n * c->q_lora_rank, 4, &ok);
-    f->qaq = buf(n * c->q_lora_rank, 4, &ok);
-    f->q = buf(n * HD, 4, &ok);
-    f->kv = buf(n * c->head_dim, 4, &ok);
-    f->o = buf(n * HD, 4, &ok);
-    f->z = buf(n * c->wo_b_in, 4, &ok);
-    f->ca = buf(n * 2 * c->head_dim, 4, &ok);
-    f->cb = buf(n * 2 * c->head_dim, 4, &ok);
-    f->ia = buf(n * 2 * c->index_head_dim, 4, &ok);
-    f->ib = buf(n * 2 * c->index_head_dim, 4, &ok);
-    f->qI = buf(n * c->index_n_heads * c->index_head_dim, 4, &ok);
-    f->wI = buf(n * c->index_n_heads, 4, &ok);
-    f->glog = buf(n * c->n_routed_experts, 4, &ok);
-    f->moe_w = buf(n * c->num_experts_per_tok, 4, &ok);
-    f->moe_idx = buf(n * c->num_experts_per_tok, 4, &ok);
-    f->moe_work = buf(dsi_moe_work_floats(n, c->num_experts_per_tok, D, c->moe_intermediate_size),
-                      4, &ok);
-    f->ent = buf(c->head_dim, 4, &ok);
-    f->ient = buf(c->index_head_dim, 4, &ok);
-    f->n_keys = buf(n, 4, &ok);
-    f->sel = buf(n * c->index_topk, 4, &ok);
-    f->n_sel = buf(n, 4, &ok);
-    f->n_vis = buf(n, 4, &ok);
-    f->pos_tmp = buf(n, 4, &ok);
-    f->keys = buf(n * f->keys_ld, sizeof(float *), &ok);
-    f->ikey_base = buf(n, sizeof(float *), &ok);
+    f->d_tokens = dbuf(f, n, 4, &ok);
+    f->d_pos = dbuf(f, n, 4, &ok);
+    f->d_slot = dbuf(f, n, 4, &ok);
+    f->d_row0 = dbuf(f, n, 4, &ok);
+    f->d_idx = dbuf(f, n, 4, &ok);
+    f->h_row0 = hbuf(n, 4, &ok);
+    f->h_emit_rows = hbuf(n, 4, &ok);
+    f->h_emit_entry = hbuf(n, 4, &ok);
+    f->h_emit_pos = hbuf(n, 4, &ok);
+    f->h_idx = hbuf(n, 4, &ok);
+    f->h_store = hbuf(n, 1, &ok);
+    for (int il = 0; il < c->n_layers_total && ok; il++) {
+        int r = c->layers[il].ratio;
+        if (!r || class_of(f, r)) continue;
+        if (f->n_rc == MAX_RATIO_CLASSES) {
+            dsi_fwd_free(f);
+            return dsi_errf(err, DSI_ERR_UNSUPPORTED, "forward: more than %d distinct ratios",
+                            MAX_RATIO_CLASSES);
+        }
+        struct ratio_class *k = &f->rc[f->n_rc++];
+        k->ratio = r;
+        k->n_slots = c->layers[il].kind == DSI_ATTN_CSA ? 2 * r : r;
+        k->emit_rows = dbuf(f, n, 4, &ok);
+        k->emit_entry = dbuf(f, n, 4, &ok);
+        k->emit_pos = dbuf(f, n, 4, &ok);
+        k->store = dbuf(f, n, 1, &ok);
+    }
+    f->X = dbuf(f, n * c->hc_dim, 4, &ok);
+    f->X2 = dbuf(f, n * c->hc_dim, 4, &ok);
+    f->y = dbuf(f, n * D, 4, &ok);
+    f->x = dbuf(f, n * D, 4, &ok);
+    f->xq = dbuf(f, n * DSI_MAX(widest, c->hc_dim), 4, &ok);
+    f->post = dbuf(f, n * c->hc_mult, 4, &ok);
+    f->comb = dbuf(f, n * c->hc_mult * c->hc_mult, 4, &ok);
+    f->f = dbuf(f, n * D, 4, &ok);
+    f->qa = dbuf(f, n * c->q_lora_rank, 4, &ok);
+    f->qaq = dbuf(f, n * c->q_lora_rank, 4, &ok);
+    f->q = dbuf(f, n * HD, 4, &ok);
+    f->kv_rows = dbuf(f, n * c->head_dim, 4, &ok);
+    f->o = dbuf(f, n * HD, 4, &ok);
+    f->z = dbuf(f, n * c->wo_b_in, 4, &ok);
+    f->ca = dbuf(f, n * 2 * c->head_dim, 4, &ok);
+    f->cb = dbuf(f, n * 2 * c->head_dim, 4, &ok);
+    f->ia = dbuf(f, n * 2 * c->index_head_dim, 4, &ok);
+    f->ib = dbuf(f, n * 2 * c->index_head_dim, 4, &ok);
+    f->qI = dbuf(f, n * c->index_n_heads * c->index_head_dim, 4, &ok);
+    f->wI = dbuf(f, n * c->index_n_heads, 4, &ok);
+    f->glog = dbuf(f, n * c->n_routed_experts, 4, &ok);
+    f->moe_w = dbuf(f, n * c->num_experts_per_tok, 4, &ok);
+    f->moe_idx = dbuf(f, n * c->num_experts_per_tok, 4, &ok);
+    f->moe_work = dbuf(f, dsi_moe_work_floats(n, c->num_experts_per_tok, D,
+                                              c->moe_intermediate_size), 4, &ok);
+    f->ent = dbuf(f, n * c->head_dim, 4, &ok);
+    f->ient = dbuf(f, n * c->index_head_dim, 4, &ok);
+    f->logits = dbuf(f, n * c->vocab_size, 4, &ok);
+    f->sel = dbuf(f, n * c->index_topk, 4, &ok);
+    f->n_sel = dbuf(f, n, 4, &ok);
     if (!ok) {
         dsi_fwd_free(f);
         return dsi_errf(err, DSI_ERR_NOMEM, "forward: out of memory for %d rows", max_rows);
     }
-    /* Per-thread scratch: a decoded weight row, a flattened stream row, attention scores and
-     * indexer scores. */
-    int64_t kmax = DSI_MAX(DSI_MAX(widest, c->hc_dim), DSI_MAX(c->group_in_dim, c->moe_intermediate_size));
-    int64_t need = DSI_MAX(kmax * 4, f->keys_ld * 4);
-    need = DSI_MAX(need, (max_ctx / 4 + 2) * 8);
+    f->st = (struct dsi_step){.tokens = f->d_tokens, .pos = f->d_pos, .slot = f->d_slot,
+                              .row0 = f->d_row0, .page_table = kv->pt_dev,
+                              .max_pages = kv->max_pages, .page_tokens = kv->page_tokens,
+                              .ring_cap = kv->ring_cap, .window = c->sliding_window};
+    /* Per-thread scratch: a decoded weight row or a flattened stream row; attention scores
+     * and key pointers; indexer scores. */
+    int64_t kmax = DSI_MAX(DSI_MAX(widest, c->hc_dim),
+                           DSI_MAX(c->group_in_dim, c->moe_intermediate_size));
+    int64_t keys = c->sliding_window + DSI_MAX((int64_t)c->index_topk, kv->max_ctx);
+    int64_t need = DSI_MAX(kmax * 4, keys * 16);
     int rc = be->ops->reserve(be, need, err);
     if (rc) {
         dsi_fwd_free(f);
@@ -113,11 +164,20 @@ int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_back
 
 void dsi_fwd_free(struct dsi_fwd *f) {
     if (!f) return;
-    void *bufs[] = {f->X, f->X2, f->y, f->x, f->xq, f->post, f->comb, f->f, f->qa, f->qaq, f->q,
-                    f->kv, f->o, f->z, f->ca, f->cb, f->ia, f->ib, f->qI, f->wI, f->glog,
-                    f->moe_w, f->moe_idx, f->moe_work, f->ent, f->ient, f->n_keys, f->sel,
-                    f->n_sel, f->n_vis, f->pos_tmp, (void *)f->keys, (void *)f->ikey_base};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+    void *dev[] = {f->d_tokens, f->d_pos, f->d_slot, f->d_row0, f->d_idx, f->X, f->X2, f->y,
+                   f->x, f->xq, f->post, f->comb, f->f, f->qa, f->qaq, f->q, f->kv_rows, f->o,
+                   f->z, f->ca, f->cb, f->ia, f->ib, f->qI, f->wI, f->glog, f->moe_w,
+                   f->moe_idx, f->moe_work, f->ent, f->ient, f->logits, f->sel, f->n_sel};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        if (dev[i]) f->be->ops->mfree(f->be, dev[i]);
+    for (int i = 0; i < f->n_rc; i++) {
+        void *k[] = {f->rc[i].emit_rows, f->rc[i].emit_entry, f->rc[i].emit_pos, f->rc[i].store};
+        for (size_t j = 0; j < 4; j++)
+            if (k[j]) f->be->ops->mfree(f->be, k[j]);
+    }
+    void *host[] = {f->h_row0, f->h_emit_rows, f->h_emit_entry, f->h_emit_pos, f->h_idx,
+                    f->h_store};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) free(host[i]);
     free(f);
 }
 
@@ -162,58 +222,56 @@ static void kv_quant(struct dsi_fwd *f, float *x, int64_t n, int64_t ld) {
 
 /* ---- compressors (spec 4.6) -------------------------------------------------------------------- */
 
-/* Pool entry i of a compressor whose token slots hold width-`w` halves (CSA: c = 2 halves). */
-static void pool_entry(struct dsi_fwd *f, const float *sa, const float *sb, int n_slots,
-                       int64_t slot_w, int ratio, bool csa, int64_t i, int64_t w, float *out) {
-    const float *pa[512], *pb[512];
-    int ns = 0;
-    if (csa) {
-        for (int64_t t = ratio * i - ratio; t < ratio * i; t++) /* A-halves of window i-1 */
-            if (t >= 0) {
-                pa[ns] = sa + (t % n_slots) * slot_w;
-                pb[ns++] = sb + (t % n_slots) * slot_w;
-            }
-        for (int64_t t = ratio * i; t < ratio * (i + 1); t++) { /* B-halves of window i */
-            pa[ns] = sa + (t % n_slots) * slot_w + w;
-            pb[ns++] = sb + (t % n_slots) * slot_w + w;
+/* Pool the entries completed this step, finish them (RMSNorm(norm) with its input
+ * bf16-rounded in reference numerics, RoPE at i*ratio, [QAT]) and store them in the pages;
+ * then keep the step's last tokens in the slots. a/b: [n, slot_w] rows (b gets ape here). */
+static void compressor(struct dsi_fwd *f, const struct dsi_compressor_w *w, struct ratio_class *k,
+                       float *a, float *b, int64_t width, bool overlap, float *slot_a,
+                       float *slot_b, float *pool, float *tmp, bool index_key) {
+    struct dsi_backend *be = f->be;
+    int64_t slot_w = (overlap ? 2 : 1) * width;
+    struct dsi_comp_ape_args ap = {&f->st, b, slot_w, &w->ape, k->ratio};
+    be->ops->comp_ape(be, &ap);
+    if (k->n_emit) {
+        struct dsi_compress_args ca = {&f->st, k->emit_rows, k->n_emit, a, b, slot_a, slot_b,
+                                       k->n_slots, k->ratio, (int)width, overlap, tmp};
+        be->ops->compress(be, &ca);
+        struct dsi_rms_norm_args nr = {.x = tmp, .y = tmp, .n = k->n_emit, .n_groups = 1,
+                                       .dim = width, .ldx = width, .ldy = width, .w = &w->norm,
+                                       .eps = (float)f->c->rms_norm_eps, .round_bf16 = f->R};
+        be->ops->rms_norm(be, &nr);
+        struct dsi_rope_args ra = {.x = tmp, .n = k->n_emit, .ldx = width, .n_heads = 1,
+                                   .head_stride = width, .width = (int)width,
+                                   .rope_dim = f->c->qk_rope_head_dim, .pos = k->emit_pos,
+                                   .freq = f->m->freq[1], .round_bf16 = f->R};
+        be->ops->rope(be, &ra);
+        if (f->R && index_key) {
+            struct dsi_hadamard_q4_args h = {tmp, k->n_emit, 1, width, width};
+            be->ops->hadamard_q4(be, &h);
+        } else if (f->R) {
+            struct dsi_act_quant_args q = {tmp, tmp, k->n_emit, f->c->nope_dim, width, width, 64};
+            be->ops->act_quant(be, &q);
         }
-    } else {
-        for (int64_t t = ratio * i; t < ratio * (i + 1); t++) {
-            pa[ns] = sa + (t % n_slots) * slot_w;
-            pb[ns++] = sb + (t % n_slots) * slot_w;
-        }
+        struct dsi_entry_store_args es = {&f->st, k->emit_rows, k->emit_entry, k->n_emit,
+                                          k->ratio, tmp, width, pool};
+        be->ops->entry_store(be, &es);
     }
-    struct dsi_compress_args a = {pa, pb, ns, (int)w, out};
-    f->be->ops->compress(f->be, &a);
-}
-
-/* Finish entry i: RMSNorm(norm) (its input bf16-rounded in reference numerics), RoPE at i*ratio, [QAT]. */
-static void finish_entry(struct dsi_fwd *f, float *e, int64_t w, const struct dsi_tensor *norm,
-                         int ratio, int64_t i, bool index_key) {
-    struct dsi_rms_norm_args a = {.x = e, .y = e, .n = 1, .n_groups = 1, .dim = w, .ldx = w,
-                                  .ldy = w, .w = norm, .eps = (float)f->c->rms_norm_eps,
-                                  .round_bf16 = f->R};
-    f->be->ops->rms_norm(f->be, &a);
-    int32_t p = (int32_t)(i * ratio);
-    rope(f, e, 1, w, 1, w, &p, 1, false);
-    if (!f->R) return;
-    if (index_key) {
-        struct dsi_hadamard_q4_args h = {e, 1, 1, w, w};
-        f->be->ops->hadamard_q4(f->be, &h);
-    } else kv_quant(f, e, 1, w);
+    struct dsi_comp_store_args cs = {&f->st, k->store, a, b, slot_a, slot_b, k->n_slots, slot_w};
+    be->ops->comp_store(be, &cs);
 }
 
 /* ---- attention (spec 4.5) ------------------------------------------------------------------------ */
 
-static void attention(struct dsi_fwd *f, int il, const struct dsi_batch *b, bool mtp_rows) {
+static void attention(struct dsi_fwd *f, int il) {
     const struct dsi_config *c = f->c;
     const struct dsi_layer_w *L = &f->m->layers[il];
     const struct dsi_layer_info *li = &c->layers[il];
+    struct dsi_layer_cache *S = &f->kv->layers[il];
     struct dsi_backend *be = f->be;
-    int64_t n = b->n, D = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim;
-    int64_t HD = H * hd, ql = c->q_lora_rank, W = c->sliding_window;
+    int64_t n = f->st.n, D = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim;
+    int64_t HD = H * hd, ql = c->q_lora_rank;
     int64_t ihd = c->index_head_dim, nih = c->index_n_heads;
-    const int32_t *pos = b->pos;
+    const int32_t *pos = f->st.pos;
     int tab = li->rope;
 
     const float *xq = act(f, f->x, n, D, f->xq);
@@ -226,92 +284,47 @@ static void attention(struct dsi_fwd *f, int il, const struct dsi_batch *b, bool
                                    .eps = (float)c->rms_norm_eps, .round_bf16 = f->R};
     be->ops->rms_norm(be, &qn);
     rope(f, f->q, n, HD, H, hd, pos, tab, false);
-    gemm(f, &L->wkv, xq, n, D, f->kv, hd, f->R);
-    rms(f, f->kv, f->kv, n, hd, &L->kv_norm);
-    rope(f, f->kv, n, hd, 1, hd, pos, tab, false);
-    kv_quant(f, f->kv, n, hd);
+    gemm(f, &L->wkv, xq, n, D, f->kv_rows, hd, f->R);
+    rms(f, f->kv_rows, f->kv_rows, n, hd, &L->kv_norm);
+    rope(f, f->kv_rows, n, hd, 1, hd, pos, tab, false);
+    kv_quant(f, f->kv_rows, n, hd);
+    struct dsi_kv_store_args ks = {&f->st, f->kv_rows, hd, S->ring};
+    be->ops->kv_store(be, &ks);
 
     int ratio = li->ratio;
     bool csa = li->kind == DSI_ATTN_CSA;
-    int64_t cw = (csa ? 2 : 1) * hd;
     if (ratio) {
+        struct ratio_class *k = class_of(f, ratio);
+        int64_t cw = (csa ? 2 : 1) * hd;
         gemm(f, &L->comp.wkv, f->x, n, D, f->ca, cw, false);
         gemm(f, &L->comp.wgate, f->x, n, D, f->cb, cw, false);
-    }
-    if (csa) {
-        gemm(f, &L->idx_comp.wkv, f->x, n, D, f->ia, 2 * ihd, false);
-        gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false);
-        gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R);
-        rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
-        if (f->R) {
-            struct dsi_hadamard_q4_args h = {f->qI, n, nih, ihd, nih * ihd};
-            be->ops->hadamard_q4(be, &h);
-        }
-        gemm(f, &L->idx_weights_proj, f->x, n, D, f->wI, nih, f->R);
-    }
-
-    /* Sequential part: state updates in row order. */
-    for (int64_t r = 0; r < n; r++) {
-        struct dsi_kv_seq *s = b->seq[r];
-        struct dsi_kv_layer *S = &s->layers[il];
-        int64_t t = pos[r];
-        struct dsi_copy_args cp = {f->kv + r * hd, S->ring + (t % s->ring_cap) * hd, 1, hd, hd, hd};
-        be->ops->copy(be, &cp);
-        if (!ratio) continue;
-        struct dsi_slot_write_args sw = {f->ca + r * cw, f->cb + r * cw,
-                                         S->slot_a + (t % S->n_slots) * cw,
-                                         S->slot_b + (t % S->n_slots) * cw, &L->comp.ape, t, cw,
-                                         ratio};
-        be->ops->slot_write(be, &sw);
+        compressor(f, &L->comp, k, f->ca, f->cb, hd, csa, S->slot_a, S->slot_b, S->entries,
+                   f->ent, false);
         if (csa) {
-            struct dsi_slot_write_args iw = {f->ia + r * 2 * ihd, f->ib + r * 2 * ihd,
-                                             S->islot_a + (t % S->n_slots) * 2 * ihd,
-                                             S->islot_b + (t % S->n_slots) * 2 * ihd,
-                                             &L->idx_comp.ape, t, 2 * ihd, ratio};
-            be->ops->slot_write(be, &iw);
-        }
-        if ((t + 1) % ratio == 0) {
-            int64_t i = (t + 1) / ratio - 1;
-            float *e = S->entries + i * hd;
-            pool_entry(f, S->slot_a, S->slot_b, S->n_slots, cw, ratio, csa, i, hd, e);
-            finish_entry(f, e, hd, &L->comp.norm, ratio, i, false);
-            S->n_entries = i + 1;
-            if (csa) {
-                float *k = S->ikeys + i * ihd;
-                pool_entry(f, S->islot_a, S->islot_b, S->n_slots, 2 * ihd, ratio, true, i, ihd, k);
-                finish_entry(f, k, ihd, &L->idx_comp.norm, ratio, i, true);
-                S->n_ikeys = i + 1;
+            gemm(f, &L->idx_comp.wkv, f->x, n, D, f->ia, 2 * ihd, false);
+            gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false);
+            compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
+                       S->ikeys, f->ient, true);
+            gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R);
+            rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
+            if (f->R) {
+                struct dsi_hadamard_q4_args h = {f->qI, n, nih, ihd, nih * ihd};
+                be->ops->hadamard_q4(be, &h);
             }
+            gemm(f, &L->idx_weights_proj, f->x, n, D, f->wI, nih, f->R);
+            struct dsi_indexer_args ia = {.st = &f->st, .q = f->qI, .w = f->wI, .n_heads = nih,
+                                          .head_dim = ihd, .keys = S->ikeys, .ratio = ratio,
+                                          .score_scale = 1.0f / sqrtf((float)ihd),
+                                          .w_scale = 1.0f / sqrtf((float)nih),
+                                          .topk = c->index_topk, .sel = f->sel,
+                                          .n_sel = f->n_sel};
+            be->ops->indexer(be, &ia);
         }
-        f->n_vis[r] = (int32_t)((t + 1) / ratio);
-        f->ikey_base[r] = S->ikeys;
     }
-    if (csa) {
-        struct dsi_indexer_args ia = {.q = f->qI, .w = f->wI, .n = n, .n_heads = nih,
-                                      .head_dim = ihd, .keys = f->ikey_base,
-                                      .n_visible = f->n_vis,
-                                      .score_scale = 1.0f / sqrtf((float)ihd),
-                                      .w_scale = 1.0f / sqrtf((float)nih),
-                                      .topk = c->index_topk, .sel = f->sel, .n_sel = f->n_sel};
-        be->ops->indexer(be, &ia);
-    }
-    /* Key lists: the window (oldest first), then compressed entries in index order. */
-    for (int64_t r = 0; r < n; r++) {
-        struct dsi_kv_seq *s = b->seq[r];
-        struct dsi_kv_layer *S = &s->layers[il];
-        const float **kl = f->keys + r * f->keys_ld;
-        int64_t t = pos[r], nk = 0;
-        for (int64_t p = DSI_MAX(0, t - W + 1); p <= t; p++)
-            kl[nk++] = S->ring + (p % s->ring_cap) * hd;
-        if (csa)
-            for (int i = 0; i < f->n_sel[r]; i++) kl[nk++] = S->entries + (int64_t)f->sel[r * c->index_topk + i] * hd;
-        else if (ratio)
-            for (int64_t i = 0; i < f->n_vis[r]; i++) kl[nk++] = S->entries + i * hd;
-        f->n_keys[r] = (int32_t)nk;
-    }
-    (void)mtp_rows;
-    struct dsi_attn_args aa = {.q = f->q, .out = f->o, .n = n, .n_heads = H, .head_dim = hd,
-                               .keys = f->keys, .n_keys = f->n_keys, .keys_ld = f->keys_ld,
+    struct dsi_attn_args aa = {.st = &f->st, .q = f->q, .out = f->o, .n_heads = H, .head_dim = hd,
+                               .ring = S->ring, .entries = ratio ? S->entries : NULL,
+                               .ratio = ratio, .sel = csa ? f->sel : NULL,
+                               .n_sel = csa ? f->n_sel : NULL, .topk = c->index_topk,
                                .sinks = &L->attn_sink, .scale = 1.0f / sqrtf((float)hd),
                                .round_probs = f->R, .round_bf16 = f->R};
     be->ops->attn(be, &aa);
@@ -330,16 +343,16 @@ static void attention(struct dsi_fwd *f, int il, const struct dsi_batch *b, bool
 
 /* ---- MoE (spec 4.8) -------------------------------------------------------------------------------- */
 
-static void moe(struct dsi_fwd *f, int il, const struct dsi_batch *b) {
+static void moe(struct dsi_fwd *f, int il) {
     const struct dsi_config *c = f->c;
     const struct dsi_layer_w *L = &f->m->layers[il];
-    int64_t n = b->n, D = c->hidden_size;
+    int64_t n = f->st.n, D = c->hidden_size;
     gemm(f, &L->gate_w, f->x, n, D, f->glog, c->n_routed_experts, false);
     struct dsi_moe_route_args ra = {.logits = f->glog, .n = n, .n_experts = c->n_routed_experts,
                                     .topk = c->num_experts_per_tok,
                                     .bias = L->has_bias ? &L->gate_bias : NULL,
                                     .tid2eid = L->has_tid2eid ? &L->tid2eid : NULL,
-                                    .tokens = b->tokens,
+                                    .tokens = f->st.tokens,
                                     .route_scale = (float)c->routed_scaling_factor,
                                     .eps = f->R ? 0.0f : 1e-20f, .idx = f->moe_idx,
                                     .weight = f->moe_w};
@@ -378,92 +391,131 @@ static void hc_merge(struct dsi_fwd *f, int64_t n) {
     f->X2 = t;
 }
 
-static void block(struct dsi_fwd *f, int il, const struct dsi_batch *b) {
+static void block(struct dsi_fwd *f, int il) {
     const struct dsi_layer_w *L = &f->m->layers[il];
-    int64_t n = b->n, D = f->c->hidden_size;
+    int64_t n = f->st.n, D = f->c->hidden_size;
     hc_site(f, &L->hc_attn, n);
     rms(f, f->y, f->x, n, D, &L->attn_norm);
-    attention(f, il, b, false);
+    attention(f, il);
     hc_merge(f, n);
     hc_site(f, &L->hc_ffn, n);
     rms(f, f->y, f->x, n, D, &L->ffn_norm);
-    moe(f, il, b);
+    moe(f, il);
     hc_merge(f, n);
 }
 
-/* Final collapse + norm + head for the rows that want logits. */
+/* Final collapse + norm + head for the rows that want logits; logits go to host memory. */
 static void head(struct dsi_fwd *f, const struct dsi_batch *b, const struct dsi_hc_w *hc,
                  const struct dsi_tensor *norm, float *logits) {
     const struct dsi_config *c = f->c;
-    int64_t n = b->n, D = c->hidden_size, m = 0;
-    for (int64_t r = 0; r < n; r++) {
-        if (b->want_logits && !b->want_logits[r]) continue;
-        struct dsi_copy_args cp = {f->X + r * c->hc_dim, f->X2 + m * c->hc_dim, 1, c->hc_dim,
-                                   c->hc_dim, c->hc_dim};
-        f->be->ops->copy(f->be, &cp);
-        m++;
-    }
+    int64_t D = c->hidden_size, m = 0;
+    for (int r = 0; r < b->n; r++)
+        if (!b->want_logits || b->want_logits[r]) f->h_idx[m++] = r;
     if (!m) return;
+    f->be->ops->upload(f->be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)m);
+    struct dsi_gather_args g = {f->X, f->d_idx, f->X2, m, c->hc_dim};
+    f->be->ops->gather(f->be, &g);
     struct dsi_hc_head_args a = {.X = f->X2, .n = m, .hc = c->hc_mult, .dim = D, .fn = &hc->fn,
                                  .base = &hc->base, .scale = &hc->scale,
                                  .norm_eps = (float)c->rms_norm_eps, .hc_eps = (float)c->hc_eps,
                                  .y = f->y, .round_bf16 = f->R};
     f->be->ops->hc_head(f->be, &a);
     rms(f, f->y, f->x, m, D, norm);
-    gemm(f, &f->m->head, f->x, m, D, logits, c->vocab_size, false);
+    gemm(f, &f->m->head, f->x, m, D, f->logits, c->vocab_size, false);
+    f->be->ops->download(f->be, logits, f->logits, sizeof(float) * (size_t)(m * c->vocab_size));
 }
 
-static int check_batch(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp,
-                       struct dsi_err *err) {
+/* ---- the step's batch description ----------------------------------------------------------------- */
+
+/* Validate the batch and upload its description: rows of a sequence contiguous, in order,
+ * continuing the sequence, within its reserved pages and the ring's room. */
+static int prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, struct dsi_err *err) {
+    const struct dsi_config *c = f->c;
+    struct dsi_kv *kv = f->kv;
     if (b->n < 1 || b->n > f->max_rows)
         return dsi_errf(err, DSI_ERR_INVALID, "batch: %d rows, want 1..%d", b->n, f->max_rows);
     for (int r = 0; r < b->n; r++) {
-        if (b->tokens[r] < 0 || b->tokens[r] >= f->c->vocab_size)
+        int s = b->slot[r];
+        if (s < 0 || s >= kv->max_seqs || !kv->seqs[s].used)
+            return dsi_errf(err, DSI_ERR_INVALID, "batch row %d: slot %d is not an open sequence",
+                            r, s);
+        if (b->tokens[r] < 0 || b->tokens[r] >= c->vocab_size)
             return dsi_errf(err, DSI_ERR_INVALID, "batch row %d: token id %d out of range 0..%d",
-                            r, b->tokens[r], f->c->vocab_size - 1);
-        if (b->pos[r] < 0 || b->pos[r] >= b->seq[r]->max_ctx)
-            return dsi_errf(err, DSI_ERR_CONTEXT_FULL,
-                            "batch row %d: position %d beyond the context of %lld", r, b->pos[r],
-                            (long long)b->seq[r]->max_ctx);
-    }
-    /* Rows of a sequence continue it in order; count them against the ring's room. */
-    for (int r = 0; r < b->n; r++) {
-        int64_t expect = mtp ? b->seq[r]->mtp_n_past : b->seq[r]->n_past, cnt = 0;
-        for (int q = 0; q < r; q++) cnt += b->seq[q] == b->seq[r];
-        if (b->pos[r] != expect + cnt)
+                            r, b->tokens[r], c->vocab_size - 1);
+        bool first = r == 0 || b->slot[r - 1] != s;
+        f->h_row0[r] = first ? r : f->h_row0[r - 1];
+        int64_t want = first ? (mtp ? kv->seqs[s].mtp_n_past : kv->seqs[s].n_past)
+                             : b->pos[r - 1] + 1;
+        if (first)
+            for (int q = 0; q < r; q++)
+                if (b->slot[q] == s)
+                    return dsi_errf(err, DSI_ERR_INVALID,
+                                    "batch row %d: rows of slot %d are not contiguous", r, s);
+        if (b->pos[r] != want)
             return dsi_errf(err, DSI_ERR_INVALID,
-                            "batch row %d: position %d, want %lld (rows of a sequence must "
-                            "continue it in order)",
-                            r, b->pos[r], (long long)(expect + cnt));
-        if (cnt + 1 > b->seq[r]->ring_cap - f->c->sliding_window + 1)
-            return dsi_errf(err, DSI_ERR_INVALID, "batch: more rows of one sequence than the "
-                            "state was sized for");
+                            "batch row %d: position %d, want %lld (rows of a sequence continue "
+                            "it in order)", r, b->pos[r], (long long)want);
+        if (b->pos[r] >= (int64_t)kv->seqs[s].n_pages * kv->page_tokens)
+            return dsi_errf(err, DSI_ERR_CONTEXT_FULL,
+                            "batch row %d: position %d has no cache page reserved", r, b->pos[r]);
+        if (r - f->h_row0[r] + c->sliding_window > kv->ring_cap)
+            return dsi_errf(err, DSI_ERR_INVALID,
+                            "batch: more rows of one sequence than the cache rings hold (%d)",
+                            kv->ring_cap - c->sliding_window + 1);
+    }
+    struct dsi_backend *be = f->be;
+    size_t bytes = sizeof(int32_t) * (size_t)b->n;
+    be->ops->upload(be, f->d_tokens, b->tokens, bytes);
+    be->ops->upload(be, f->d_pos, b->pos, bytes);
+    be->ops->upload(be, f->d_slot, b->slot, bytes);
+    be->ops->upload(be, f->d_row0, f->h_row0, bytes);
+    f->st.n = b->n;
+    for (int i = 0; i < f->n_rc && !mtp; i++) {
+        struct ratio_class *k = &f->rc[i];
+        int ne = 0;
+        for (int r = 0; r < b->n; r++) {
+            int last = r + 1 == b->n || b->slot[r + 1] != b->slot[r] ? r : -1;
+            for (int q = r; last < 0; q++) /* last row of this sequence */
+                if (q + 1 == b->n || b->slot[q + 1] != b->slot[r]) last = q;
+            f->h_store[r] = b->pos[r] > b->pos[last] - k->n_slots;
+            if ((b->pos[r] + 1) % k->ratio == 0) {
+                f->h_emit_rows[ne] = r;
+                f->h_emit_entry[ne] = (b->pos[r] + 1) / k->ratio - 1;
+                f->h_emit_pos[ne++] = (b->pos[r] + 1 - k->ratio);
+            }
+        }
+        k->n_emit = ne;
+        be->ops->upload(be, k->store, f->h_store, (size_t)b->n);
+        if (ne) {
+            be->ops->upload(be, k->emit_rows, f->h_emit_rows, sizeof(int32_t) * (size_t)ne);
+            be->ops->upload(be, k->emit_entry, f->h_emit_entry, sizeof(int32_t) * (size_t)ne);
+            be->ops->upload(be, k->emit_pos, f->h_emit_pos, sizeof(int32_t) * (size_t)ne);
+        }
     }
     return DSI_OK;
 }
 
-static void advance(const struct dsi_batch *b, bool mtp) {
+static void advance(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp) {
     for (int r = 0; r < b->n; r++) {
-        int64_t *np = mtp ? &b->seq[r]->mtp_n_past : &b->seq[r]->n_past;
+        struct dsi_kv_seq_info *s = &f->kv->seqs[b->slot[r]];
+        int64_t *np = mtp ? &s->mtp_n_past : &s->n_past;
         if (b->pos[r] + 1 > *np) *np = b->pos[r] + 1;
     }
 }
 
 int dsi_forward(struct dsi_fwd *f, const struct dsi_batch *b, float *logits, float *streams,
                 struct dsi_err *err) {
-    int rc = check_batch(f, b, false, err);
+    int rc = prepare(f, b, false, err);
     if (rc) return rc;
     const struct dsi_config *c = f->c;
-    struct dsi_embed_args ea = {&f->m->embed, b->tokens, b->n, c->hc_mult, f->X};
+    struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n, c->hc_mult, f->X};
     f->be->ops->embed(f->be, &ea);
-    for (int il = 0; il < c->num_hidden_layers; il++) block(f, il, b);
-    advance(b, false);
-    if (streams) {
-        struct dsi_copy_args cp = {f->X, streams, b->n, c->hc_dim, c->hc_dim, c->hc_dim};
-        f->be->ops->copy(f->be, &cp);
-    }
+    for (int il = 0; il < c->num_hidden_layers; il++) block(f, il);
+    advance(f, b, false);
+    if (streams)
+        f->be->ops->download(f->be, streams, f->X, sizeof(float) * (size_t)(b->n * c->hc_dim));
     if (logits) head(f, b, &f->m->hc_head, &f->m->norm, logits);
-    return DSI_OK;
+    return f->be->ops->sync(f->be, err);
 }
 
 int dsi_mtp_forward(struct dsi_fwd *f, const struct dsi_batch *b, const float *streams,
@@ -471,38 +523,28 @@ int dsi_mtp_forward(struct dsi_fwd *f, const struct dsi_batch *b, const float *s
     const struct dsi_config *c = f->c;
     if (c->num_nextn_predict_layers < 1)
         return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no MTP layer");
-    int rc = check_batch(f, b, true, err);
+    int rc = prepare(f, b, true, err);
     if (rc) return rc;
     int il = c->num_hidden_layers;
     const struct dsi_layer_w *L = &f->m->layers[il];
     int64_t n = b->n, D = c->hidden_size, hc = c->hc_mult;
     struct dsi_backend *be = f->be;
     /* e = enorm(embed[next]); X_in[k] = e_proj e + h_proj hnorm(X_t[k]) */
-    struct dsi_embed_args ea = {&f->m->embed, b->tokens, n, 1, f->y};
+    struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, n, 1, f->y};
     be->ops->embed(be, &ea);
     rms(f, f->y, f->y, n, D, &L->enorm);
     const float *eq = act(f, f->y, n, D, f->xq);
     gemm(f, &L->e_proj, eq, n, D, f->f, D, f->R);
-    rms(f, streams, f->X2, n * hc, D, &L->hnorm);
-    const float *hq = f->X2;
-    if (f->R) {
-        struct dsi_act_quant_args q = {f->X2, f->X2, n * hc, D, D, D, 128};
-        be->ops->act_quant(be, &q);
-    }
+    be->ops->upload(be, f->X2, streams, sizeof(float) * (size_t)(n * c->hc_dim));
+    rms(f, f->X2, f->X2, n * hc, D, &L->hnorm);
+    const float *hq = act(f, f->X2, n * hc, D, f->xq);
     gemm(f, &L->h_proj, hq, n * hc, D, f->X, D, f->R);
-    struct dsi_add_args ad = {f->X, f->f, f->X, n * hc, D, D, 0, D, f->R};
-    for (int64_t k = 0; k < hc; k++) { /* add e_proj e to each stream */
-        for (int64_t r = 0; r < n; r++) {
-            struct dsi_add_args a1 = ad;
-            a1.a = f->X + (r * hc + k) * D;
-            a1.b = f->f + r * D;
-            a1.y = f->X + (r * hc + k) * D;
-            a1.n = 1;
-            be->ops->add(be, &a1);
-        }
+    for (int64_t k = 0; k < hc; k++) { /* every stream gets e_proj e */
+        struct dsi_add_args ad = {f->X + k * D, f->f, f->X + k * D, n, D, hc * D, D, hc * D, f->R};
+        be->ops->add(be, &ad);
     }
-    block(f, il, b);
-    advance(b, true);
+    block(f, il);
+    advance(f, b, true);
     if (logits) head(f, b, &L->hc_head, &L->norm, logits);
-    return DSI_OK;
+    return be->ops->sync(be, err);
 }

@@ -10,23 +10,26 @@
 #include "cache/kv.h"
 #include "model/dsv4.h"
 
+/* The flat per-step input (host memory; the forward uploads it once per step). */
 struct dsi_batch {
-    int n;                         /* rows */
-    const int32_t *tokens;         /* [n] */
-    const int32_t *pos;            /* [n] absolute positions */
-    struct dsi_kv_seq *const *seq; /* [n] the sequence state each row belongs to */
-    const uint8_t *want_logits;    /* [n] 1 = produce logits for this row; NULL = every row */
+    int n;                      /* rows */
+    const int32_t *tokens;      /* [n] */
+    const int32_t *pos;         /* [n] absolute positions */
+    const int32_t *slot;        /* [n] cache slot (sequence) of each row */
+    const uint8_t *want_logits; /* [n] 1 = produce logits for this row; NULL = every row */
 };
 
 struct dsi_fwd;
 
+/* Borrows m, be and kv (they must outlive the forward). */
 int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_backend *be,
-                int max_rows, int64_t max_ctx, enum dsi_numerics numerics, struct dsi_err *err);
+                struct dsi_kv *kv, int max_rows, enum dsi_numerics numerics, struct dsi_err *err);
 void dsi_fwd_free(struct dsi_fwd *f);
 
-/* Run the main model. Rows of one sequence must be in position order and continue it
- * (pos == n_past, n_past + 1, ...). logits: [rows wanting logits, vocab_size] in row order.
- * streams (optional): [n, hc_mult * hidden_size] final residual streams before hc_head (the
+/* Run the main model. Rows of one sequence must be contiguous, in position order and continue
+ * it (pos == n_past, n_past + 1, ...), with pages reserved for them (dsi_kv_reserve).
+ * logits (host memory): [rows wanting logits, vocab_size] in row order.
+ * streams (optional, host memory): [n, hc_mult * hidden_size] final residual streams before hc_head (the
  * MTP layer's input). Advances each sequence's n_past. */
 int dsi_forward(struct dsi_fwd *f, const struct dsi_batch *b, float *logits, float *streams,
                 struct dsi_err *err);

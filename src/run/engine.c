@@ -11,6 +11,7 @@
 struct dsi_engine {
     struct dsi_backend *be;
     struct dsi_model *m;
+    struct dsi_kv *kv;
     struct dsi_fwd *fwd;
     int max_rows;
     int64_t max_ctx;
@@ -27,7 +28,10 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
                                                             : DSI_NUMERICS_PLAIN;
     int rc = dsi_model_load(&e->m, o->model_dir, err);
     if (!rc) rc = dsi_backend_cpu_new(&e->be, o->n_threads, err);
-    if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, e->be, e->max_rows, e->max_ctx, e->numerics, err);
+    struct dsi_kv_opts ko = {.max_seqs = o->max_seqs > 0 ? o->max_seqs : 16,
+                             .max_ctx = e->max_ctx, .max_rows = e->max_rows};
+    if (!rc) rc = dsi_kv_new(&e->kv, &e->m->cfg, e->be, &ko, err);
+    if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, e->be, e->kv, e->max_rows, e->numerics, err);
     if (rc) {
         dsi_engine_close(e);
         return rc;
@@ -39,6 +43,7 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
 void dsi_engine_close(struct dsi_engine *e) {
     if (!e) return;
     dsi_fwd_free(e->fwd);
+    dsi_kv_free(e->kv);
     dsi_backend_free(e->be);
     dsi_model_free(e->m);
     free(e);
@@ -60,9 +65,11 @@ int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts
     const struct dsi_config *c = &e->m->cfg;
     int64_t V = c->vocab_size, HC = c->hc_dim;
     int rc = DSI_OK;
+    if (n_prompts < 1 || n_prompts > e->kv->max_seqs)
+        return dsi_errf(err, DSI_ERR_INVALID, "%d prompts, want 1..%d", n_prompts,
+                        e->kv->max_seqs);
     if (chunk <= 0) chunk = e->max_rows;
-    if ((int64_t)chunk * n_prompts > e->max_rows)
-        chunk = e->max_rows / (n_prompts > 0 ? n_prompts : 1);
+    if ((int64_t)chunk * n_prompts > e->max_rows) chunk = e->max_rows / n_prompts;
     if (chunk < 1)
         return dsi_errf(err, DSI_ERR_INVALID, "%d prompts do not fit in %d rows per step",
                         n_prompts, e->max_rows);
@@ -77,80 +84,70 @@ int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts
                                 "prompt %d: token id %d at position %d is out of range 0..%lld",
                                 p, prompts[p][i], i, (long long)V - 1);
     }
-    struct dsi_kv_seq **seqs = dsi_calloc((size_t)n_prompts, sizeof(*seqs));
+    int *slots = dsi_calloc((size_t)n_prompts, sizeof(int));
     int32_t *tok = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
     int32_t *pos = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
+    int32_t *slot = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
     int *owner = dsi_malloc(sizeof(int) * (size_t)e->max_rows);
-    struct dsi_kv_seq **rs = dsi_malloc(sizeof(*rs) * (size_t)e->max_rows);
     float *lg = dsi_malloc(sizeof(float) * (size_t)(e->max_rows * V));
     float *st = mtp_out ? dsi_malloc(sizeof(float) * (size_t)(e->max_rows * HC)) : NULL;
-    /* streams of every position, kept for the MTP pass */
     int64_t total = 0;
     for (int p = 0; p < n_prompts; p++) total += lens[p];
+    /* streams of every position, kept for the MTP pass */
     float *all_st = mtp_out ? dsi_malloc(sizeof(float) * (size_t)(total * HC)) : NULL;
     int64_t *off = dsi_calloc((size_t)n_prompts + 1, sizeof(int64_t));
-    if (!seqs || !tok || !pos || !owner || !rs || !lg || (mtp_out && (!st || !all_st)) || !off) {
+    int n_open = 0;
+    if (!slots || !tok || !pos || !slot || !owner || !lg || (mtp_out && (!st || !all_st)) ||
+        !off) {
         rc = dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
         goto out;
     }
     for (int p = 0; p < n_prompts; p++) off[p + 1] = off[p] + lens[p];
-    for (int p = 0; p < n_prompts && !rc; p++)
-        rc = dsi_kv_seq_new(&seqs[p], c, e->max_ctx, e->max_rows, err);
-    if (rc) goto out;
-    /* Main model: every step takes up to `chunk` rows from each prompt. */
-    for (int done = 0; !done && !rc;) {
-        int n = 0;
-        done = 1;
-        for (int p = 0; p < n_prompts; p++) {
-            int64_t at = seqs[p]->n_past;
-            for (int k = 0; k < chunk && at + k < lens[p]; k++) {
-                tok[n] = prompts[p][at + k];
-                pos[n] = (int32_t)(at + k);
-                owner[n] = p;
-                rs[n++] = seqs[p];
-            }
-            if (at + chunk < lens[p]) done = 0;
-        }
-        if (!n) break;
-        struct dsi_batch b = {n, tok, pos, rs, NULL};
-        rc = dsi_forward(e->fwd, &b, lg, st, err);
-        for (int r = 0; r < n && !rc; r++) {
-            memcpy(out + (off[owner[r]] + pos[r]) * V, lg + r * V, sizeof(float) * (size_t)V);
-            if (all_st)
-                memcpy(all_st + (off[owner[r]] + pos[r]) * HC, st + r * HC,
-                       sizeof(float) * (size_t)HC);
-        }
+    for (int p = 0; p < n_prompts && !rc; p++) {
+        rc = dsi_kv_seq_new(e->kv, &slots[p], err);
+        if (!rc) n_open++;
+        if (!rc) rc = dsi_kv_reserve(e->kv, slots[p], lens[p], err);
     }
-    /* MTP: row t uses the streams at t and token t+1. */
-    for (int done = 0; mtp_out && !done && !rc;) {
-        int n = 0;
-        done = 1;
-        for (int p = 0; p < n_prompts; p++) {
-            int64_t at = seqs[p]->mtp_n_past;
-            for (int k = 0; k < chunk && at + k < lens[p] - 1; k++) {
-                tok[n] = prompts[p][at + k + 1];
-                pos[n] = (int32_t)(at + k);
-                owner[n] = p;
-                memcpy(st + (int64_t)n * HC, all_st + (off[owner[n]] + at + k) * HC,
-                       sizeof(float) * (size_t)HC);
-                rs[n++] = seqs[p];
+    /* Main model: every step takes up to `chunk` rows from each prompt. */
+    for (int pass = 0; pass < (mtp_out ? 2 : 1) && !rc; pass++) {
+        bool mtp = pass == 1;
+        for (;;) {
+            int n = 0;
+            for (int p = 0; p < n_prompts; p++) {
+                const struct dsi_kv_seq_info *si = &e->kv->seqs[slots[p]];
+                int64_t at = mtp ? si->mtp_n_past : si->n_past, end = mtp ? lens[p] - 1 : lens[p];
+                for (int k = 0; k < chunk && at + k < end; k++) {
+                    tok[n] = prompts[p][at + k + (mtp ? 1 : 0)];
+                    pos[n] = (int32_t)(at + k);
+                    slot[n] = slots[p];
+                    owner[n] = p;
+                    if (mtp)
+                        memcpy(st + (int64_t)n * HC, all_st + (off[p] + at + k) * HC,
+                               sizeof(float) * (size_t)HC);
+                    n++;
+                }
             }
-            if (at + chunk < lens[p] - 1) done = 0;
+            if (!n || rc) break;
+            struct dsi_batch b = {n, tok, pos, slot, NULL};
+            rc = mtp ? dsi_mtp_forward(e->fwd, &b, st, lg, err)
+                     : dsi_forward(e->fwd, &b, lg, st, err);
+            for (int r = 0; r < n && !rc; r++) {
+                int p = owner[r];
+                float *dst = mtp ? mtp_out + (off[p] - p + pos[r]) * V : out + (off[p] + pos[r]) * V;
+                memcpy(dst, lg + r * V, sizeof(float) * (size_t)V);
+                if (all_st && !mtp)
+                    memcpy(all_st + (off[p] + pos[r]) * HC, st + r * HC,
+                           sizeof(float) * (size_t)HC);
+            }
         }
-        if (!n) break;
-        struct dsi_batch b = {n, tok, pos, rs, NULL};
-        rc = dsi_mtp_forward(e->fwd, &b, st, lg, err);
-        for (int r = 0; r < n && !rc; r++)
-            memcpy(mtp_out + (off[owner[r]] - owner[r] + pos[r]) * V, lg + r * V,
-                   sizeof(float) * (size_t)V);
     }
 out:
-    for (int p = 0; seqs && p < n_prompts; p++) dsi_kv_seq_free(seqs[p]);
-    free(seqs);
+    for (int p = 0; p < n_open; p++) dsi_kv_seq_free(e->kv, slots[p]);
+    free(slots);
     free(tok);
     free(pos);
+    free(slot);
     free(owner);
-    free(rs);
     free(lg);
     free(st);
     free(all_st);
@@ -173,16 +170,17 @@ int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, in
             return dsi_errf(err, DSI_ERR_INVALID,
                             "prompt token id %d at position %d is out of range 0..%lld",
                             prompt[i], i, (long long)V - 1);
-    struct dsi_kv_seq *seq = NULL;
-    int rc = dsi_kv_seq_new(&seq, c, e->max_ctx, e->max_rows, err);
+    int seq = 0;
+    int rc = dsi_kv_seq_new(e->kv, &seq, err);
     if (rc) return rc;
+    rc = dsi_kv_reserve(e->kv, seq, len + n_new, err);
     int32_t *tok = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
     int32_t *pos = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
-    struct dsi_kv_seq **rs = dsi_malloc(sizeof(*rs) * (size_t)e->max_rows);
+    int32_t *rs = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
     uint8_t *want = dsi_calloc((size_t)e->max_rows, 1);
     float *lg = dsi_malloc(sizeof(float) * (size_t)V);
     float *work = dsi_malloc(sizeof(float) * (size_t)(2 * V));
-    if (!tok || !pos || !rs || !want || !lg || !work) {
+    if (!rc && (!tok || !pos || !rs || !want || !lg || !work)) {
         rc = dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -211,7 +209,7 @@ int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, in
         rc = dsi_forward(e->fwd, &b, lg, NULL, err);
     }
 out:
-    dsi_kv_seq_free(seq);
+    dsi_kv_seq_free(e->kv, seq);
     free(tok);
     free(pos);
     free(rs);

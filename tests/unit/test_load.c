@@ -252,6 +252,17 @@ static void retype_norm_i8(json_t *h) {
     json_integer_set(json_array_get(s, 0), json_integer_value(json_array_get(s, 0)) * 2);
     json_object_set_new(t, "dtype", json_string("I8"));
 }
+static void rename_key(json_t *h, const char *from, const char *to) {
+    json_t *v = json_object_get(h, from);
+    json_incref(v);
+    json_object_del(h, from);
+    json_object_set_new(h, to, v);
+}
+static void alias_names(json_t *h) {
+    rename_key(h, "layers.0.attn.wq_a.weight", "model.layers.0.self_attn.wq_a.weight");
+    rename_key(h, "layers.0.attn.wq_a.scale", "model.layers.0.self_attn.wq_a.weight_scale_inv");
+    rename_key(h, "layers.1.ffn.gate.bias", "layers.1.mlp.gate.e_score_correction_bias");
+}
 static void drop_scale(json_t *h) { json_object_del(h, "layers.1.attn.wkv.scale"); }
 
 int test_weights_bad(struct test_ctx *t) {
@@ -281,6 +292,15 @@ int test_weights_bad(struct test_ctx *t) {
             TEST_ASSERTF(!cases[i].want[k] || strstr(err.msg, cases[i].want[k]),
                          "case %s: '%s' should contain '%s'", cases[i].name, err.msg,
                          cases[i].want[k]);
+    }
+    /* HF-style aliases load: model. prefix, self_attn -> attn, mlp -> ffn. */
+    {
+        char dir[1024];
+        TEST_ASSERT(edited_copy(t, "w_alias", alias_names, 0, dir, sizeof(dir)) == 0);
+        struct dsi_model *m = NULL;
+        struct dsi_err err = {0};
+        TEST_ASSERTF(dsi_model_load(&m, dir, &err) == 0, "aliases: %s", err.msg);
+        dsi_model_free(m);
     }
     /* Unchanged copy loads. */
     char dir[1024];

@@ -1,5 +1,6 @@
-/* attn.c - CPU attention with sinks over per-row key lists, and the lightning indexer's
- * scores and top-k. Parallel over (row, head) pairs / rows; fixed summation order. */
+/* attn.c - CPU attention with sinks over the window ring and the compressed entries, and the
+ * lightning indexer's scores and top-k. Parallel over (row, head) pairs / rows; every sum is
+ * in a fixed order (window oldest first, then entries in index order). */
 #include "cpu_impl.h"
 
 #include <math.h>
@@ -9,18 +10,43 @@
 struct attn_job {
     struct dsi_backend *be;
     const struct dsi_attn_args *a;
+    int64_t max_keys;
 };
+
+/* Fill keys[] with the row's key pointers; returns the count. */
+static int row_keys(const struct dsi_attn_args *a, int r, const float **keys) {
+    const struct dsi_step *st = a->st;
+    int64_t t = st->pos[r], hd = a->head_dim;
+    int slot = st->slot[r], nk = 0;
+    for (int64_t p = t - st->window + 1 > 0 ? t - st->window + 1 : 0; p <= t; p++)
+        keys[nk++] = a->ring + ((int64_t)slot * st->ring_cap + p % st->ring_cap) * hd;
+    if (!a->entries) return nk;
+    if (a->sel) {
+        for (int i = 0; i < a->n_sel[r]; i++)
+            keys[nk++] = a->entries + cpu_paged(st, slot, a->sel[(int64_t)r * a->topk + i], a->ratio, hd);
+    } else {
+        for (int64_t i = 0; i < (t + 1) / a->ratio; i++)
+            keys[nk++] = a->entries + cpu_paged(st, slot, i, a->ratio, hd);
+    }
+    return nk;
+}
 
 static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
     struct attn_job *j = ctx;
     const struct dsi_attn_args *a = j->a;
     int64_t hd = a->head_dim;
-    float *s = cpu_scratch(j->be, tid, a->keys_ld * (int64_t)sizeof(float));
+    char *scr = cpu_scratch(j->be, tid, j->max_keys * (int64_t)(sizeof(float) + sizeof(float *)));
+    float *s = (float *)scr;
+    const float **keys = (const float **)(scr + j->max_keys * (int64_t)sizeof(float));
+    int last_r = -1, nk = 0;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t r = t / a->n_heads, h = t % a->n_heads;
+        int r = (int)(t / a->n_heads);
+        int64_t h = t % a->n_heads;
+        if (r != last_r) {
+            nk = row_keys(a, r, keys);
+            last_r = r;
+        }
         const float *q = a->q + (r * a->n_heads + h) * hd;
-        const float *const *keys = a->keys + r * a->keys_ld;
-        int nk = a->n_keys[r];
         float sink = cpu_vec_get(a->sinks, h);
         float mx = sink;
         for (int i = 0; i < nk; i++) {
@@ -44,8 +70,15 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
 }
 
 void cpu_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
-    struct attn_job j = {be, a};
-    dsi_pool_run(cpu_ctx(be)->pool, a->n * a->n_heads, 1, attn_part, &j);
+    int64_t max_keys = a->st->window;
+    if (a->entries) {
+        if (a->sel) max_keys += a->topk;
+        else
+            for (int r = 0; r < a->st->n; r++)
+                max_keys = DSI_MAX(max_keys, a->st->window + (a->st->pos[r] + 1) / a->ratio);
+    }
+    struct attn_job j = {be, a, max_keys};
+    dsi_pool_run(cpu_ctx(be)->pool, a->st->n * a->n_heads, 1, attn_part, &j);
 }
 
 struct scored {
@@ -72,13 +105,14 @@ struct idx_job {
 static void indexer_part(void *ctx, int64_t r0, int64_t r1, int tid) {
     struct idx_job *j = ctx;
     const struct dsi_indexer_args *a = j->a;
+    const struct dsi_step *st = a->st;
     int64_t hd = a->head_dim, nh = a->n_heads;
     for (int64_t r = r0; r < r1; r++) {
-        int nv = a->n_visible[r];
+        int nv = (int)((st->pos[r] + 1) / a->ratio);
         struct scored *sc = cpu_scratch(j->be, tid, (int64_t)nv * (int64_t)sizeof(*sc));
         const float *q = a->q + r * nh * hd, *w = a->w + r * nh;
         for (int i = 0; i < nv; i++) {
-            const float *k = a->keys[r] + (int64_t)i * hd;
+            const float *k = a->keys + cpu_paged(st, st->slot[r], i, a->ratio, hd);
             float acc = 0.0f;
             for (int64_t h = 0; h < nh; h++) {
                 float d = cpu_dot(q + h * hd, k, hd);
@@ -98,5 +132,5 @@ static void indexer_part(void *ctx, int64_t r0, int64_t r1, int tid) {
 
 void cpu_indexer(struct dsi_backend *be, const struct dsi_indexer_args *a) {
     struct idx_job j = {be, a};
-    dsi_pool_run(cpu_ctx(be)->pool, a->n, 1, indexer_part, &j);
+    dsi_pool_run(cpu_ctx(be)->pool, a->st->n, 1, indexer_part, &j);
 }

@@ -33,7 +33,23 @@ static void cpu_free(struct dsi_backend *be) {
     free(c);
 }
 
+static void *cpu_alloc(struct dsi_backend *be, size_t bytes) { return dsi_aligned_alloc(bytes); }
+static void cpu_mfree(struct dsi_backend *be, void *p) { free(p); }
+static void cpu_copy_bytes(struct dsi_backend *be, void *dst, const void *src, size_t n) {
+    memcpy(dst, src, n);
+}
+static const void *cpu_import(struct dsi_backend *be, const void *host, size_t bytes) {
+    return host; /* weights stay in the mmap */
+}
+static int cpu_sync(struct dsi_backend *be, struct dsi_err *err) { return DSI_OK; }
+
 static const struct dsi_backend_ops g_cpu_ops = {
+    .alloc = cpu_alloc,
+    .mfree = cpu_mfree,
+    .upload = cpu_copy_bytes,
+    .download = cpu_copy_bytes,
+    .import = cpu_import,
+    .sync = cpu_sync,
     .reserve = cpu_reserve,
     .free = cpu_free,
     .gemm = cpu_gemm,
@@ -42,7 +58,6 @@ static const struct dsi_backend_ops g_cpu_ops = {
     .embed = cpu_embed,
     .add = cpu_add,
     .copy = cpu_copy,
-    .slot_write = cpu_slot_write,
     .rms_norm = cpu_rms_norm,
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,
@@ -50,7 +65,12 @@ static const struct dsi_backend_ops g_cpu_ops = {
     .hc_head = cpu_hc_head,
     .attn = cpu_attn,
     .indexer = cpu_indexer,
+    .kv_store = cpu_kv_store,
+    .comp_ape = cpu_comp_ape,
     .compress = cpu_compress,
+    .comp_store = cpu_comp_store,
+    .entry_store = cpu_entry_store,
+    .gather = cpu_gather,
     .moe_route = cpu_moe_route,
     .moe = cpu_moe,
 };

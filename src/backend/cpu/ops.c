@@ -189,22 +189,6 @@ void cpu_hc_head(struct dsi_backend *be, const struct dsi_hc_head_args *a) {
     dsi_pool_run(cpu_ctx(be)->pool, a->n, 1, hc_head_part, &j);
 }
 
-/* ---- compressor pooling ------------------------------------------------------------------ */
-
-void cpu_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
-    for (int d = 0; d < a->width; d++) {
-        float mx = -INFINITY, z = 0.0f;
-        for (int s = 0; s < a->n_slots; s++) mx = fmaxf(mx, a->b[s][d]);
-        float e[512];
-        int ns = a->n_slots;
-        DSI_ASSERT(ns <= 512);
-        for (int s = 0; s < ns; s++) z += (e[s] = expf(a->b[s][d] - mx));
-        float acc = 0.0f;
-        for (int s = 0; s < ns; s++) acc += a->a[s][d] * (e[s] / z);
-        a->out[d] = acc;
-    }
-}
-
 /* ---- MoE routing --------------------------------------------------------------------------- */
 
 static float sqrtsoftplus(float z) { return sqrtf(z > 20.0f ? z : log1pf(expf(z))); }
@@ -285,10 +269,3 @@ void cpu_copy(struct dsi_backend *be, const struct dsi_copy_args *a) {
         memmove(a->dst + r * a->ldd, a->src + r * a->lds, (size_t)a->dim * sizeof(float));
 }
 
-void cpu_slot_write(struct dsi_backend *be, const struct dsi_slot_write_args *a) {
-    int64_t off = a->pos % a->ratio;
-    for (int64_t d = 0; d < a->width; d++) {
-        a->sa[d] = a->a[d];
-        a->sb[d] = a->b[d] + cpu_vec_get(a->ape, off * a->width + d);
-    }
-}

@@ -1,0 +1,94 @@
+/* cache_ops.c - CPU ops that move rows between a step's activations and the cache pool:
+ * window rings, compressor token slots and pooling, paged entries, row gathers. */
+#include "cpu_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+void cpu_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
+    const struct dsi_step *st = a->st;
+    for (int r = 0; r < st->n; r++) {
+        float *dst = a->ring + ((int64_t)st->slot[r] * st->ring_cap + st->pos[r] % st->ring_cap) *
+                                   a->head_dim;
+        memcpy(dst, a->kv + r * a->head_dim, (size_t)a->head_dim * sizeof(float));
+    }
+}
+
+void cpu_comp_ape(struct dsi_backend *be, const struct dsi_comp_ape_args *a) {
+    for (int r = 0; r < a->st->n; r++) {
+        int64_t off = a->st->pos[r] % a->ratio;
+        float *b = a->b + r * a->width;
+        for (int64_t d = 0; d < a->width; d++) b[d] += cpu_vec_get(a->ape, off * a->width + d);
+    }
+}
+
+/* Slot row of token u for emitted row r: from this step's rows when u is in the step. */
+static void token_rows(const struct dsi_compress_args *a, int r, int64_t u, const float **pa,
+                       const float **pb) {
+    const struct dsi_step *st = a->st;
+    int64_t slot_w = (a->overlap ? 2 : 1) * (int64_t)a->width;
+    int64_t t = st->pos[r], first = st->pos[st->row0[r]];
+    if (u >= first) {
+        int64_t row = r - (t - u);
+        *pa = a->a + row * slot_w;
+        *pb = a->b + row * slot_w;
+    } else {
+        int64_t off = ((int64_t)st->slot[r] * a->n_slots + u % a->n_slots) * slot_w;
+        *pa = a->slot_a + off;
+        *pb = a->slot_b + off;
+    }
+}
+
+void cpu_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
+    const float *pa[1024], *pb[1024];
+    DSI_ASSERT(2 * a->ratio <= 1024);
+    for (int e = 0; e < a->n_emit; e++) {
+        int r = a->emit_rows[e];
+        int64_t t = a->st->pos[r], i = (t + 1) / a->ratio - 1, R = a->ratio;
+        int ns = 0;
+        if (a->overlap) {
+            for (int64_t u = R * i - R; u < R * i; u++) /* A-halves of window i-1 */
+                if (u >= 0) token_rows(a, r, u, &pa[ns], &pb[ns]), ns++;
+            for (int64_t u = R * i; u < R * (i + 1); u++) { /* B-halves of window i */
+                token_rows(a, r, u, &pa[ns], &pb[ns]);
+                pa[ns] += a->width;
+                pb[ns++] += a->width;
+            }
+        } else {
+            for (int64_t u = R * i; u < R * (i + 1); u++) token_rows(a, r, u, &pa[ns], &pb[ns]), ns++;
+        }
+        float *out = a->out + (int64_t)e * a->width;
+        for (int d = 0; d < a->width; d++) { /* per-channel softmax over the slots */
+            float mx = -INFINITY, z = 0.0f, ex[1024];
+            for (int s = 0; s < ns; s++) mx = fmaxf(mx, pb[s][d]);
+            for (int s = 0; s < ns; s++) z += (ex[s] = expf(pb[s][d] - mx));
+            float acc = 0.0f;
+            for (int s = 0; s < ns; s++) acc += pa[s][d] * (ex[s] / z);
+            out[d] = acc;
+        }
+    }
+}
+
+void cpu_comp_store(struct dsi_backend *be, const struct dsi_comp_store_args *a) {
+    const struct dsi_step *st = a->st;
+    for (int r = 0; r < st->n; r++) {
+        if (!a->store[r]) continue;
+        int64_t off = ((int64_t)st->slot[r] * a->n_slots + st->pos[r] % a->n_slots) * a->slot_w;
+        memcpy(a->slot_a + off, a->a + r * a->slot_w, (size_t)a->slot_w * sizeof(float));
+        memcpy(a->slot_b + off, a->b + r * a->slot_w, (size_t)a->slot_w * sizeof(float));
+    }
+}
+
+void cpu_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
+    for (int e = 0; e < a->n_emit; e++) {
+        int r = a->emit_rows[e];
+        float *dst = a->pool + cpu_paged(a->st, a->st->slot[r], a->emit_entry[e], a->ratio, a->width);
+        memcpy(dst, a->src + (int64_t)e * a->width, (size_t)a->width * sizeof(float));
+    }
+}
+
+void cpu_gather(struct dsi_backend *be, const struct dsi_gather_args *a) {
+    for (int64_t i = 0; i < a->n; i++)
+        memmove(a->dst + i * a->dim, a->src + (int64_t)a->idx[i] * a->dim,
+                (size_t)a->dim * sizeof(float));
+}
