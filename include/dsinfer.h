@@ -21,6 +21,7 @@ struct dsi_engine_opts {
     int max_rows;          /* rows per forward step (chunked prefill size); <= 0: 256 */
     int64_t max_ctx;       /* positions per sequence; <= 0: 4096 */
     int max_seqs;          /* sequences in flight; <= 0: 16 */
+    const char *backend;   /* "cpu" (default) or "cuda" (builds with CUDA=1) */
     int numerics;          /* enum dsi_numerics_opt */
 };
 

@@ -13,7 +13,7 @@ static int count_token(int32_t t, void *user) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dsinfer bench [model] [-m DIR] [--threads N] [--prompt N] [--decode N]\n"
+    fprintf(f, "usage: dsinfer bench [model] [-m DIR] [--threads N] [--backend cpu|cuda] [--prompt N] [--decode N]\n"
                "       dsinfer bench tokenize [options]\n"
                "model: prefill tokens/s of a random prompt of N tokens and greedy decode "
                "tokens/s.\n");
@@ -21,6 +21,7 @@ static void usage(FILE *f) {
 
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return dsi_bench_tokenize(argc - 1, argv + 1);
+    const char *backend = "cpu";
     const char *dir = DSI_DEFAULT_MODEL;
     long long threads = 0, n_prompt = 128, n_decode = 32;
     for (int i = 1; i < argc; i++) {
@@ -42,7 +43,7 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
-    struct dsi_engine_opts o = {.model_dir = dir, .n_threads = (int)threads,
+    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads,
                                 .max_rows = (int)DSI_MIN(n_prompt, 512),
                                 .max_ctx = n_prompt + n_decode + 1};
     struct dsi_engine *e = NULL;

@@ -10,7 +10,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer generate [-m DIR] --prompt-ids 1,2,3 [-n N] [--temperature T]\n"
-               "                        [--top-p P] [--top-k K] [--seed S] [--threads N]\n"
+               "                        [--top-p P] [--top-k K] [--seed S] [--threads N] [--backend cpu|cuda]\n"
                "Prints the generated token ids, space-separated, as they are produced.\n"
                "Sampling defaults come from the model's generation_config.json; --temperature 0\n"
                "is greedy. Default model: " DSI_DEFAULT_MODEL ".\n");
@@ -25,6 +25,7 @@ static int print_token(int32_t t, void *user) {
 }
 
 int cmd_generate(int argc, char **argv) {
+    const char *backend = "cpu";
     const char *dir = DSI_DEFAULT_MODEL;
     int32_t *ids = NULL;
     int n_ids = 0, rc = 1;
@@ -37,6 +38,7 @@ int cmd_generate(int argc, char **argv) {
             free(ids);
             return 0;
         } else if (!strcmp(a, "-m") && v) dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
         else if (!strcmp(a, "--prompt-ids") && v) {
             free(ids);
             if ((n_ids = args_parse_ids(argv[++i], &ids)) < 0) return 1;
@@ -63,7 +65,7 @@ int cmd_generate(int argc, char **argv) {
         usage(stderr);
         goto out;
     }
-    struct dsi_engine_opts o = {.model_dir = dir, .n_threads = (int)threads,
+    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads,
                                 .max_ctx = n_ids + n_new};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};

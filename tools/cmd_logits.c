@@ -9,7 +9,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer logits -m DIR --prompt-ids 1,2,3 [--prompt-ids ...] --out FILE\n"
                "                      [--chunk N] [--numerics plain|reference] [--mtp-out FILE]\n"
-               "                      [--threads N]\n"
+               "                      [--threads N] [--backend cpu|cuda]\n"
                "Writes float32 little-endian logits, one row of vocab_size per prompt position\n"
                "(row i predicts token i+1), prompts in order. Several --prompt-ids run as several\n"
                "sequences in one batch. --chunk N feeds N tokens of each prompt per step (1 = the\n"
@@ -18,6 +18,7 @@ static void usage(FILE *f) {
 }
 
 int cmd_logits(int argc, char **argv) {
+    const char *backend = "cpu";
     const char *dir = DSI_DEFAULT_MODEL, *outp = NULL, *mtpp = NULL;
     int32_t *prompts[64];
     int lens[64], n_prompts = 0, rc = 1;
@@ -29,6 +30,7 @@ int cmd_logits(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "-m") && v) dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
         else if (!strcmp(a, "--out") && v) outp = argv[++i];
         else if (!strcmp(a, "--mtp-out") && v) mtpp = argv[++i];
         else if (!strcmp(a, "--prompt-ids") && v) {
@@ -68,7 +70,7 @@ int cmd_logits(int argc, char **argv) {
         max_len = DSI_MAX(max_len, lens[p]);
     }
     int rows = (int)(chunk > 0 ? chunk * n_prompts : total);
-    struct dsi_engine_opts o = {.model_dir = dir, .n_threads = (int)threads, .max_rows = rows,
+    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads, .max_rows = rows,
                                 .max_ctx = max_len, .numerics = numerics};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};

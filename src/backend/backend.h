@@ -319,6 +319,8 @@ struct dsi_backend {
 
 /* The CPU backend with n_threads workers (<= 0: all cores). */
 int dsi_backend_cpu_new(struct dsi_backend **out, int n_threads, struct dsi_err *err);
+/* The CUDA backend on device `device` (only in builds with CUDA=1; src/backend/cuda). */
+int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct dsi_err *err);
 void dsi_backend_free(struct dsi_backend *be);
 
 #endif

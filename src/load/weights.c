@@ -452,3 +452,54 @@ void dsi_model_free(struct dsi_model *m) {
     dsi_st_close(m->st);
     free(m);
 }
+
+/* ---- moving weights to a backend ------------------------------------------------------------- */
+
+static int import_one(struct dsi_backend *be, struct dsi_tensor *t, struct dsi_err *err) {
+    if (!t->data) return DSI_OK;
+    size_t bytes = (size_t)(dsi_tensor_row_bytes(t) * t->ne[1] * (t->ne[2] ? t->ne[2] : 1) *
+                            (t->ne[3] ? t->ne[3] : 1));
+    const void *p = be->ops->import(be, t->data, bytes);
+    if (!p) return dsi_errf(err, DSI_ERR_NOMEM, "%s: cannot place %zu bytes of weights", be->name, bytes);
+    t->data = p;
+    return DSI_OK;
+}
+
+static int import_hc(struct dsi_backend *be, struct dsi_hc_w *h, struct dsi_err *err) {
+    int rc = import_one(be, &h->fn, err);
+    if (!rc) rc = import_one(be, &h->base, err);
+    if (!rc) rc = import_one(be, &h->scale, err);
+    return rc;
+}
+
+int dsi_model_import(struct dsi_model *m, struct dsi_backend *be, struct dsi_err *err) {
+    const struct dsi_config *c = &m->cfg;
+    int rc = DSI_OK;
+    struct dsi_tensor *top[] = {&m->embed, &m->head, &m->norm, &m->top_scales[0]};
+    for (size_t i = 0; i < 4 && !rc; i++) rc = import_one(be, top[i], err);
+    if (!rc) rc = import_hc(be, &m->hc_head, err);
+    for (int il = 0; il < c->n_layers_total && !rc; il++) {
+        struct dsi_layer_w *L = &m->layers[il];
+        struct dsi_tensor *ts[] = {&L->attn_norm, &L->ffn_norm, &L->attn_sink, &L->wq_a,
+                                   &L->q_norm, &L->wq_b, &L->wkv, &L->kv_norm, &L->wo_a, &L->wo_b,
+                                   &L->comp.wkv, &L->comp.wgate, &L->comp.ape, &L->comp.norm,
+                                   &L->idx_wq_b, &L->idx_weights_proj, &L->idx_comp.wkv,
+                                   &L->idx_comp.wgate, &L->idx_comp.ape, &L->idx_comp.norm,
+                                   &L->gate_w, &L->gate_bias, &L->tid2eid, &L->sh_w1, &L->sh_w2,
+                                   &L->sh_w3, &L->e_proj, &L->h_proj, &L->enorm, &L->hnorm,
+                                   &L->norm};
+        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]) && !rc; i++) rc = import_one(be, ts[i], err);
+        for (int i = 0; i < L->n_scales && !rc; i++) rc = import_one(be, &L->scales[i], err);
+        for (int e = 0; e < c->n_routed_experts && !rc; e++) {
+            rc = import_one(be, &L->ew1[e], err);
+            if (!rc) rc = import_one(be, &L->ew2[e], err);
+            if (!rc) rc = import_one(be, &L->ew3[e], err);
+        }
+        for (int i = 0; i < 3 * c->n_routed_experts && !rc; i++)
+            rc = import_one(be, &L->escales[i], err);
+        if (!rc) rc = import_hc(be, &L->hc_attn, err);
+        if (!rc) rc = import_hc(be, &L->hc_ffn, err);
+        if (!rc && il >= c->num_hidden_layers) rc = import_hc(be, &L->hc_head, err);
+    }
+    return rc;
+}

@@ -58,6 +58,9 @@ struct dsi_model {
  * missing and unexpected tensors reported together). */
 int dsi_model_load(struct dsi_model **out, const char *dir, struct dsi_err *err);
 void dsi_model_free(struct dsi_model *m);
+/* Make every weight usable by the backend's ops (CPU: no copy; a device backend uploads each
+ * tensor once, in its stored format). */
+int dsi_model_import(struct dsi_model *m, struct dsi_backend *be, struct dsi_err *err);
 
 /* RoPE frequencies for a table (spec section 3), fp32. */
 void dsi_rope_freqs(const struct dsi_config *cfg, int table, float *freq);

@@ -18,6 +18,19 @@ struct dsi_engine {
     enum dsi_numerics numerics;
 };
 
+static int open_backend(struct dsi_backend **be, const struct dsi_engine_opts *o,
+                        struct dsi_err *err) {
+    if (!o->backend || !strcmp(o->backend, "cpu")) return dsi_backend_cpu_new(be, o->n_threads, err);
+    if (!strcmp(o->backend, "cuda")) {
+#ifdef DSI_CUDA
+        return dsi_backend_cuda_new(be, 0, err);
+#else
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "backend cuda: this build has no CUDA (make CUDA=1)");
+#endif
+    }
+    return dsi_errf(err, DSI_ERR_INVALID, "backend %s: want cpu or cuda", o->backend);
+}
+
 int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, struct dsi_err *err) {
     *out = NULL;
     struct dsi_engine *e = dsi_calloc(1, sizeof(*e));
@@ -27,7 +40,8 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     e->numerics = o->numerics == DSI_OPT_NUMERICS_REFERENCE ? DSI_NUMERICS_REFERENCE
                                                             : DSI_NUMERICS_PLAIN;
     int rc = dsi_model_load(&e->m, o->model_dir, err);
-    if (!rc) rc = dsi_backend_cpu_new(&e->be, o->n_threads, err);
+    if (!rc) rc = open_backend(&e->be, o, err);
+    if (!rc) rc = dsi_model_import(e->m, e->be, err);
     struct dsi_kv_opts ko = {.max_seqs = o->max_seqs > 0 ? o->max_seqs : 16,
                              .max_ctx = e->max_ctx, .max_rows = e->max_rows};
     if (!rc) rc = dsi_kv_new(&e->kv, &e->m->cfg, e->be, &ko, err);
