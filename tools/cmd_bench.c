@@ -31,6 +31,7 @@ int cmd_bench(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "model")) continue;
         else if (!strcmp(a, "-m") && v) dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
         else if (!strcmp(a, "--threads") && v) {
             if (args_int("bench", a, argv[++i], 0, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--prompt") && v) {
