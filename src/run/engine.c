@@ -4,19 +4,12 @@
 
 #include "cache/kv.h"
 #include "model/forward.h"
+#include "run/engine_impl.h"
 #include "run/sample.h"
 
 #include <string.h>
 
-struct dsi_engine {
-    struct dsi_backend *be;
-    struct dsi_model *m;
-    struct dsi_kv *kv;
-    struct dsi_fwd *fwd;
-    int max_rows;
-    int64_t max_ctx;
-    enum dsi_numerics numerics;
-};
+
 
 static int open_backend(struct dsi_backend **be, const struct dsi_engine_opts *o,
                         struct dsi_err *err) {
