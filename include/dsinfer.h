@@ -58,6 +58,30 @@ int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, in
                         const struct dsi_sampling *s, dsi_token_fn fn, void *user,
                         struct dsi_err *err);
 
+/* ---- text ---------------------------------------------------------------------------------
+ * The engine loads DIR/tokenizer.json when the model directory has one. */
+bool dsi_engine_has_tokenizer(const struct dsi_engine *e);
+/* Encode UTF-8 text (added/special tokens parsed when parse_special). *ids is malloc'd
+ * (caller frees). */
+int dsi_engine_encode(const struct dsi_engine *e, const char *text, size_t len,
+                      bool parse_special, int32_t **ids, size_t *n, struct dsi_err *err);
+int32_t dsi_engine_bos_id(const struct dsi_engine *e);
+/* Render `user_text` as one user turn with the DeepSeek-V4 chat encoding, ending with the
+ * assistant prefix (thinking mode when think). *out is malloc'd (caller frees). */
+int dsi_engine_chat_prompt(const struct dsi_engine *e, const char *user_text, bool think,
+                           char **out, struct dsi_err *err);
+
+/* Streaming detokenizer: text that is always valid UTF-8, held back until characters are
+ * complete. Owned by the caller (free with dsi_text_stream_free); borrows the engine. */
+struct dsi_text_stream;
+int dsi_text_stream_new(struct dsi_text_stream **out, const struct dsi_engine *e,
+                        struct dsi_err *err);
+void dsi_text_stream_free(struct dsi_text_stream *s);
+/* *text (valid until the next call) receives the text that became final. */
+int dsi_text_stream_feed(struct dsi_text_stream *s, int32_t id, const char **text, size_t *len,
+                         struct dsi_err *err);
+void dsi_text_stream_flush(struct dsi_text_stream *s, const char **text, size_t *len);
+
 /* Print the config summary, layer table, tensor counts and bytes by dtype to f. */
 int dsi_inspect(const char *model_dir, void *file, struct dsi_err *err);
 

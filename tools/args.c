@@ -4,6 +4,27 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *args_default_model(void) {
+    static char path[4200];
+    struct stat sb;
+    if (stat("models/dsv4-tiny/config.json", &sb) == 0) return "models/dsv4-tiny";
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(path, sizeof(path), "%.4000s/../models/dsv4-tiny", exe);
+        char cfg[4300];
+        snprintf(cfg, sizeof(cfg), "%s/config.json", path);
+        if (stat(cfg, &sb) == 0) return path;
+    }
+    return "models/dsv4-tiny";
+}
 
 int args_parse_ids(const char *s, int32_t **out) {
     int cap = 64, n = 0;

@@ -4,8 +4,10 @@
 
 #include <stdint.h>
 
-/* The model used when -m is not given. */
-#define DSI_DEFAULT_MODEL "models/dsv4-tiny"
+/* The model used when -m is not given: models/dsv4-tiny under the current directory, else
+ * next to the binary (build/../models/dsv4-tiny). Returns a static string. */
+const char *args_default_model(void);
+#define DSI_DEFAULT_MODEL args_default_model()
 
 /* Parse "1,2,3" into a malloc'd array; returns count or -1 with a message on stderr. */
 int args_parse_ids(const char *s, int32_t **out);

@@ -6,6 +6,9 @@
 #include "model/forward.h"
 #include "run/engine_impl.h"
 #include "run/sample.h"
+#include "tok/bpe.h"
+
+#include <sys/stat.h>
 
 #include <string.h>
 
@@ -35,6 +38,10 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     int rc = dsi_model_load(&e->m, o->model_dir, err);
     if (!rc) rc = open_backend(&e->be, o, err);
     if (!rc) rc = dsi_model_import(e->m, e->be, err);
+    char tp[4096];
+    struct stat sb;
+    snprintf(tp, sizeof(tp), "%s/tokenizer.json", o->model_dir);
+    if (!rc && stat(tp, &sb) == 0) rc = dsi_bpe_open(&e->tok, o->model_dir, err);
     struct dsi_kv_opts ko = {.max_seqs = o->max_seqs > 0 ? o->max_seqs : 16,
                              .max_ctx = e->max_ctx, .max_rows = e->max_rows};
     if (!rc) rc = dsi_kv_new(&e->kv, &e->m->cfg, e->be, &ko, err);
@@ -53,7 +60,55 @@ void dsi_engine_close(struct dsi_engine *e) {
     dsi_kv_free(e->kv);
     dsi_backend_free(e->be);
     dsi_model_free(e->m);
+    dsi_bpe_free(e->tok);
     free(e);
+}
+
+bool dsi_engine_has_tokenizer(const struct dsi_engine *e) { return e->tok != NULL; }
+
+int dsi_engine_encode(const struct dsi_engine *e, const char *text, size_t len,
+                      bool parse_special, int32_t **ids, size_t *n, struct dsi_err *err) {
+    if (!e->tok) return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no tokenizer.json");
+    return dsi_bpe_encode(e->tok, text, len, parse_special, ids, n, err);
+}
+
+int32_t dsi_engine_bos_id(const struct dsi_engine *e) {
+    int32_t b = e->tok ? dsi_bpe_bos_id(e->tok) : -1;
+    return b >= 0 ? b : e->m->cfg.bos_token_id;
+}
+
+struct dsi_text_stream {
+    struct dsi_bpe_stream *s;
+};
+
+int dsi_text_stream_new(struct dsi_text_stream **out, const struct dsi_engine *e,
+                        struct dsi_err *err) {
+    *out = NULL;
+    if (!e->tok) return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no tokenizer.json");
+    struct dsi_text_stream *t = dsi_calloc(1, sizeof(*t));
+    if (!t) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    int rc = dsi_bpe_stream_new(&t->s, e->tok, DSI_DECODE_SKIP_SPECIAL, err);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return DSI_OK;
+}
+
+void dsi_text_stream_free(struct dsi_text_stream *s) {
+    if (!s) return;
+    dsi_bpe_stream_free(s->s);
+    free(s);
+}
+
+int dsi_text_stream_feed(struct dsi_text_stream *s, int32_t id, const char **text, size_t *len,
+                         struct dsi_err *err) {
+    return dsi_bpe_stream_feed(s->s, id, text, len, err);
+}
+
+void dsi_text_stream_flush(struct dsi_text_stream *s, const char **text, size_t *len) {
+    dsi_bpe_stream_flush(s->s, text, len);
 }
 
 int dsi_engine_vocab_size(const struct dsi_engine *e) { return e->m->cfg.vocab_size; }
@@ -224,4 +279,18 @@ out:
     free(lg);
     free(work);
     return rc;
+}
+
+/* One user turn, no system prompt (spec 9): BOS, <｜User｜> + text, then <｜Assistant｜> and
+ * <think> in thinking mode or </think> in chat mode. */
+int dsi_engine_chat_prompt(const struct dsi_engine *e, const char *user_text, bool think,
+                           char **out, struct dsi_err *err) {
+    static const char *bos = "<｜begin▁of▁sentence｜>", *user = "<｜User｜>",
+                      *asst = "<｜Assistant｜>";
+    const char *tail = think ? "<think>" : "</think>";
+    size_t n = strlen(bos) + strlen(user) + strlen(user_text) + strlen(asst) + strlen(tail) + 1;
+    *out = dsi_malloc(n);
+    if (!*out) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    snprintf(*out, n, "%s%s%s%s%s", bos, user, user_text, asst, tail);
+    return DSI_OK;
 }

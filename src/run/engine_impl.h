@@ -8,7 +8,10 @@
 #include "cache/kv.h"
 #include "model/forward.h"
 
+struct dsi_bpe;
+
 struct dsi_engine {
+    struct dsi_bpe *tok; /* NULL when the model directory has no tokenizer.json */
     struct dsi_backend *be;
     struct dsi_model *m;
     struct dsi_kv *kv;
