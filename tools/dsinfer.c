@@ -15,6 +15,7 @@ static const struct command g_cmds[] = {
     {"logits", cmd_logits, "write the logits of every prompt position to a file"},
     {"inspect", cmd_inspect, "print and validate a checkpoint's config and tensors"},
     {"bench", cmd_bench, "benchmarks (prefill/decode tokens/s, tokenizer)"},
+    {"eval", cmd_eval, "evaluation: eval ppl FILE (perplexity, MTP accuracy)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", cmd_detokenize, "token ids on stdin -> text"},
 };
