@@ -1,0 +1,59 @@
+#!/bin/sh
+# CLI checks on the tiny golden checkpoint: inspect, logits (chunked == whole), generate,
+# and bad input (malformed/unsupported config, missing dir, out-of-range ids, bad options):
+# one error line naming the file/field, non-zero exit, no crash (exit code < 128).
+set -u
+M=tests/golden/tiny-a/model
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# expect_error CMD... : must exit 1 or 2 (not a signal) and print exactly one line on stderr
+expect_error() {
+    want=$1
+    shift
+    "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "'$*' exited $rc"
+    [ "$(wc -l <"$T/err")" -ge 1 ] || fail "'$*' printed no error"
+    grep -q -- "$want" "$T/err" || fail "'$*': error '$(cat "$T/err")' lacks '$want'"
+}
+
+$DSINFER --help >/dev/null || fail "--help"
+for c in generate logits inspect bench; do $DSINFER $c --help >/dev/null || fail "$c --help"; done
+$DSINFER inspect -m $M >"$T/inspect" || fail "inspect"
+grep -q "validation: ok" "$T/inspect" || fail "inspect: no validation line"
+grep -q "F8_E4M3" "$T/inspect" || fail "inspect: no dtype table"
+
+P=5,17,300,42,8,999,3,77,128,64,11,12,13,14,15,16,17,18,19,20,21,22,23
+$DSINFER logits -m $M --prompt-ids $P --out "$T/a.f32" || fail "logits"
+$DSINFER logits -m $M --prompt-ids $P --out "$T/b.f32" --chunk 1 || fail "logits --chunk 1"
+cmp -s "$T/a.f32" "$T/b.f32" || fail "chunked logits differ"
+[ "$(wc -c <"$T/a.f32")" -eq $((23 * 1024 * 4)) ] || fail "logits file size"
+$DSINFER logits -m $M --prompt-ids $P --out "$T/r.f32" --numerics reference || fail "reference"
+cmp -s "$T/a.f32" "$T/r.f32" && fail "reference numerics equal plain"
+
+out=$($DSINFER generate -m $M --prompt-ids 5,6,7 -n 8 --temperature 0) || fail "generate"
+[ "$(echo "$out" | wc -w)" -ge 1 ] || fail "generate printed no ids"
+g1=$($DSINFER generate -m $M --prompt-ids 5,6,7 -n 8 --seed 3 --temperature 1)
+g2=$($DSINFER generate -m $M --prompt-ids 5,6,7 -n 8 --seed 3 --temperature 1 --threads 1)
+[ "$g1" = "$g2" ] || fail "seeded generation not reproducible: '$g1' vs '$g2'"
+
+expect_error "out of range" $DSINFER logits -m $M --prompt-ids 5,1024 --out "$T/x"
+expect_error "out of range" $DSINFER generate -m $M --prompt-ids 5,99999
+expect_error "prompt-ids" $DSINFER generate -m $M --prompt-ids 5,abc
+expect_error "temperature" $DSINFER generate -m $M --prompt-ids 5 --temperature x
+expect_error "unknown" $DSINFER generate -m $M --bogus
+expect_error "unknown command" $DSINFER frobnicate
+expect_error "/nonexistent" $DSINFER inspect -m /nonexistent
+
+cp -r $M "$T/m1"
+echo '{"model_type": "deepseek_v4", "vocab_size": ' >"$T/m1/config.json"
+expect_error "config.json: malformed JSON" $DSINFER inspect -m "$T/m1"
+sed -i 's/.*/{"model_type": "llama"}/' "$T/m1/config.json"
+expect_error "model_type \"llama\" is not supported" $DSINFER generate -m "$T/m1" --prompt-ids 1
+cp -r $M "$T/m2"
+f=$(ls "$T/m2"/model-*.safetensors | head -1)
+head -c 20000 "$f" >"$T/trunc" && mv "$T/trunc" "$f"
+expect_error "truncated" $DSINFER inspect -m "$T/m2"
+echo ok
