@@ -73,7 +73,9 @@ int test_quant_rounding(struct test_ctx *t) {
 static int decode_all(const struct dsi_st *st, const char *name, enum dsi_type ty, int64_t rows,
                       int64_t cols, int sb0, int sb1, float *out) {
     char sn[256];
-    snprintf(sn, sizeof(sn), "%s.scale", name);
+    size_t l = strlen(name);
+    if (l > 7 && !strcmp(name + l - 7, ".weight")) l -= 7;
+    snprintf(sn, sizeof(sn), "%.*s.scale", (int)l, name);
     const struct dsi_st_tensor *w = dsi_st_find(st, name), *s = dsi_st_find(st, sn);
     if (!w || !s) return -1;
     struct dsi_tensor sc = {.type = DSI_TYPE_E8M0, .data = s->data};
@@ -122,5 +124,72 @@ int test_quant_golden(struct test_ctx *t) {
     dsi_st_close(st);
     free(file);
     TEST_ASSERT(!bad);
+    return 0;
+}
+
+/* Hex floats of a JSON array (strtof parses C99 hex floats exactly). */
+static int hex_array(json_t *a, float *out, int cap) {
+    int n = (int)json_array_size(a);
+    if (n > cap) return -1;
+    for (int i = 0; i < n; i++) out[i] = strtof(json_string_value(json_array_get(a, (size_t)i)), NULL);
+    return n;
+}
+
+/* The [QAT] helpers against cases computed by ref/quant_golden.py from the spec in numpy. */
+int test_quant_qat_cases(struct test_ctx *t) {
+    json_error_t je;
+    json_t *j = json_load_file(test_path(t, "tests/golden/quant/qat_cases.json"), 0, &je);
+    TEST_ASSERTF(j, "qat_cases.json: %s", je.text);
+    size_t i;
+    json_t *c;
+    int n_cases = 0;
+    json_array_foreach(json_object_get(j, "ue8m0"), i, c) {
+        float amax = strtof(json_string_value(json_object_get(c, "amax_hex")), NULL);
+        float mx = (float)json_number_value(json_object_get(c, "fmt_max"));
+        float fl = strtof(json_string_value(json_object_get(c, "floor_hex")), NULL);
+        float want = strtof(json_string_value(json_object_get(c, "scale_hex")), NULL);
+        float got = dsi_ue8m0_scale(amax, mx, fl);
+        TEST_ASSERTF(same_bits(got, want), "ue8m0 case %zu: amax %a -> %a, want %a", i,
+                     (double)amax, (double)got, (double)want);
+        n_cases++;
+    }
+    float x[1024], y[1024];
+    const char *casts[] = {"cast_e4m3", "cast_e2m1"};
+    for (int k = 0; k < 2; k++) {
+        json_t *o = json_object_get(j, casts[k]);
+        int n = hex_array(json_object_get(o, "x_hex"), x, 1024);
+        TEST_ASSERT(n > 0 && hex_array(json_object_get(o, "y_hex"), y, 1024) == n);
+        for (int e = 0; e < n; e++) {
+            float got = k == 0 ? dsi_e4m3_round(x[e]) : dsi_e2m1_round(x[e]);
+            TEST_ASSERTF(same_bits(got, y[e]), "%s(%a) = %a, want %a", casts[k], (double)x[e],
+                         (double)got, (double)y[e]);
+            n_cases++;
+        }
+    }
+    const char *rts[] = {"q8", "q4"};
+    for (int k = 0; k < 2; k++) {
+        json_array_foreach(json_object_get(j, rts[k]), i, c) {
+            int block = (int)json_integer_value(json_object_get(c, "block"));
+            int n = hex_array(json_object_get(c, "x_hex"), x, 1024);
+            TEST_ASSERT(n > 0 && n % block == 0 && hex_array(json_object_get(c, "y_hex"), y, 1024) == n);
+            if (k == 0) dsi_q8_roundtrip(x, n, block);
+            else dsi_q4_roundtrip(x, n, block);
+            for (int e = 0; e < n; e++)
+                TEST_ASSERTF(same_bits(x[e], y[e]), "%s case %zu elem %d: %a, want %a", rts[k], i,
+                             e, (double)x[e], (double)y[e]);
+            n_cases++;
+        }
+    }
+    json_array_foreach(json_object_get(j, "hadamard"), i, c) {
+        int n = hex_array(json_object_get(c, "x_hex"), x, 1024);
+        TEST_ASSERT(n > 0 && hex_array(json_object_get(c, "scaled_hex"), y, 1024) == n);
+        dsi_hadamard(x, n);
+        for (int e = 0; e < n; e++) /* fp32 butterflies: equal up to summation order */
+            TEST_ASSERTF(fabsf(x[e] - y[e]) <= 1e-5f * (1.0f + fabsf(y[e])),
+                         "hadamard case %zu elem %d: %g, want %g", i, e, (double)x[e], (double)y[e]);
+        n_cases++;
+    }
+    json_decref(j);
+    TEST_ASSERT(n_cases > 50);
     return 0;
 }

@@ -67,8 +67,15 @@ static float round_grid(float x, int mbits, int emin) {
     return rintf(x / q) * q;
 }
 
-float dsi_e4m3_round(float x) { return round_grid(x, 3, -6); }
-float dsi_e2m1_round(float x) { return round_grid(x, 1, 0); }
+/* Saturating: values beyond the largest finite code round to it. */
+float dsi_e4m3_round(float x) {
+    float y = round_grid(x, 3, -6);
+    return y > DSI_FP8_MAX ? DSI_FP8_MAX : y < -DSI_FP8_MAX ? -DSI_FP8_MAX : y;
+}
+float dsi_e2m1_round(float x) {
+    float y = round_grid(x, 1, 0);
+    return y > DSI_FP4_MAX ? DSI_FP4_MAX : y < -DSI_FP4_MAX ? -DSI_FP4_MAX : y;
+}
 
 float dsi_ue8m0_scale(float amax, float fmt_max, float amax_floor) {
     if (!(amax >= amax_floor)) amax = amax_floor; /* also catches NaN */
