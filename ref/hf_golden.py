@@ -271,9 +271,12 @@ def run_case(case, out_root, keep_hf=None, max_tries=400, log=print):
             "stats": stats,
             "tie_rule": "indexer and router top-k ties broken by lower index (stable sort)",
         }
+        text = json.dumps(dict(g, prompts=[f"@PROMPT{i}@" for i in range(len(prompts))]), indent=1)
+        for i, p in enumerate(prompts):  # one line per prompt
+            text = text.replace(f'"@PROMPT{i}@"', json.dumps(p))
+        assert json.loads(text) == g
         with open(os.path.join(out_dir, "golden.json"), "w") as f:
-            json.dump(g, f, indent=1)
-            f.write("\n")
+            f.write(text + "\n")
         log(f"[{case}] done: seed {seed}, min top2 margin {g['min_top2_margin']:.4g}")
         return g
     finally:

@@ -313,7 +313,11 @@ static int check_tid2eid(const struct dsi_model *m, const struct dsi_layer_w *L,
 void dsi_rope_freqs(const struct dsi_config *cfg, int table, float *freq) {
     int rd = cfg->qk_rope_head_dim, half = rd / 2;
     double theta = table ? cfg->compress_rope_theta : cfg->rope_theta;
-    for (int i = 0; i < half; i++) freq[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)rd);
+    /* HF / reference order in fp32: 1 / (theta ** (2i / rd)), pow correctly rounded. */
+    for (int i = 0; i < half; i++) {
+        float e = (float)(2 * i) / (float)rd;
+        freq[i] = 1.0f / (float)pow((double)(float)theta, (double)e);
+    }
     if (!table || cfg->yarn_factor <= 0) return;
     /* YaRN (spec 3): ramp between the correction dims of beta_fast and beta_slow. */
     double L0 = (double)cfg->yarn_original_max_pos, s = cfg->yarn_factor;
@@ -325,8 +329,8 @@ void dsi_rope_freqs(const struct dsi_config *cfg, int table, float *freq) {
     for (int i = 0; i < half; i++) {
         double ramp = ((double)i - lo) / (hi - lo);
         ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-        float r = (float)ramp;
-        freq[i] = freq[i] / (float)s * r + freq[i] * (1.0f - r);
+        float smooth = 1.0f - (float)ramp; /* extrapolation factor, as in HF's yarn */
+        freq[i] = freq[i] / (float)s * (1.0f - smooth) + freq[i] * smooth;
     }
 }
 
