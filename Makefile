@@ -26,9 +26,12 @@ endif
 LDLIBS := -ljansson -lpcre2-8 -lpthread -lm
 
 LIB_SRC  := $(sort $(wildcard src/core/*.c src/load/*.c src/tok/*.c src/model/*.c src/cache/*.c \
-              src/backend/*.c src/backend/cpu/*.c src/run/*.c))
+              src/backend/*.c src/backend/cpu/*.c src/run/*.c src/grammar/*.c))
 TOOL_SRC := $(sort $(wildcard tools/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c tests/unit/*.c tests/model/*.c))
+ifeq ($(CUDA),1)
+TEST_SRC += $(sort $(wildcard tests/ops/*.c))
+endif
 
 ifeq ($(CUDA),1)
 CUDA_SRC := $(sort $(wildcard src/backend/cuda/*.cu))
@@ -37,7 +40,8 @@ CFLAGS   += -DDSI_CUDA
 CUDA_HOME ?= $(dir $(shell command -v $(NVCC)))..
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
 NVFLAGS  := -O3 -lineinfo -std=c++17 -Iinclude -Isrc -gencode=arch=$(subst sm_,compute_,$(CUDA_ARCH)),code=$(CUDA_ARCH) \
-            -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+            -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -MMD -MP \
+            --fmad=false # bitwise parity with the CPU reference (-ffp-contract=off); see cuda/common.cuh
 endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ)
@@ -76,8 +80,20 @@ test: $(BUILD)/dsinfer $(BUILD)/dsinfer-test
 	$(Q)$(BUILD)/dsinfer-test --root .
 	$(Q)DSINFER=$(BUILD)/dsinfer sh tests/cli/run.sh
 
+# The CUDA op parity tests and the CPU-vs-CUDA model checks (needs a GPU; builds with CUDA=1).
+test-cuda:
+	$(Q)$(MAKE) BUILD=build/cuda CUDA=1 all
+	$(Q)build/cuda/dsinfer-test --root . --only 'test_cuda_*'
+	$(Q)for t in tests/cli/t_cuda*.sh; do DSINFER=build/cuda/dsinfer sh $$t || exit 1; done
+
+# What CI runs (README's test command): warnings as errors, the suite, the suite under
+# ASan/UBSan, a short fuzz run, and the CUDA build when nvcc is present.
 check:
 	$(Q)$(MAKE) WERROR=1 test
+	$(Q)$(MAKE) asan
+	$(Q)$(MAKE) fuzz FUZZ_SECONDS=$${FUZZ_SECONDS:-15}
+	$(Q)if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) BUILD=build/cuda CUDA=1 WERROR=1 all; \
+	  else echo "nvcc not found: CUDA build skipped"; fi
 
 asan:
 	$(Q)$(MAKE) BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
@@ -109,5 +125,5 @@ deps:
 clean:
 	rm -rf build
 
-.PHONY: all test check asan ubsan fuzz fmt fmt-check deps clean
--include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+.PHONY: all test test-cuda check asan ubsan fuzz fmt fmt-check deps clean
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d)

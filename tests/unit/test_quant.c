@@ -81,6 +81,7 @@ static int decode_all(const struct dsi_st *st, const char *name, enum dsi_type t
     struct dsi_tensor sc = {.type = DSI_TYPE_E8M0, .data = s->data};
     struct dsi_tensor tw = {.type = ty, .ne = {cols, rows}, .data = w->data, .scale = &sc,
                             .scale_block = {sb0, sb1}, .scale_row_stride = s->shape[1]};
+    cpu_tables_init();
     for (int64_t r = 0; r < rows; r++) cpu_decode_row(&tw, r, out + r * cols);
     return 0;
 }

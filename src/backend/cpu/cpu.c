@@ -1,6 +1,7 @@
 /* cpu.c - the CPU backend object: thread pool, per-thread scratch, op table. */
 #include "cpu_impl.h"
 
+#include <pthread.h>
 #include <string.h>
 
 void *cpu_scratch(struct dsi_backend *be, int tid, int64_t bytes) {
@@ -77,6 +78,8 @@ static const struct dsi_backend_ops g_cpu_ops = {
 
 int dsi_backend_cpu_new(struct dsi_backend **out, int n_threads, struct dsi_err *err) {
     *out = NULL;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, cpu_tables_init);
     struct dsi_backend *be = dsi_calloc(1, sizeof(*be));
     struct cpu_ctx *c = dsi_calloc(1, sizeof(*c));
     if (!be || !c) goto fail;

@@ -17,6 +17,7 @@ static inline struct cpu_ctx *cpu_ctx(struct dsi_backend *be) { return be->ctx; 
 /* Per-thread scratch of at least `bytes` (DSI_ASSERT if reserve was too small). */
 void *cpu_scratch(struct dsi_backend *be, int tid, int64_t bytes);
 
+void cpu_tables_init(void); /* once, before any op */
 /* Decode row `row` of a weight (any type) into out[0 .. w->ne[0]). */
 void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out);
 /* Read element i of a float vector tensor (F32/BF16/F16). */

@@ -23,24 +23,38 @@ float cpu_vec_get(const struct dsi_tensor *t, int64_t i) {
     }
 }
 
+/* Decoding tables, filled once by cpu_tables_init (the backend's constructor). */
+static float g_e4m3[256];
+static float g_fp4_pair[256][2]; /* byte -> (low nibble, high nibble) values */
+
+void cpu_tables_init(void) {
+    for (int i = 0; i < 256; i++) {
+        g_e4m3[i] = dsi_e4m3_to_f32((uint8_t)i);
+        g_fp4_pair[i][0] = dsi_fp4_to_f32((uint8_t)(i & 0xf));
+        g_fp4_pair[i][1] = dsi_fp4_to_f32((uint8_t)(i >> 4));
+    }
+}
+
+static inline float bf16f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out) {
     int64_t K = w->ne[0];
     const uint8_t *p = (const uint8_t *)w->data + row * dsi_tensor_row_bytes(w);
     switch (w->type) {
     case DSI_TYPE_F32: memcpy(out, p, (size_t)K * 4); return;
     case DSI_TYPE_BF16:
-        for (int64_t k = 0; k < K; k++) out[k] = dsi_bf16_to_f32(ld16(p + 2 * k));
+        for (int64_t k = 0; k < K; k++) out[k] = bf16f(ld16(p + 2 * k));
         return;
     case DSI_TYPE_F16:
         for (int64_t k = 0; k < K; k++) out[k] = dsi_f16_to_f32(ld16(p + 2 * k));
         return;
     case DSI_TYPE_F8_E4M3: {
-        static float lut[256];
-        static int init;
-        if (!init) { /* benign race: every thread writes the same values */
-            for (int i = 0; i < 256; i++) lut[i] = dsi_e4m3_to_f32((uint8_t)i);
-            init = 1;
-        }
+        const float *lut = g_e4m3;
         const uint8_t *s = (const uint8_t *)w->scale->data +
                            (row / w->scale_block[0]) * w->scale_row_stride;
         int64_t bc = w->scale_block[1];
@@ -57,9 +71,9 @@ void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out) {
         for (int64_t k0 = 0; k0 < K; k0 += bc) {
             float sc = dsi_e8m0_to_f32(s[k0 / bc]);
             for (int64_t k = k0; k < DSI_MIN(K, k0 + bc); k += 2) {
-                uint8_t b = p[k / 2];
-                out[k] = dsi_fp4_to_f32(b & 0xf) * sc;
-                out[k + 1] = dsi_fp4_to_f32(b >> 4) * sc;
+                const float *pr = g_fp4_pair[p[k / 2]];
+                out[k] = pr[0] * sc;
+                out[k + 1] = pr[1] * sc;
             }
         }
         return;
