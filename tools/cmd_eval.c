@@ -9,8 +9,9 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dsinfer eval ppl [-m DIR] FILE [--window N] [--batch N] [--threads N]\n"
-               "               [--backend cpu|cuda] [--numerics plain|reference]\n"
+    fprintf(f, "usage: dsinfer eval ppl [-m DIR] FILE [--window N] [--max-windows N]\n"
+               "               [--batch N] [--threads N] [--backend cpu|cuda]\n"
+               "               [--numerics plain|reference]\n"
                "Tokenizes FILE (no special tokens), cuts it into non-overlapping windows of N-1\n"
                "tokens (default N = 256), prepends BOS to each, and reports the perplexity over\n"
                "every predicted token, and the MTP layer's next-next-token top-1 accuracy.\n");
@@ -26,7 +27,7 @@ int cmd_eval(int argc, char **argv) {
         return 2;
     }
     const char *backend = "cpu", *dir = DSI_DEFAULT_MODEL, *file = NULL;
-    long long window = 256, batch = 8, threads = 0;
+    long long window = 256, batch = 8, threads = 0, max_windows = 0;
     int numerics = DSI_OPT_NUMERICS_PLAIN;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -37,6 +38,8 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--backend") && v) backend = argv[++i];
         else if (!strcmp(a, "--window") && v) {
             if (args_int("eval", a, argv[++i], 3, 1 << 20, &window)) return 2;
+        } else if (!strcmp(a, "--max-windows") && v) {
+            if (args_int("eval", a, argv[++i], 0, 1LL << 40, &max_windows)) return 2;
         } else if (!strcmp(a, "--batch") && v) {
             if (args_int("eval", a, argv[++i], 1, 64, &batch)) return 2;
         } else if (!strcmp(a, "--threads") && v) {
@@ -78,12 +81,12 @@ int cmd_eval(int argc, char **argv) {
         goto out;
     }
     int64_t V = dsi_engine_vocab_size(e), W = window, per = W - 1;
-    int64_t n_win = (int64_t)n / per;
+    int64_t n_win = ((int64_t)n + per - 1) / per; /* the last window may be shorter */
     if (n_win < 1) {
-        fprintf(stderr, "dsinfer eval: %s: %zu tokens, fewer than one window of %lld\n", file, n,
-                (long long)per);
+        fprintf(stderr, "dsinfer eval: %s: no tokens\n", file);
         goto out;
     }
+    if (max_windows > 0 && n_win > max_windows) n_win = max_windows;
     float *lg = malloc(sizeof(float) * (size_t)(batch * W * V));
     float *mt = malloc(sizeof(float) * (size_t)(batch * W * V));
     int32_t *buf = malloc(sizeof(int32_t) * (size_t)(batch * W));
@@ -97,10 +100,11 @@ int cmd_eval(int argc, char **argv) {
         int lens[64];
         for (int b = 0; b < nb; b++) {
             int32_t *p = buf + b * W;
+            int64_t take = DSI_MIN(per, (int64_t)n - (w0 + b) * per);
             p[0] = dsi_engine_bos_id(e);
-            memcpy(p + 1, ids + (w0 + b) * per, sizeof(int32_t) * (size_t)per);
+            memcpy(p + 1, ids + (w0 + b) * per, sizeof(int32_t) * (size_t)take);
             ps[b] = p;
-            lens[b] = (int)W;
+            lens[b] = (int)(take + 1);
         }
         if (dsi_engine_prompt_logits(e, ps, lens, nb, 0, lg, have_mtp ? mt : NULL, &err)) {
             if (have_mtp && err.code == DSI_ERR_UNSUPPORTED) { /* no MTP layer */
@@ -111,17 +115,18 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "dsinfer eval: %s\n", err.msg);
             goto out_free;
         }
-        for (int b = 0; b < nb; b++)
-            for (int64_t t = 0; t + 1 < W; t++) {
-                const float *row = lg + (b * W + t) * V;
+        int64_t lo = 0, mo = 0; /* row offsets of window b in lg and mt */
+        for (int b = 0; b < nb; lo += lens[b], mo += lens[b] - 1, b++)
+            for (int64_t t = 0; t + 1 < lens[b]; t++) {
+                const float *row = lg + (lo + t) * V;
                 float mx = row[0];
                 for (int64_t v = 1; v < V; v++) mx = fmaxf(mx, row[v]);
                 double z = 0;
                 for (int64_t v = 0; v < V; v++) z += exp((double)(row[v] - mx));
                 nll += log(z) - (double)(row[ps[b][t + 1]] - mx);
                 count++;
-                if (have_mtp && t + 2 < W) { /* MTP row t predicts token t+2 */
-                    const float *mr = mt + (b * (W - 1) + t) * V;
+                if (have_mtp && t + 2 < lens[b]) { /* MTP row t predicts token t+2 */
+                    const float *mr = mt + (mo + t) * V;
                     int64_t am = 0;
                     for (int64_t v = 1; v < V; v++)
                         if (mr[v] > mr[am]) am = v;
@@ -133,8 +138,8 @@ int cmd_eval(int argc, char **argv) {
                 (long long)n_win);
     }
     fprintf(stderr, "\n");
-    printf("file %s: %zu tokens, %lld windows of %lld (BOS + %lld), %lld predictions\n", file, n,
-           (long long)n_win, (long long)W, (long long)per, (long long)count);
+    printf("file %s: %zu tokens, %lld windows of at most %lld (BOS + %lld), %lld predictions\n",
+           file, n, (long long)n_win, (long long)W, (long long)per, (long long)count);
     printf("perplexity %.4f (mean nll %.6f) in %.1f s\n", exp(nll / (double)count),
            nll / (double)count, dsi_time_s() - t0);
     if (have_mtp && mtp_n)
