@@ -1,0 +1,249 @@
+/* attn.cu - attention with sinks over the window ring and the compressed entries (all of them,
+ * or the indexer's selection), as cpu/attn.c, in three kernels:
+ *   scores    s_j = dot(q_h, k_j) * scale for every (row, head, key), cpu_dot order;
+ *   softmax   per (row, head): max (with the sink), e_j = exp(s_j - max), z summed in key order
+ *             (+ the sink's term), p_j = e_j / z (bf16-rounded in reference numerics);
+ *   pv        o[h][d] = sum_j p_j k_j[d] in key order.
+ * Scores live in scratch [rows, heads, max_keys]; rows are processed in batches that keep it
+ * under 256 MiB. K = V = the stored 512-vector; the key set is shared by all heads (MQA), so
+ * the score kernel loads each key tile once for 16 heads.
+ * Later: FlashMLA-style fused kernel with FP8 keys for the fast (non-batch-invariant) path. */
+#include "common.cuh"
+
+#define ATT_HG 16  /* heads per score block */
+#define ATT_TK 32  /* keys per score tile */
+#define PV_HG 8    /* heads per pv block */
+#define PV_DS 64   /* dims per pv block */
+#define PV_TK 32
+
+struct attn_p {
+    struct cu_step st;
+    const float *q;
+    float *out;
+    int H, hd;
+    const float *ring, *entries;
+    int ratio;
+    const int32_t *sel, *n_sel;
+    int topk;
+    struct cu_vec sinks;
+    float scale;
+    bool round_probs, round_bf16;
+    float *S;
+    int64_t maxk;
+    int r0;
+};
+
+__device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {
+    int64_t t = p.st.pos[r];
+    *w0 = t - p.st.window + 1 > 0 ? t - p.st.window + 1 : 0;
+    int64_t nk = t - *w0 + 1;
+    if (p.entries) nk += p.sel ? p.n_sel[r] : (t + 1) / p.ratio;
+    return (int)(nk < p.maxk ? nk : p.maxk);
+}
+
+__device__ __forceinline__ const float *attn_key(const struct attn_p &p, int r, int64_t w0, int j) {
+    int64_t t = p.st.pos[r];
+    int64_t nwin = t - w0 + 1;
+    int slot = p.st.slot[r];
+    if (j < nwin)
+        return p.ring + ((int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap) * p.hd;
+    int64_t i = j - nwin;
+    if (p.sel) i = p.sel[(int64_t)r * p.topk + i];
+    return p.entries +
+           paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot, i, p.ratio, p.hd);
+}
+
+/* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
+__device__ __forceinline__ float dot_smem(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+    for (int k = 0; k < n; k += 32) {
+        float l[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) l[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j += 8) {
+            float4 a0 = *(const float4 *)(a + k + j), a1 = *(const float4 *)(a + k + j + 4);
+            float4 b0 = *(const float4 *)(b + k + j), b1 = *(const float4 *)(b + k + j + 4);
+            l[0] += a0.x * b0.x;
+            l[1] += a0.y * b0.y;
+            l[2] += a0.z * b0.z;
+            l[3] += a0.w * b0.w;
+            l[4] += a1.x * b1.x;
+            l[5] += a1.y * b1.y;
+            l[6] += a1.z * b1.z;
+            l[7] += a1.w * b1.w;
+        }
+        acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    return acc + 0.0f;
+}
+
+/* grid (rows, heads / ATT_HG, key tiles); 256 threads = 16 heads x 16 key pairs. */
+__global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
+    extern __shared__ float sm[];
+    __shared__ const float *kp[ATT_TK];
+    int hdp = p.hd + 4;
+    float *qs = sm, *ks = sm + ATT_HG * hdp;
+    int r = p.r0 + blockIdx.x, h0 = blockIdx.y * ATT_HG, j0 = blockIdx.z * ATT_TK;
+    int64_t w0;
+    int nk = attn_nkeys(p, r, &w0);
+    if (j0 >= nk) return;
+    int nh = p.H - h0 < ATT_HG ? p.H - h0 : ATT_HG, nt = nk - j0 < ATT_TK ? nk - j0 : ATT_TK;
+    int v4 = p.hd / 4;
+    if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
+    __syncthreads();
+    for (int e = threadIdx.x; e < nh * v4; e += blockDim.x) {
+        int h = e / v4, c = e % v4;
+        *(float4 *)(qs + h * hdp + 4 * c) =
+            ((const float4 *)(p.q + ((int64_t)r * p.H + h0 + h) * p.hd))[c];
+    }
+    for (int e = threadIdx.x; e < nt * v4; e += blockDim.x) {
+        int j = e / v4, c = e % v4;
+        *(float4 *)(ks + j * hdp + 4 * c) = ((const float4 *)kp[j])[c];
+    }
+    __syncthreads();
+    int h = threadIdx.x % ATT_HG, kq = threadIdx.x / ATT_HG;
+    if (h >= nh) return;
+    for (int jj = 0; jj < 2; jj++) {
+        int j = kq * 2 + jj;
+        if (j >= nt) break;
+        float s = dot_smem(qs + h * hdp, ks + j * hdp, p.hd) * p.scale;
+        p.S[((int64_t)(r - p.r0) * p.H + h0 + h) * p.maxk + j0 + j] = s;
+    }
+}
+
+/* grid (rows, heads / 8); one warp per head. */
+__global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
+    __shared__ float buf[8][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = p.r0 + blockIdx.x, h = blockIdx.y * 8 + warp;
+    if (h >= p.H) return;
+    int64_t w0;
+    int nk = attn_nkeys(p, r, &w0);
+    float *S = p.S + ((int64_t)(r - p.r0) * p.H + h) * p.maxk;
+    float sink = vec_get(p.sinks, h);
+    float mx = sink;
+    for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, S[j]);
+    mx = warp_max(mx);
+    float z = 0.0f;
+    for (int j0 = 0; j0 < nk; j0 += 32) {
+        int j = j0 + lane;
+        float e = 0.0f;
+        if (j < nk) S[j] = e = exp_ref(S[j] - mx);
+        buf[warp][lane] = e;
+        __syncwarp();
+        if (lane == 0) {
+            int cnt = nk - j0 < 32 ? nk - j0 : 32;
+            for (int L = 0; L < cnt; L++) z += buf[warp][L];
+        }
+        __syncwarp();
+    }
+    if (lane == 0) z += exp_ref(sink - mx);
+    z = __shfl_sync(0xffffffffu, z, 0);
+    for (int j = lane; j < nk; j += 32) {
+        float pr = S[j] / z;
+        S[j] = p.round_probs ? bf16_round(pr) : pr;
+    }
+}
+
+/* grid (rows, heads / PV_HG, hd / PV_DS); thread = (dim, two heads). */
+__global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
+    __shared__ float ks[PV_TK][PV_DS];
+    __shared__ float ps[PV_HG][PV_TK];
+    __shared__ const float *kp[PV_TK];
+    int r = p.r0 + blockIdx.x, hb = blockIdx.y * PV_HG, d0 = blockIdx.z * PV_DS;
+    int64_t w0;
+    int nk = attn_nkeys(p, r, &w0);
+    int dl = threadIdx.x % PV_DS, hl = threadIdx.x / PV_DS; /* heads hl and hl + 4 */
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int j0 = 0; j0 < nk; j0 += PV_TK) {
+        int nt = nk - j0 < PV_TK ? nk - j0 : PV_TK;
+        if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
+        __syncthreads();
+        for (int e = threadIdx.x; e < PV_TK * PV_DS; e += blockDim.x) {
+            int j = e / PV_DS, d = e % PV_DS;
+            ks[j][d] = j < nt && d0 + d < p.hd ? kp[j][d0 + d] : 0.0f;
+        }
+        {
+            int h = threadIdx.x / PV_TK, j = threadIdx.x % PV_TK;
+            ps[h][j] = hb + h < p.H && j < nt
+                           ? p.S[((int64_t)(r - p.r0) * p.H + hb + h) * p.maxk + j0 + j]
+                           : 0.0f;
+        }
+        __syncthreads();
+        for (int j = 0; j < nt; j++) {
+            float k = ks[j][dl];
+            acc0 += ps[hl][j] * k;
+            acc1 += ps[hl + 4][j] * k;
+        }
+        __syncthreads();
+    }
+    int d = d0 + dl;
+    if (d >= p.hd) return;
+    if (hb + hl < p.H) p.out[((int64_t)r * p.H + hb + hl) * p.hd + d] = rbf(acc0, p.round_bf16);
+    if (hb + hl + 4 < p.H)
+        p.out[((int64_t)r * p.H + hb + hl + 4) * p.hd + d] = rbf(acc1, p.round_bf16);
+}
+
+extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    const struct dsi_step *st = a->st;
+    int n = st->n, H = (int)a->n_heads, hd = (int)a->head_dim;
+    if (n <= 0 || H <= 0) return;
+    if (hd % 32 || hd > 2048) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: head_dim %d (want a multiple of 32, <= 2048)", hd);
+        return;
+    }
+    if (a->entries && a->ratio <= 0) {
+        cu_fail(c, DSI_ERR_INVALID, "attn: entries with ratio %d", a->ratio);
+        return;
+    }
+    int64_t maxk = st->window;
+    if (a->entries)
+        maxk += a->sel ? a->topk : (int64_t)st->max_pages * st->page_tokens / a->ratio;
+    if (maxk < 1) maxk = 1;
+    int64_t per_row = (int64_t)H * maxk * 4, cap = (int64_t)256 << 20;
+    int nb = (int)(per_row * n <= cap ? n : cap / per_row > 0 ? cap / per_row : 1);
+    float *S = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(per_row * nb));
+    if (!S) return;
+    size_t smem = (size_t)(ATT_HG + ATT_TK) * (hd + 4) * 4;
+    static size_t smem_set = 0; /* per process: one device kind */
+    if (smem > 48 * 1024 && smem > smem_set) {
+        if (smem > c->smem_optin) {
+            cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: head_dim %d needs %zu bytes of shared memory", hd,
+                    smem);
+            return;
+        }
+        cudaFuncSetAttribute(k_attn_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        smem_set = smem;
+    }
+    struct attn_p p;
+    p.st = cu_step_of(st);
+    p.q = a->q;
+    p.out = a->out;
+    p.H = H;
+    p.hd = hd;
+    p.ring = a->ring;
+    p.entries = a->entries;
+    p.ratio = a->ratio;
+    p.sel = a->sel;
+    p.n_sel = a->n_sel;
+    p.topk = a->topk;
+    p.sinks = cu_vec_of(a->sinks);
+    p.scale = a->scale;
+    p.round_probs = a->round_probs;
+    p.round_bf16 = a->round_bf16;
+    p.S = S;
+    p.maxk = maxk;
+    for (int r0 = 0; r0 < n; r0 += nb) {
+        int rows = n - r0 < nb ? n - r0 : nb;
+        p.r0 = r0;
+        dim3 g1(rows, (unsigned)cu_div_up(H, ATT_HG), (unsigned)cu_div_up(maxk, ATT_TK));
+        k_attn_scores<<<g1, 256, smem, c->stream>>>(p);
+        dim3 g2(rows, (unsigned)cu_div_up(H, 8));
+        k_attn_softmax<<<g2, 256, 0, c->stream>>>(p);
+        dim3 g3(rows, (unsigned)cu_div_up(H, PV_HG), (unsigned)cu_div_up(hd, PV_DS));
+        k_attn_pv<<<g3, 256, 0, c->stream>>>(p);
+        if (!cu_check(c, "attn")) return;
+    }
+}

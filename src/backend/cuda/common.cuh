@@ -1,0 +1,365 @@
+/* common.cuh - internals shared by the CUDA backend's files: the context (stream, sticky error,
+ * weight slabs, scratch, caches), launch helpers, and the device helpers that reproduce the CPU
+ * reference arithmetic bit for bit.
+ *
+ * Numerics. The backend is compiled with --fmad=false, so a*b+c is a rounded product and a
+ * rounded sum as on the CPU (-ffp-contract=off); divisions and square roots are IEEE (no
+ * fast-math). Dot products follow cpu_dot's order exactly (dot_ref, and the GEMM's chunk values
+ * summed in chunk order, see gemm.cu), so every op whose CPU version has no transcendental
+ * function is bitwise equal to it. exp/log1p/sin/cos are computed in double and rounded to
+ * float: that is the correctly rounded result, which glibc's expf/sinf/cosf also return for
+ * almost all arguments (they may differ in the last bit in rare cases; log1pf more often). */
+#ifndef DSI_CUDA_COMMON_CUH
+#define DSI_CUDA_COMMON_CUH
+
+#ifdef __cplusplus
+#define _Noreturn [[noreturn]] /* core.h is C11; nvcc's front end has no _Noreturn */
+extern "C" {
+#endif
+#include "backend/backend.h"
+#ifdef __cplusplus
+}
+#endif
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define CU_WARPS 8                 /* warps per block in most kernels */
+#define CU_THREADS (CU_WARPS * 32)
+#define CU_MAX_FREQ 16             /* rope frequency tables cached */
+#define CU_MAX_MOE_TABLES 256      /* expert tables cached (one per MoE layer) */
+
+/* A device copy of a host rope-frequency table (forward passes host arrays, see cuda.cu). */
+struct cu_freq {
+    const float *host;
+    int n;
+    bool is_device;
+    float vals[64];
+    float *dev;
+};
+
+/* Per expert: w1, w1 scale, w3, w3 scale, w2, w2 scale (device addresses). */
+struct cu_moe_ent {
+    const uint8_t *p[6];
+};
+
+/* The device-side expert table of one MoE layer, keyed by the host pointer array. */
+struct cu_moe_table {
+    const void *key;            /* a->w1 */
+    int n_experts;
+    const void **snap;          /* [n_experts * 6] host snapshot of the device addresses */
+    struct cu_moe_ent *dev;     /* [n_experts] */
+};
+
+/* Per-op GPU time (DSI_CUDA_PROFILE=1 at backend creation): event pairs around every op,
+ * harvested at sync, printed at free. */
+struct cu_prof_pair {
+    const char *name;
+    cudaEvent_t a, b;
+};
+
+struct cu_prof_tot {
+    const char *name;
+    double ms;
+    long calls;
+};
+
+struct cu_ctx {
+    int device, n_sms;
+    bool prof;
+    struct cu_prof_pair *pairs;
+    int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
+    struct cu_prof_tot tot[40];
+    int n_tot;
+    size_t smem_optin;
+    cudaStream_t stream;
+    int sticky;                 /* first error (dsi_status), 0 if none */
+    char msg[400];
+    /* imported weights: bump-allocated slabs, freed with the backend */
+    void **slabs;
+    int n_slabs, cap_slabs;
+    char *slab_cur;
+    size_t slab_used, slab_cap;
+    size_t imported_bytes;
+    /* step scratch, grown on demand (stream-synchronised before it is replaced): one buffer
+     * for the GEMM's split-K chunk values, one for an op's own intermediates */
+    void *scratch[2];
+    size_t scratch_bytes[2];
+    struct cu_freq freq[CU_MAX_FREQ];
+    int n_freq;
+    struct cu_moe_table moe[CU_MAX_MOE_TABLES];
+    int n_moe;
+};
+
+static inline struct cu_ctx *cu_ctx_of(struct dsi_backend *be) { return (struct cu_ctx *)be->ctx; }
+
+/* Record the first error (sticky; returned by sync). */
+void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* After a launch: record a launch error under `what`. Returns true if the launch is fine. */
+bool cu_check(struct cu_ctx *c, const char *what);
+/* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The
+ * previous contents are lost when it grows. Valid until the next op. Slot CU_SCR_GEMM belongs
+ * to launch_gemm, CU_SCR_OP to the op being run (one request per op: carve it up). */
+enum { CU_SCR_GEMM = 0, CU_SCR_OP = 1 };
+void *cu_scratch(struct cu_ctx *c, int which, size_t bytes);
+/* Device copy of a rope frequency table (see cuda.cu). */
+const float *cu_freq_dev(struct cu_ctx *c, const float *freq, int n);
+/* Device expert table for a MoE call (see moe.cu / cuda.cu). */
+const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a);
+
+static inline int64_t cu_div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline size_t cu_align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* ---- weight description passed to kernels by value ----------------------------------------- */
+
+struct cu_w {
+    const uint8_t *data;
+    const uint8_t *scale;       /* UE8M0 scales or NULL */
+    int64_t K;                  /* ne[0] */
+    int64_t rows;               /* ne[1] */
+    int64_t row_bytes;
+    int64_t srs;                /* scale_row_stride */
+    int sb0, sb1;               /* scale block rows, cols */
+    int type;                   /* enum dsi_type */
+};
+
+static inline struct cu_w cu_w_of(const struct dsi_tensor *t) {
+    struct cu_w w;
+    w.data = (const uint8_t *)t->data;
+    w.scale = t->scale ? (const uint8_t *)t->scale->data : NULL;
+    w.K = t->ne[0];
+    w.rows = t->ne[1] > 0 ? t->ne[1] : 1;
+    w.row_bytes = dsi_tensor_row_bytes(t);
+    w.srs = t->scale_row_stride;
+    w.sb0 = t->scale_block[0] > 0 ? t->scale_block[0] : 1;
+    w.sb1 = t->scale_block[1] > 0 ? t->scale_block[1] : 1;
+    w.type = (int)t->type;
+    return w;
+}
+
+/* A float vector tensor (F32/BF16/F16) by value. */
+struct cu_vec {
+    const void *data;
+    int type;
+};
+
+static inline struct cu_vec cu_vec_of(const struct dsi_tensor *t) {
+    struct cu_vec v;
+    v.data = t ? t->data : NULL;
+    v.type = t ? (int)t->type : 0;
+    return v;
+}
+
+/* ---- device helpers: number formats (bit-exact copies of cpu/quant.c) ------------------------ */
+
+#ifdef __CUDACC__
+
+__device__ __forceinline__ float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ float bf16_round(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+__device__ __forceinline__ float rbf(float x, bool on) { return on ? bf16_round(x) : x; }
+
+__device__ __forceinline__ float f16_to_f32(uint32_t h) {
+    uint32_t s = (h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0) {
+        float v = ldexpf((float)m, -24);
+        return s ? -v : v;
+    }
+    if (e == 31) return __uint_as_float(s | 0x7f800000u | (m << 13));
+    return __uint_as_float(s | ((e + 112) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
+    uint32_t s = (b >> 7) & 1, e = (b >> 3) & 0xf, m = b & 7;
+    if (e == 15 && m == 7) return __uint_as_float(0x7fc00000u);
+    float v = e == 0 ? (float)m * 0.001953125f /* 2^-9 */
+                     : __uint_as_float(((e + 120) << 23) | (m << 20));
+    return s ? -v : v;
+}
+
+__device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
+    if (b == 0xff) return __uint_as_float(0x7fc00000u);
+    if (b == 0) return __uint_as_float(0x00400000u); /* 2^-127 */
+    return __uint_as_float(b << 23);
+}
+
+__device__ __forceinline__ float fp4_to_f32(uint32_t c) {
+    uint32_t e = (c >> 1) & 3, m = c & 1;
+    float v = e ? __uint_as_float(((e + 126) << 23) | (m << 22)) : (m ? 0.5f : 0.0f);
+    return (c & 8) ? -v : v;
+}
+
+/* Element i of a float vector tensor. */
+__device__ __forceinline__ float vec_get(struct cu_vec v, int64_t i) {
+    if (v.type == DSI_TYPE_F32) return ((const float *)v.data)[i];
+    if (v.type == DSI_TYPE_BF16) return bf16_to_f32(((const uint16_t *)v.data)[i]);
+    return f16_to_f32(((const uint16_t *)v.data)[i]);
+}
+
+/* Element k of row `row` of a weight, dequantised (generic, any type; as cpu_decode_row). */
+__device__ __forceinline__ float w_get(const struct cu_w &w, int64_t row, int64_t k) {
+    const uint8_t *p = w.data + row * w.row_bytes;
+    switch (w.type) {
+    case DSI_TYPE_F32: return ((const float *)p)[k];
+    case DSI_TYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[k]);
+    case DSI_TYPE_F16: return f16_to_f32(((const uint16_t *)p)[k]);
+    case DSI_TYPE_F8_E4M3: {
+        const uint8_t *s = w.scale + (row / w.sb0) * w.srs;
+        return e4m3_to_f32(p[k]) * e8m0_to_f32(s[k / w.sb1]);
+    }
+    case DSI_TYPE_FP4_E2M1: {
+        const uint8_t *s = w.scale + row * w.srs;
+        uint32_t b = p[k / 2];
+        return fp4_to_f32((k & 1) ? b >> 4 : b & 0xf) * e8m0_to_f32(s[k / w.sb1]);
+    }
+    default: return 0.0f;
+    }
+}
+
+/* Correctly rounded transcendental functions (see the header comment). */
+__device__ __forceinline__ float exp_ref(float x) { return (float)exp((double)x); }
+__device__ __forceinline__ float log1p_ref(float x) { return (float)log1p((double)x); }
+__device__ __forceinline__ float cos_ref(float x) { return (float)cos((double)x); }
+__device__ __forceinline__ float sin_ref(float x) { return (float)sin((double)x); }
+__device__ __forceinline__ float sigmoid_ref(float x) { return 1.0f / (1.0f + exp_ref(-x)); }
+
+/* cpu_dot, literally: 32-wide chunks of 8 partial sums, added in sequence; then the tail. */
+__device__ __forceinline__ float dot_ref(const float *a, const float *b, int64_t n) {
+    float acc = 0.0f;
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+        float l[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) l[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j += 8)
+#pragma unroll
+            for (int i = 0; i < 8; i++) l[i] += a[k + j + i] * b[k + j + i];
+        acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    float t = 0.0f;
+    for (; k < n; k++) t += a[k] * b[k];
+    return acc + t;
+}
+
+/* Round to the grid whose spacing in [2^e, 2^(e+1)) is 2^(e - mbits) (cpu/quant.c). */
+__device__ __forceinline__ float round_grid(float x, int mbits, int emin) {
+    if (x == 0.0f || !isfinite(x)) return x;
+    int e;
+    frexpf(fabsf(x), &e);
+    e -= 1;
+    if (e < emin) e = emin;
+    float q = ldexpf(1.0f, e - mbits);
+    return rintf(x / q) * q;
+}
+
+__device__ __forceinline__ float ue8m0_scale(float amax, float fmt_max, float amax_floor) {
+    if (!(amax >= amax_floor)) amax = amax_floor;
+    float v = amax / fmt_max;
+    uint32_t u = __float_as_uint(v);
+    int e = (int)((u >> 23) & 0xff) - 127;
+    if (u & 0x7fffffu) e += 1;
+    return ldexpf(1.0f, e);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum of squares of a row in double (exact products), reduced over the block: the CPU sums
+ * sequentially, so the double results can differ in the last bits, which the rounding to
+ * float almost never sees. `red` is shared scratch of at least 32 doubles. */
+__device__ __forceinline__ double block_sum_d(double v, double *red) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) red[wid] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+/* Address of entry i of the sequence in `slot` in a paged pool (cpu_paged). */
+__device__ __forceinline__ int64_t paged(const int32_t *page_table, int max_pages, int page_tokens,
+                                         int slot, int64_t i, int ratio, int64_t width) {
+    int64_t per_page = page_tokens / ratio;
+    int32_t page = page_table[(int64_t)slot * max_pages + i / per_page];
+    return ((int64_t)page * per_page + i % per_page) * width;
+}
+
+#endif /* __CUDACC__ */
+
+/* The step description by value (the arrays are device memory). */
+struct cu_step {
+    int n;
+    const int32_t *tokens, *pos, *slot, *row0, *page_table;
+    int max_pages, page_tokens, ring_cap, window;
+};
+
+static inline struct cu_step cu_step_of(const struct dsi_step *st) {
+    struct cu_step s;
+    s.n = st->n;
+    s.tokens = st->tokens;
+    s.pos = st->pos;
+    s.slot = st->slot;
+    s.row0 = st->row0;
+    s.page_table = st->page_table;
+    s.max_pages = st->max_pages;
+    s.page_tokens = st->page_tokens;
+    s.ring_cap = st->ring_cap;
+    s.window = st->window;
+    return s;
+}
+
+/* ---- launchers (one file each) ------------------------------------------------------------- */
+
+/* y[i, o] = x[i] . W[row0 + o] for o < n_out, i < n (cpu_gemm's numbers, bit for bit). */
+void launch_gemm(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n_out,
+                 const float *x, int64_t n, int64_t ldx, float *y, int64_t ldy, bool round);
+void launch_act_quant(struct cu_ctx *c, const float *x, float *y, int64_t n, int64_t dim,
+                      int64_t ldx, int64_t ldy, int block);
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+void cuda_gemm(struct dsi_backend *, const struct dsi_gemm_args *);
+void cuda_act_quant(struct dsi_backend *, const struct dsi_act_quant_args *);
+void cuda_hadamard_q4(struct dsi_backend *, const struct dsi_hadamard_q4_args *);
+void cuda_embed(struct dsi_backend *, const struct dsi_embed_args *);
+void cuda_add(struct dsi_backend *, const struct dsi_add_args *);
+void cuda_copy(struct dsi_backend *, const struct dsi_copy_args *);
+void cuda_rms_norm(struct dsi_backend *, const struct dsi_rms_norm_args *);
+void cuda_rope(struct dsi_backend *, const struct dsi_rope_args *);
+void cuda_hc_pre(struct dsi_backend *, const struct dsi_hc_pre_args *);
+void cuda_hc_post(struct dsi_backend *, const struct dsi_hc_post_args *);
+void cuda_hc_head(struct dsi_backend *, const struct dsi_hc_head_args *);
+void cuda_attn(struct dsi_backend *, const struct dsi_attn_args *);
+void cuda_indexer(struct dsi_backend *, const struct dsi_indexer_args *);
+void cuda_kv_store(struct dsi_backend *, const struct dsi_kv_store_args *);
+void cuda_comp_ape(struct dsi_backend *, const struct dsi_comp_ape_args *);
+void cuda_compress(struct dsi_backend *, const struct dsi_compress_args *);
+void cuda_comp_store(struct dsi_backend *, const struct dsi_comp_store_args *);
+void cuda_entry_store(struct dsi_backend *, const struct dsi_entry_store_args *);
+void cuda_gather(struct dsi_backend *, const struct dsi_gather_args *);
+void cuda_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
+void cuda_moe(struct dsi_backend *, const struct dsi_moe_args *);
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,400 @@
+/* cuda.cu - the CUDA backend object: one stream, a sticky error, device memory (allocations,
+ * weight slabs, step scratch), the caches that turn host-side op arguments into device data
+ * once (rope frequency tables, MoE expert tables), and the op table.
+ *
+ * Host synchronisation: none inside ops, except where an op has to replace its scratch buffer
+ * (grows only; after the first steps at the largest shapes it never happens) and the first use
+ * of a host rope table / expert table (one blocking copy each). `download` of pageable memory
+ * waits for the copy, as the forward pass expects. */
+#include "common.cuh"
+
+#include <stdarg.h>
+#include <string.h>
+
+#define SLAB_BYTES ((size_t)256 << 20)
+#define SLAB_SOLO ((size_t)32 << 20) /* larger tensors get their own allocation */
+
+void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...) {
+    if (c->sticky) return;
+    c->sticky = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+    va_end(ap);
+    dsi_log(DSI_LOG_ERROR, "cuda: %s", c->msg);
+}
+
+bool cu_check(struct cu_ctx *c, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return true;
+    cu_fail(c, DSI_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+    return false;
+}
+
+void *cu_scratch(struct cu_ctx *c, int which, size_t bytes) {
+    bytes = cu_align(bytes ? bytes : 1);
+    if (bytes <= c->scratch_bytes[which]) return c->scratch[which];
+    size_t want = bytes + bytes / 4;
+    if (c->scratch[which]) {
+        cudaStreamSynchronize(c->stream); /* kernels in flight may still use it */
+        cudaFree(c->scratch[which]);
+        c->scratch[which] = NULL;
+        c->scratch_bytes[which] = 0;
+    }
+    if (cudaMalloc(&c->scratch[which], want) != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        cu_fail(c, DSI_ERR_NOMEM, "scratch: cannot allocate %zu bytes (%zu free of %zu)", want, fr,
+                tot);
+        c->scratch[which] = NULL;
+        return NULL;
+    }
+    c->scratch_bytes[which] = want;
+    return c->scratch[which];
+}
+
+/* The forward pass hands rope its host table (m->freq). Keep a device copy per host array,
+ * refreshed (stream-ordered) whenever the host contents differ from the snapshot. */
+const float *cu_freq_dev(struct cu_ctx *c, const float *freq, int n) {
+    if (n > 64 || n < 0) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "rope: %d frequencies, at most 64 supported", n);
+        return NULL;
+    }
+    struct cu_freq *f = NULL;
+    for (int i = 0; i < c->n_freq && !f; i++)
+        if (c->freq[i].host == freq) f = &c->freq[i];
+    if (f && f->is_device) return freq;
+    if (!f) {
+        cudaPointerAttributes pa;
+        bool dev = cudaPointerGetAttributes(&pa, freq) == cudaSuccess &&
+                   (pa.type == cudaMemoryTypeDevice || pa.type == cudaMemoryTypeManaged);
+        cudaGetLastError();
+        /* a new entry, or the oldest one recycled: stream order keeps its old users safe */
+        f = &c->freq[c->n_freq < CU_MAX_FREQ ? c->n_freq++ : 0];
+        float *keep = f->dev;
+        memset(f, 0, sizeof(*f));
+        f->dev = keep;
+        f->host = freq;
+        f->is_device = dev;
+        if (dev) return freq;
+        f->n = -1;
+    }
+    if (!f->dev && cudaMalloc(&f->dev, 64 * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        f->dev = NULL;
+        cu_fail(c, DSI_ERR_NOMEM, "rope: cannot allocate a frequency table");
+        return NULL;
+    }
+    if (f->n != n || memcmp(f->vals, freq, sizeof(float) * (size_t)n)) {
+        f->n = n;
+        memcpy(f->vals, freq, sizeof(float) * (size_t)n);
+        cudaMemcpyAsync(f->dev, f->vals, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice,
+                        c->stream);
+    }
+    return f->dev;
+}
+
+/* ---- memory ops -------------------------------------------------------------------------------- */
+
+static void *cuda_alloc(struct dsi_backend *be, size_t bytes) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        dsi_log(DSI_LOG_ERROR, "cuda: alloc of %zu bytes failed (%zu free of %zu)", bytes, fr, tot);
+        return NULL;
+    }
+    if (cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_mfree(struct dsi_backend *be, void *p) {
+    if (p) cudaFree(p);
+}
+
+static void cuda_upload(struct dsi_backend *be, void *dst, const void *src, size_t bytes) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (!bytes) return;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) cu_fail(c, DSI_ERR_DEVICE, "upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
+}
+
+static void cuda_download(struct dsi_backend *be, void *dst, const void *src, size_t bytes) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (!bytes) return;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream); /* the caller reads dst next */
+    if (e != cudaSuccess)
+        cu_fail(c, DSI_ERR_DEVICE, "download of %zu bytes: %s", bytes, cudaGetErrorString(e));
+}
+
+static bool slab_push(struct cu_ctx *c, void *p) {
+    if (c->n_slabs == c->cap_slabs) {
+        int cap = c->cap_slabs ? 2 * c->cap_slabs : 64;
+        void **s = (void **)realloc(c->slabs, sizeof(void *) * (size_t)cap);
+        if (!s) return false;
+        c->slabs = s;
+        c->cap_slabs = cap;
+    }
+    c->slabs[c->n_slabs++] = p;
+    return true;
+}
+
+static void *dev_malloc_report(struct cu_ctx *c, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+    cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    cu_fail(c, DSI_ERR_NOMEM,
+            "out of device memory importing weights: %zu bytes needed, %zu free of %zu "
+            "(%zu bytes imported so far)",
+            bytes, fr, tot, c->imported_bytes);
+    return NULL;
+}
+
+/* Weights: copied once into 256-byte aligned places in large slabs (fewer allocations than
+ * tensors; the real model has ~69k). Released with the backend. */
+static const void *cuda_import(struct dsi_backend *be, const void *host, size_t bytes) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    size_t need = cu_align(bytes ? bytes : 1);
+    void *dst;
+    if (need >= SLAB_SOLO) {
+        dst = dev_malloc_report(c, need);
+        if (!dst) return NULL;
+        if (!slab_push(c, dst)) {
+            cudaFree(dst);
+            return NULL;
+        }
+    } else {
+        if (!c->slab_cur || c->slab_used + need > c->slab_cap) {
+            void *s = dev_malloc_report(c, SLAB_BYTES);
+            if (!s) return NULL;
+            if (!slab_push(c, s)) {
+                cudaFree(s);
+                return NULL;
+            }
+            c->slab_cur = (char *)s;
+            c->slab_used = 0;
+            c->slab_cap = SLAB_BYTES;
+        }
+        dst = c->slab_cur + c->slab_used;
+        c->slab_used += need;
+    }
+    /* stream-ordered before every later op; pageable sources are staged before the call
+     * returns, so the host copy may go away */
+    cudaError_t e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) {
+        cu_fail(c, DSI_ERR_DEVICE, "import of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    c->imported_bytes += bytes;
+    return dst;
+}
+
+/* ---- profiling ---------------------------------------------------------------------------- */
+
+static int prof_begin(struct cu_ctx *c, const char *name) {
+    if (c->n_pairs == c->cap_pairs) {
+        int cap = c->cap_pairs ? 2 * c->cap_pairs : 1024;
+        struct cu_prof_pair *p = (struct cu_prof_pair *)realloc(c->pairs, sizeof(*p) * (size_t)cap);
+        if (!p) return -1;
+        c->pairs = p;
+        c->cap_pairs = cap;
+    }
+    int i = c->n_pairs;
+    if (i == c->n_events) {
+        if (cudaEventCreate(&c->pairs[i].a) != cudaSuccess ||
+            cudaEventCreate(&c->pairs[i].b) != cudaSuccess) {
+            cudaGetLastError();
+            return -1;
+        }
+        c->n_events++;
+    }
+    c->pairs[i].name = name;
+    cudaEventRecord(c->pairs[i].a, c->stream);
+    c->n_pairs++;
+    return i;
+}
+
+static void prof_end(struct cu_ctx *c, int i) {
+    if (i >= 0) cudaEventRecord(c->pairs[i].b, c->stream);
+}
+
+static void prof_harvest(struct cu_ctx *c) {
+    for (int i = 0; i < c->n_pairs; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->pairs[i].a, c->pairs[i].b) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+        }
+        int k = 0;
+        while (k < c->n_tot && c->tot[k].name != c->pairs[i].name) k++;
+        if (k == c->n_tot) {
+            if (c->n_tot == (int)(sizeof(c->tot) / sizeof(c->tot[0]))) continue;
+            c->tot[c->n_tot++] = (struct cu_prof_tot){c->pairs[i].name, 0, 0};
+        }
+        c->tot[k].ms += ms;
+        c->tot[k].calls++;
+    }
+    c->n_pairs = 0;
+}
+
+static void prof_print(struct cu_ctx *c) {
+    double all = 0;
+    for (int k = 0; k < c->n_tot; k++) all += c->tot[k].ms;
+    fprintf(stderr, "# cuda op profile (GPU time between events around each op)\n");
+    fprintf(stderr, "%-12s %8s %12s %10s %6s\n", "op", "calls", "total_ms", "us/call", "%");
+    for (int k = 0; k < c->n_tot; k++) { /* selection order: largest first */
+        int best = k;
+        for (int j = k + 1; j < c->n_tot; j++)
+            if (c->tot[j].ms > c->tot[best].ms) best = j;
+        struct cu_prof_tot t = c->tot[best];
+        c->tot[best] = c->tot[k];
+        c->tot[k] = t;
+        fprintf(stderr, "%-12s %8ld %12.3f %10.1f %6.1f\n", t.name, t.calls, t.ms,
+                t.calls ? 1e3 * t.ms / (double)t.calls : 0.0, all > 0 ? 100.0 * t.ms / all : 0.0);
+    }
+}
+
+static int cuda_sync(struct dsi_backend *be, struct dsi_err *err) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) cu_fail(c, DSI_ERR_DEVICE, "%s", cudaGetErrorString(e));
+    if (c->prof) prof_harvest(c);
+    if (c->sticky) return dsi_errf(err, c->sticky, "cuda: %s", c->msg);
+    return DSI_OK;
+}
+
+/* The per-thread scratch of the CPU backend has no meaning here; op scratch grows on demand. */
+static int cuda_reserve(struct dsi_backend *be, int64_t bytes_per_thread, struct dsi_err *err) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (c->sticky) return dsi_errf(err, c->sticky, "cuda: %s", c->msg);
+    return DSI_OK;
+}
+
+static void cuda_free(struct dsi_backend *be) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (!c) return;
+    cudaStreamSynchronize(c->stream);
+    if (c->prof) {
+        prof_harvest(c);
+        prof_print(c);
+        for (int i = 0; i < c->n_events; i++) {
+            cudaEventDestroy(c->pairs[i].a);
+            cudaEventDestroy(c->pairs[i].b);
+        }
+        free(c->pairs);
+    }
+    for (int i = 0; i < c->n_slabs; i++) cudaFree(c->slabs[i]);
+    free(c->slabs);
+    for (int i = 0; i < 2; i++)
+        if (c->scratch[i]) cudaFree(c->scratch[i]);
+    for (int i = 0; i < c->n_freq; i++)
+        if (c->freq[i].dev) cudaFree(c->freq[i].dev);
+    for (int i = 0; i < c->n_moe; i++) {
+        cudaFree(c->moe[i].dev);
+        free(c->moe[i].snap);
+    }
+    cudaStreamDestroy(c->stream);
+    free(c);
+    be->ctx = NULL;
+}
+
+static const struct dsi_backend_ops g_cuda_ops = {
+    cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
+    cuda_sync,        cuda_reserve,     cuda_free,      cuda_gemm,        cuda_act_quant,
+    cuda_hadamard_q4, cuda_embed,       cuda_add,       cuda_copy,        cuda_rms_norm,
+    cuda_rope,        cuda_hc_pre,      cuda_hc_post,   cuda_hc_head,     cuda_attn,
+    cuda_indexer,     cuda_kv_store,    cuda_comp_ape,  cuda_compress,    cuda_comp_store,
+    cuda_entry_store, cuda_gather,      cuda_moe_route, cuda_moe,
+};
+
+#define PROF_OP(op, T)                                                                             \
+    static void prof_##op(struct dsi_backend *be, const struct T *a) {                            \
+        struct cu_ctx *c = cu_ctx_of(be);                                                          \
+        int i = prof_begin(c, #op);                                                                \
+        cuda_##op(be, a);                                                                          \
+        prof_end(c, i);                                                                            \
+    }
+PROF_OP(gemm, dsi_gemm_args)
+PROF_OP(act_quant, dsi_act_quant_args)
+PROF_OP(hadamard_q4, dsi_hadamard_q4_args)
+PROF_OP(embed, dsi_embed_args)
+PROF_OP(add, dsi_add_args)
+PROF_OP(copy, dsi_copy_args)
+PROF_OP(rms_norm, dsi_rms_norm_args)
+PROF_OP(rope, dsi_rope_args)
+PROF_OP(hc_pre, dsi_hc_pre_args)
+PROF_OP(hc_post, dsi_hc_post_args)
+PROF_OP(hc_head, dsi_hc_head_args)
+PROF_OP(attn, dsi_attn_args)
+PROF_OP(indexer, dsi_indexer_args)
+PROF_OP(kv_store, dsi_kv_store_args)
+PROF_OP(comp_ape, dsi_comp_ape_args)
+PROF_OP(compress, dsi_compress_args)
+PROF_OP(comp_store, dsi_comp_store_args)
+PROF_OP(entry_store, dsi_entry_store_args)
+PROF_OP(gather, dsi_gather_args)
+PROF_OP(moe_route, dsi_moe_route_args)
+PROF_OP(moe, dsi_moe_args)
+
+static const struct dsi_backend_ops g_cuda_prof_ops = {
+    cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
+    cuda_sync,        cuda_reserve,     cuda_free,      prof_gemm,        prof_act_quant,
+    prof_hadamard_q4, prof_embed,       prof_add,       prof_copy,        prof_rms_norm,
+    prof_rope,        prof_hc_pre,      prof_hc_post,   prof_hc_head,     prof_attn,
+    prof_indexer,     prof_kv_store,    prof_comp_ape,  prof_compress,    prof_comp_store,
+    prof_entry_store, prof_gather,      prof_moe_route, prof_moe,
+};
+
+extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct dsi_err *err) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: no device (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    if (device < 0 || device >= n)
+        return dsi_errf(err, DSI_ERR_INVALID, "cuda: device %d, have %d", device, n);
+    cudaDeviceProp p;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaGetDeviceProperties(&p, device)) != cudaSuccess)
+        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: device %d: %s", device, cudaGetErrorString(e));
+    if (p.major < 9)
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                        "cuda: device %d (%s) is sm_%d%d; this build is for sm_90a (Hopper)", device,
+                        p.name, p.major, p.minor);
+    struct dsi_backend *be = (struct dsi_backend *)dsi_calloc(1, sizeof(*be));
+    struct cu_ctx *c = (struct cu_ctx *)dsi_calloc(1, sizeof(*c));
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    }
+    c->device = device;
+    c->n_sms = p.multiProcessorCount;
+    c->smem_optin = p.sharedMemPerBlockOptin;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        free(be);
+        free(c);
+        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: stream: %s", cudaGetErrorString(e));
+    }
+    /* read once at start-up, never in a step */
+    const char *pe = getenv("DSI_CUDA_PROFILE");
+    c->prof = pe && *pe && *pe != '0';
+    be->ops = c->prof ? &g_cuda_prof_ops : &g_cuda_ops;
+    be->ctx = c;
+    be->name = "cuda";
+    *out = be;
+    return DSI_OK;
+}

@@ -1,0 +1,205 @@
+/* gemm.cu - y = x W^T on weights in their stored formats (BF16, F16, F32, FP8 e4m3 with UE8M0
+ * block scales, FP4 e2m1 with per-32 scales), dequantised in registers, fp32 arithmetic.
+ *
+ * Order of the arithmetic (the same as cpu_dot, so results are bitwise equal to the CPU
+ * backend and independent of the batch): K is cut into 32-wide chunks; a chunk's value is
+ * ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) with l_i = sum over j of x[j*8+i]*w[j*8+i]; the chunk
+ * values are added in chunk order. Here lane L of a warp computes chunk 32p+L of piece p for
+ * every (x row, weight row) pair of the warp, writes it to shared memory, and the lane that
+ * owns the output adds the 32 chunk values in order. When there are too few blocks to fill the
+ * GPU (few output rows: decode), the pieces are split over blocks, the chunk values go to
+ * global scratch and a second kernel adds them in order (split-K without changing the order).
+ * Shapes the fast kernel does not take (K % 32 != 0, unaligned rows) go to a simple kernel,
+ * one thread per output, with the same arithmetic.
+ *
+ * Tensor cores come later (a separate fast path; these kernels stay as the batch-invariant
+ * reference path). */
+#include "common.cuh"
+#include "gemm.cuh"
+
+/* ---- the generic kernel: one thread per output --------------------------------------------- */
+
+__global__ void k_gemm_generic(struct cu_w w, int64_t row0, int64_t n_out, const float *x,
+                               int64_t n, int64_t ldx, float *y, int64_t ldy, bool round) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * n_out) return;
+    int64_t i = t / n_out, o = t % n_out, K = w.K, row = row0 + o;
+    const float *a = x + i * ldx;
+    float acc = 0.0f;
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        float l[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) l[q] = 0.0f;
+        for (int j = 0; j < 32; j += 8)
+#pragma unroll
+            for (int q = 0; q < 8; q++) l[q] += a[k + j + q] * w_get(w, row, k + j + q);
+        acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    float tl = 0.0f;
+    for (; k < K; k++) tl += a[k] * w_get(w, row, k);
+    y[i * ldy + o] = rbf(acc + tl, round);
+}
+
+/* ---- the fast kernel --------------------------------------------------------------------------- */
+
+/* Row pieces are 1024 elements; lanes own 32-element chunks. Block: 8 warps x 2 weight rows. */
+template <int WT, int RX>
+__global__ void __launch_bounds__(CU_THREADS)
+    k_gemm(struct cu_w w, int64_t row0, int64_t n_out, const float *x, int64_t n, int64_t ldx,
+           float *y, int64_t ldy, bool round, int pps, float *cv) {
+    __shared__ float cvs[CU_WARPS][RX * GEMM_RW][33];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t o0 = ((int64_t)blockIdx.x * CU_WARPS + warp) * GEMM_RW;
+    int64_t i0 = (int64_t)blockIdx.y * RX;
+    if (o0 >= n_out) return;
+    int64_t nq = w.K / 32, np = (nq + 31) / 32;
+    int64_t p0 = (int64_t)blockIdx.z * pps, p1 = p0 + pps < np ? p0 + pps : np;
+    const uint8_t *wr[GEMM_RW], *sr[GEMM_RW];
+    bool wv[GEMM_RW];
+#pragma unroll
+    for (int r = 0; r < GEMM_RW; r++) {
+        wv[r] = o0 + r < n_out;
+        int64_t row = row0 + (wv[r] ? o0 + r : o0);
+        wr[r] = w.data + row * w.row_bytes;
+        sr[r] = w_scale_row(w, row);
+    }
+    float acc = 0.0f;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t q = p * 32 + lane;
+        bool qv = q < nq;
+        float wf[GEMM_RW][32];
+#pragma unroll
+        for (int r = 0; r < GEMM_RW; r++) load_w_chunk<WT>(w, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+#pragma unroll
+        for (int rx = 0; rx < RX; rx++) {
+            bool xv = i0 + rx < n && qv;
+            float xf[32];
+            load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
+#pragma unroll
+            for (int r = 0; r < GEMM_RW; r++) {
+                float c = chunk_dot(xf, wf[r]);
+                if (cv) {
+                    if (xv && wv[r]) cv[(q * n + i0 + rx) * n_out + o0 + r] = c;
+                } else {
+                    cvs[warp][rx * GEMM_RW + r][lane] = c;
+                }
+            }
+        }
+        if (!cv) {
+            __syncwarp();
+            if (lane < RX * GEMM_RW) {
+                int cnt = (int)(nq - p * 32 < 32 ? nq - p * 32 : 32);
+                for (int L = 0; L < cnt; L++) acc += cvs[warp][lane][L];
+            }
+            __syncwarp();
+        }
+    }
+    if (cv || lane >= RX * GEMM_RW) return;
+    int rx = lane / GEMM_RW, r = lane % GEMM_RW;
+    if (i0 + rx < n && wv[r]) y[(i0 + rx) * ldy + o0 + r] = rbf(acc + 0.0f, round);
+}
+
+/* Split-K second pass: chunk values cv[q][i][o] added in chunk order. */
+__global__ void k_gemm_reduce(const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y,
+                              int64_t ldy, bool round) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * n_out) return;
+    int64_t i = t / n_out, o = t % n_out;
+    float acc = 0.0f;
+    for (int64_t q = 0; q < nq; q++) acc += cv[(q * n + i) * n_out + o];
+    y[i * ldy + o] = rbf(acc + 0.0f, round);
+}
+
+bool gemm_w_ok(const struct cu_w *w) {
+    if (w->K % 32 || w->K <= 0 || (uintptr_t)w->data % 16 || w->row_bytes % 16) return false;
+    switch (w->type) {
+    case DSI_TYPE_F32:
+    case DSI_TYPE_BF16:
+    case DSI_TYPE_F16: return true;
+    case DSI_TYPE_F8_E4M3:
+    case DSI_TYPE_FP4_E2M1: return w->scale && w->sb1 % 32 == 0;
+    default: return false;
+    }
+}
+
+bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx) {
+    return gemm_w_ok(w) && (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
+}
+
+template <int WT>
+static void launch_fast(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n_out,
+                        const float *x, int64_t n, int64_t ldx, float *y, int64_t ldy, bool round) {
+    int rx = n >= 8 ? 8 : n >= 3 ? 4 : n == 2 ? 2 : 1;
+    int64_t gx = cu_div_up(n_out, CU_WARPS * GEMM_RW), gy = cu_div_up(n, rx);
+    int64_t nq = w->K / 32, np = cu_div_up(nq, 32), blocks = gx * gy;
+    int64_t target = 2 * (int64_t)c->n_sms;
+    int64_t split = 1, pps = np;
+    float *cv = NULL;
+    if (blocks < target && np > 1 && nq * n * n_out * 4 <= ((int64_t)64 << 20)) {
+        split = cu_div_up(target, blocks);
+        if (split > np) split = np;
+        pps = cu_div_up(np, split);
+        split = cu_div_up(np, pps);
+        if (split > 1) {
+            cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_out) * 4);
+            if (!cv) return;
+        } else {
+            pps = np;
+        }
+    }
+    if (gy > 65535) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "gemm: %lld rows in one call", (long long)n);
+        return;
+    }
+    dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)split);
+#define GEMM_LAUNCH(R)                                                                             \
+    k_gemm<WT, R><<<grid, CU_THREADS, 0, c->stream>>>(*w, row0, n_out, x, n, ldx, y, ldy, round,  \
+                                                      (int)pps, cv)
+    switch (rx) {
+    case 1: GEMM_LAUNCH(1); break;
+    case 2: GEMM_LAUNCH(2); break;
+    case 4: GEMM_LAUNCH(4); break;
+    default: GEMM_LAUNCH(8); break;
+    }
+#undef GEMM_LAUNCH
+    if (!cu_check(c, "gemm")) return;
+    if (cv) {
+        int64_t t = n * n_out;
+        k_gemm_reduce<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(cv, nq, n, n_out, y, ldy,
+                                                                          round);
+        cu_check(c, "gemm reduce");
+    }
+}
+
+void launch_gemm(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n_out,
+                 const float *x, int64_t n, int64_t ldx, float *y, int64_t ldy, bool round) {
+    if (n <= 0 || n_out <= 0) return;
+    if (row0 < 0 || row0 + n_out > w->rows) {
+        cu_fail(c, DSI_ERR_INVALID, "gemm: rows %lld..%lld of a weight with %lld rows",
+                (long long)row0, (long long)(row0 + n_out), (long long)w->rows);
+        return;
+    }
+    if (!gemm_fast_ok(w, x, ldx)) {
+        int64_t t = n * n_out;
+        k_gemm_generic<<<(unsigned)cu_div_up(t, 128), 128, 0, c->stream>>>(*w, row0, n_out, x, n,
+                                                                          ldx, y, ldy, round);
+        cu_check(c, "gemm (generic)");
+        return;
+    }
+    switch (w->type) {
+    case DSI_TYPE_F32: launch_fast<DSI_TYPE_F32>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
+    case DSI_TYPE_BF16: launch_fast<DSI_TYPE_BF16>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
+    case DSI_TYPE_F16: launch_fast<DSI_TYPE_F16>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
+    case DSI_TYPE_F8_E4M3:
+        launch_fast<DSI_TYPE_F8_E4M3>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
+        break;
+    default: launch_fast<DSI_TYPE_FP4_E2M1>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
+    }
+}
+
+extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    struct cu_w w = cu_w_of(a->w);
+    launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);
+}

@@ -1,0 +1,106 @@
+/* gemm.cuh - device pieces of the GEMM shared by gemm.cu and moe.cu: loading and dequantising
+ * one lane's 32-element chunk of a weight row, loading a chunk of an activation row, and the
+ * chunk value in cpu_dot's order. */
+#ifndef DSI_CUDA_GEMM_CUH
+#define DSI_CUDA_GEMM_CUH
+
+#include "common.cuh"
+
+#define GEMM_RW 2 /* weight rows per warp */
+
+bool gemm_w_ok(const struct cu_w *w); /* the weight fits the fast kernel */
+bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
+
+__device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
+    if (w.type == DSI_TYPE_F8_E4M3) return w.scale + (row / w.sb0) * w.srs;
+    if (w.type == DSI_TYPE_FP4_E2M1) return w.scale + row * w.srs;
+    return nullptr;
+}
+
+/* wf[0..32) = elements 32q .. 32q+31 of the row at rowp (q < 0: zeros). */
+template <int WT>
+__device__ __forceinline__ void load_w_chunk(const struct cu_w &w, const uint8_t *rowp,
+                                             const uint8_t *srow, int64_t q, float (&wf)[32]) {
+    if (q < 0) {
+#pragma unroll
+        for (int e = 0; e < 32; e++) wf[e] = 0.0f;
+        return;
+    }
+    if (WT == DSI_TYPE_BF16 || WT == DSI_TYPE_F16) {
+        const uint4 *p = (const uint4 *)(rowp + q * 64);
+        uint4 r[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) r[v] = __ldg(p + v);
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            uint32_t u[4] = {r[v].x, r[v].y, r[v].z, r[v].w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                if (WT == DSI_TYPE_BF16) {
+                    wf[v * 8 + 2 * h] = __uint_as_float(u[h] << 16);
+                    wf[v * 8 + 2 * h + 1] = __uint_as_float(u[h] & 0xffff0000u);
+                } else {
+                    wf[v * 8 + 2 * h] = f16_to_f32(u[h] & 0xffffu);
+                    wf[v * 8 + 2 * h + 1] = f16_to_f32(u[h] >> 16);
+                }
+            }
+        }
+    } else if (WT == DSI_TYPE_F32) {
+        const float4 *p = (const float4 *)(rowp + q * 128);
+#pragma unroll
+        for (int v = 0; v < 8; v++) {
+            float4 f = __ldg(p + v);
+            wf[4 * v] = f.x;
+            wf[4 * v + 1] = f.y;
+            wf[4 * v + 2] = f.z;
+            wf[4 * v + 3] = f.w;
+        }
+    } else if (WT == DSI_TYPE_F8_E4M3) {
+        const uint4 *p = (const uint4 *)(rowp + q * 32);
+        uint4 r[2] = {__ldg(p), __ldg(p + 1)};
+        float sc = e8m0_to_f32(srow[(q * 32) / w.sb1]);
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            uint32_t u[4] = {r[v].x, r[v].y, r[v].z, r[v].w};
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    wf[v * 16 + h * 4 + b] = e4m3_to_f32((u[h] >> (8 * b)) & 0xffu) * sc;
+        }
+    } else { /* FP4: two codes per byte, low nibble first */
+        uint4 r = __ldg((const uint4 *)(rowp + q * 16));
+        float sc = e8m0_to_f32(srow[(q * 32) / w.sb1]);
+        uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+#pragma unroll
+            for (int b = 0; b < 8; b++) wf[h * 8 + b] = fp4_to_f32((u[h] >> (4 * b)) & 0xfu) * sc;
+    }
+}
+
+/* xf[0..32) = p[0..32) (16-byte aligned), or zeros. */
+__device__ __forceinline__ void load_x_chunk(const float *p, bool valid, float (&xf)[32]) {
+#pragma unroll
+    for (int v = 0; v < 8; v++) {
+        float4 f = valid ? ((const float4 *)p)[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        xf[4 * v] = f.x;
+        xf[4 * v + 1] = f.y;
+        xf[4 * v + 2] = f.z;
+        xf[4 * v + 3] = f.w;
+    }
+}
+
+/* One chunk of cpu_dot. */
+__device__ __forceinline__ float chunk_dot(const float (&a)[32], const float (&b)[32]) {
+    float l[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; j += 8)
+#pragma unroll
+        for (int i = 0; i < 8; i++) l[i] += a[j + i] * b[j + i];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+#endif

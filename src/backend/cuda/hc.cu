@@ -1,0 +1,154 @@
+/* hc.cu - mHC: hc_pre (mix GEMM, then per token: norm statistic, pre/post/comb, Sinkhorn and
+ * the collapse fused in one block), hc_post and the final hc_head, as cpu/ops.c. */
+#include "common.cuh"
+
+#define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
+
+/* Per row: rho from the flattened streams, then (thread 0) the small maths, then y. */
+__global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64_t dim,
+                                struct cu_vec base, struct cu_vec scale, int iters, float norm_eps,
+                                float hc_eps, float *y, float *post, float *comb, bool round) {
+    __shared__ double red[32];
+    __shared__ float pre_s[HC_MAX];
+    int64_t r = blockIdx.x, len = hc * dim;
+    const float *Xr = X + r * len;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss += (double)Xr[i] * (double)Xr[i];
+    ss = block_sum_d(ss, red);
+    if (threadIdx.x == 0) {
+        float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
+        int n_mix = (2 + hc) * hc;
+        float m[(2 + HC_MAX) * HC_MAX];
+        for (int j = 0; j < n_mix; j++) m[j] = mraw[r * n_mix + j] * rho;
+        float sc[3];
+        for (int i = 0; i < 3; i++) sc[i] = vec_get(scale, i);
+        float *po = post + r * hc, *C = comb + r * hc * hc;
+        for (int k = 0; k < hc; k++) {
+            pre_s[k] = sigmoid_ref(m[k] * sc[0] + vec_get(base, k)) + hc_eps;
+            po[k] = 2.0f * sigmoid_ref(m[hc + k] * sc[1] + vec_get(base, hc + k));
+        }
+        float Cl[HC_MAX * HC_MAX];
+        for (int i = 0; i < hc * hc; i++) Cl[i] = m[2 * hc + i] * sc[2] + vec_get(base, 2 * hc + i);
+        for (int jr = 0; jr < hc; jr++) { /* row softmax + eps */
+            float mx = -INFINITY, z = 0.0f;
+            for (int k = 0; k < hc; k++) mx = fmaxf(mx, Cl[jr * hc + k]);
+            for (int k = 0; k < hc; k++) z += (Cl[jr * hc + k] = exp_ref(Cl[jr * hc + k] - mx));
+            for (int k = 0; k < hc; k++) Cl[jr * hc + k] = Cl[jr * hc + k] / z + hc_eps;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0)
+                for (int jr = 0; jr < hc; jr++) {
+                    float s = 0.0f;
+                    for (int k = 0; k < hc; k++) s += Cl[jr * hc + k];
+                    for (int k = 0; k < hc; k++) Cl[jr * hc + k] /= s + hc_eps;
+                }
+            for (int k = 0; k < hc; k++) {
+                float s = 0.0f;
+                for (int jr = 0; jr < hc; jr++) s += Cl[jr * hc + k];
+                for (int jr = 0; jr < hc; jr++) Cl[jr * hc + k] /= s + hc_eps;
+            }
+        }
+        for (int i = 0; i < hc * hc; i++) C[i] = Cl[i];
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < hc; k++) acc += pre_s[k] * Xr[k * dim + d];
+        y[r * dim + d] = rbf(acc, round);
+    }
+}
+
+extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0) return;
+    int hc = (int)a->hc;
+    if (hc < 1 || hc > HC_MAX) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "hc_pre: hc_mult %d (at most %d)", hc, HC_MAX);
+        return;
+    }
+    int64_t n_mix = (2 + hc) * hc, len = hc * a->dim;
+    float *mraw = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(a->n * n_mix) * 4);
+    if (!mraw) return;
+    struct cu_w fn = cu_w_of(a->fn);
+    if (fn.K != len || fn.rows < n_mix) {
+        cu_fail(c, DSI_ERR_INVALID, "hc_pre: fn is [%lld, %lld], want [%lld, %lld]",
+                (long long)fn.rows, (long long)fn.K, (long long)n_mix, (long long)len);
+        return;
+    }
+    launch_gemm(c, &fn, 0, n_mix, a->X, a->n, len, mraw, n_mix, false);
+    k_hc_pre_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(a->X, mraw, hc, a->dim, cu_vec_of(a->base),
+                                                           cu_vec_of(a->scale), a->iters,
+                                                           a->norm_eps, a->hc_eps, a->y, a->post,
+                                                           a->comb, a->round_bf16);
+    cu_check(c, "hc_pre");
+}
+
+/* One thread per (row, stream k, d): Xo[k] = post[k] f + sum_j comb[j][k] X[j]. */
+__global__ void k_hc_post(const float *f, const float *X, const float *post, const float *comb,
+                          float *Xo, int64_t n, int hc, int64_t dim, bool round) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * hc * dim) return;
+    int64_t d = t % dim, k = (t / dim) % hc, r = t / dim / hc;
+    const float *Xr = X + r * hc * dim, *C = comb + r * hc * hc;
+    float acc = 0.0f;
+    for (int j = 0; j < hc; j++) acc += C[j * hc + k] * Xr[j * dim + d];
+    Xo[t] = rbf(post[r * hc + k] * f[r * dim + d] + acc, round);
+}
+
+extern "C" void cuda_hc_post(struct dsi_backend *be, const struct dsi_hc_post_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0) return;
+    int64_t t = a->n * a->hc * a->dim;
+    k_hc_post<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(a->f, a->X, a->post, a->comb, a->Xo,
+                                                                 a->n, (int)a->hc, a->dim,
+                                                                 a->round_bf16);
+    cu_check(c, "hc_post");
+}
+
+__global__ void k_hc_head_finish(const float *X, const float *mraw, int hc, int64_t dim,
+                                 struct cu_vec base, struct cu_vec scale, float norm_eps,
+                                 float hc_eps, float *y, bool round) {
+    __shared__ double red[32];
+    __shared__ float pre_s[HC_MAX];
+    int64_t r = blockIdx.x, len = hc * dim;
+    const float *Xr = X + r * len;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss += (double)Xr[i] * (double)Xr[i];
+    ss = block_sum_d(ss, red);
+    if (threadIdx.x == 0) {
+        float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
+        float sc = vec_get(scale, 0);
+        for (int k = 0; k < hc; k++)
+            pre_s[k] = sigmoid_ref(mraw[r * hc + k] * rho * sc + vec_get(base, k)) + hc_eps;
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < hc; k++) acc += pre_s[k] * Xr[k * dim + d];
+        y[r * dim + d] = rbf(acc, round);
+    }
+}
+
+extern "C" void cuda_hc_head(struct dsi_backend *be, const struct dsi_hc_head_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0) return;
+    int hc = (int)a->hc;
+    if (hc < 1 || hc > HC_MAX) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "hc_head: hc_mult %d (at most %d)", hc, HC_MAX);
+        return;
+    }
+    int64_t len = hc * a->dim;
+    float *mraw = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(a->n * hc) * 4);
+    if (!mraw) return;
+    struct cu_w fn = cu_w_of(a->fn);
+    if (fn.K != len || fn.rows < hc) {
+        cu_fail(c, DSI_ERR_INVALID, "hc_head: fn is [%lld, %lld], want [%d, %lld]",
+                (long long)fn.rows, (long long)fn.K, hc, (long long)len);
+        return;
+    }
+    launch_gemm(c, &fn, 0, hc, a->X, a->n, len, mraw, hc, false);
+    k_hc_head_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(a->X, mraw, hc, a->dim, cu_vec_of(a->base),
+                                                            cu_vec_of(a->scale), a->norm_eps,
+                                                            a->hc_eps, a->y, a->round_bf16);
+    cu_check(c, "hc_head");
+}

@@ -1,0 +1,220 @@
+/* indexer.cu - the lightning indexer (cpu_indexer): scores of every visible compressed key,
+ *   score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale   (h in order),
+ * then per row the min(topk, visible) largest, ties by lower index, written in ascending index
+ * order. The top-k is an exact radix select (4 passes of 8 bits over order-preserving keys)
+ * followed by an index-ordered compaction, so it selects exactly what the CPU's sort does. */
+#include "common.cuh"
+
+#define IDX_TK 128 /* keys per score block (one thread each) */
+
+struct idx_p {
+    struct cu_step st;
+    const float *q, *w;
+    int H, hd;
+    const float *keys;
+    int ratio;
+    float score_scale, w_scale;
+    int topk;
+    int32_t *sel, *n_sel;
+    float *Sc;
+    int64_t maxv;
+    int r0;
+};
+
+/* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
+__device__ __forceinline__ float dot_sm(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+    for (int k = 0; k < n; k += 32) {
+        float l[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) l[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j += 8) {
+            float4 a0 = *(const float4 *)(a + k + j), a1 = *(const float4 *)(a + k + j + 4);
+            float4 b0 = *(const float4 *)(b + k + j), b1 = *(const float4 *)(b + k + j + 4);
+            l[0] += a0.x * b0.x;
+            l[1] += a0.y * b0.y;
+            l[2] += a0.z * b0.z;
+            l[3] += a0.w * b0.w;
+            l[4] += a1.x * b1.x;
+            l[5] += a1.y * b1.y;
+            l[6] += a1.z * b1.z;
+            l[7] += a1.w * b1.w;
+        }
+        acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    return acc + 0.0f;
+}
+
+/* grid (rows, key tiles); thread = key. */
+__global__ void __launch_bounds__(IDX_TK) k_idx_scores(struct idx_p p) {
+    extern __shared__ float sm[];
+    int hdp = p.hd + 4;
+    float *qs = sm, *ws = sm + p.H * p.hd, *ks = ws + ((p.H + 3) & ~3);
+    int r = p.r0 + blockIdx.x;
+    int64_t nv = (p.st.pos[r] + 1) / p.ratio, i0 = (int64_t)blockIdx.y * IDX_TK;
+    if (i0 >= nv) return;
+    int nt = nv - i0 < IDX_TK ? (int)(nv - i0) : IDX_TK;
+    int v4 = p.hd / 4, slot = p.st.slot[r];
+    for (int e = threadIdx.x; e < p.H * v4; e += blockDim.x)
+        ((float4 *)qs)[e] = ((const float4 *)(p.q + (int64_t)r * p.H * p.hd))[e];
+    for (int e = threadIdx.x; e < p.H; e += blockDim.x) ws[e] = p.w[(int64_t)r * p.H + e];
+    for (int e = threadIdx.x; e < nt * v4; e += blockDim.x) {
+        int j = e / v4, c = e % v4;
+        const float *k = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
+                                        i0 + j, p.ratio, p.hd);
+        *(float4 *)(ks + j * hdp + 4 * c) = ((const float4 *)k)[c];
+    }
+    __syncthreads();
+    int j = threadIdx.x;
+    if (j >= nt) return;
+    float acc = 0.0f;
+    for (int h = 0; h < p.H; h++) {
+        float d = dot_sm(qs + h * p.hd, ks + j * hdp, p.hd);
+        acc += (d > 0.0f ? d * p.score_scale : 0.0f) * (ws[h] * p.w_scale);
+    }
+    p.Sc[(int64_t)(r - p.r0) * p.maxv + i0 + j] = acc;
+}
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+    uint32_t u = f == 0.0f ? 0u : __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Exclusive block scan of v (blockDim.x == 1024); *total gets the sum. */
+__device__ __forceinline__ int block_scan(int v, int *wsum, int *total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int s = wsum[lane], t = s;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += y;
+        }
+        wsum[lane] = t - s; /* exclusive warp offsets */
+        if (lane == 31) wsum[32] = t;
+    }
+    __syncthreads();
+    *total = wsum[32];
+    return wsum[warp] + x - v;
+}
+
+/* grid (rows); 1024 threads. */
+__global__ void __launch_bounds__(1024) k_idx_topk(struct idx_p p) {
+    __shared__ int hist[256];
+    __shared__ int wsum[33];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_kk;
+    int r = p.r0 + blockIdx.x;
+    int64_t nv = (p.st.pos[r] + 1) / p.ratio;
+    int k = (int)(nv < p.topk ? nv : p.topk);
+    int32_t *sel = p.sel + (int64_t)r * p.topk;
+    if (threadIdx.x == 0) p.n_sel[r] = k;
+    if (nv <= p.topk) {
+        for (int i = threadIdx.x; i < k; i += blockDim.x) sel[i] = i;
+        return;
+    }
+    const float *S = p.Sc + (int64_t)(r - p.r0) * p.maxv;
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_kk = k;
+    }
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        uint32_t prefix = s_prefix;
+        for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+            uint32_t u = order_key(S[i]);
+            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int kk = s_kk, cum = 0, b = 255;
+            for (; b > 0; b--) {
+                if (cum + hist[b] >= kk) break;
+                cum += hist[b];
+            }
+            s_kk = kk - cum;
+            s_prefix = prefix | ((uint32_t)b << shift);
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    uint32_t T = s_prefix;
+    int kk = s_kk; /* keys equal to T to take, lowest index first */
+    int base_eq = 0, base_take = 0;
+    for (int64_t c0 = 0; c0 < nv; c0 += blockDim.x) {
+        int64_t i = c0 + threadIdx.x;
+        uint32_t u = i < nv ? order_key(S[i]) : 0u;
+        int gt = i < nv && u > T, eq = i < nv && u == T;
+        int tot_eq, tot_take;
+        int eq_rank = base_eq + block_scan(eq, wsum, &tot_eq);
+        int take = gt || (eq && eq_rank < kk);
+        int pos = base_take + block_scan(take, wsum, &tot_take);
+        if (take) sel[pos] = (int32_t)i;
+        base_eq += tot_eq;
+        base_take += tot_take;
+    }
+}
+
+extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    const struct dsi_step *st = a->st;
+    int n = st->n, H = (int)a->n_heads, hd = (int)a->head_dim;
+    if (n <= 0) return;
+    if (hd % 32 || H <= 0 || a->ratio <= 0 || a->topk <= 0) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "indexer: head_dim %d, heads %d, ratio %d, topk %d", hd, H,
+                a->ratio, a->topk);
+        return;
+    }
+    int64_t maxv = (int64_t)st->max_pages * st->page_tokens / a->ratio;
+    if (maxv < 1) maxv = 1;
+    int64_t per_row = maxv * 4, cap = (int64_t)256 << 20;
+    int nb = (int)(per_row * n <= cap ? n : cap / per_row > 0 ? cap / per_row : 1);
+    float *Sc = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(per_row * nb));
+    if (!Sc) return;
+    size_t smem = ((size_t)H * hd + ((H + 3) & ~3) + (size_t)IDX_TK * (hd + 4)) * 4;
+    static size_t smem_set = 0;
+    if (smem > 48 * 1024 && smem > smem_set) {
+        if (smem > c->smem_optin) {
+            cu_fail(c, DSI_ERR_UNSUPPORTED, "indexer: %d heads of %d need %zu bytes of shared memory",
+                    H, hd, smem);
+            return;
+        }
+        cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        smem_set = smem;
+    }
+    struct idx_p p;
+    p.st = cu_step_of(st);
+    p.q = a->q;
+    p.w = a->w;
+    p.H = H;
+    p.hd = hd;
+    p.keys = a->keys;
+    p.ratio = a->ratio;
+    p.score_scale = a->score_scale;
+    p.w_scale = a->w_scale;
+    p.topk = a->topk;
+    p.sel = a->sel;
+    p.n_sel = a->n_sel;
+    p.Sc = Sc;
+    p.maxv = maxv;
+    for (int r0 = 0; r0 < n; r0 += nb) {
+        int rows = n - r0 < nb ? n - r0 : nb;
+        p.r0 = r0;
+        dim3 g1(rows, (unsigned)cu_div_up(maxv, IDX_TK));
+        k_idx_scores<<<g1, IDX_TK, smem, c->stream>>>(p);
+        k_idx_topk<<<rows, 1024, 0, c->stream>>>(p);
+        if (!cu_check(c, "indexer")) return;
+    }
+}

@@ -1,0 +1,233 @@
+/* misc.cu - element-wise and row-moving ops: embed, add, copy, gather, and the cache ops
+ * (window ring store, compressor ape / pooling / token slots, paged entry store), as
+ * cpu/ops.c and cpu/cache_ops.c. */
+#include "common.cuh"
+
+#define GRID1(t) (unsigned)cu_div_up((t), 256), 256, 0, c->stream
+
+__global__ void k_embed(struct cu_w tab, const int32_t *tokens, int64_t n, int64_t copies,
+                        float *out) {
+    int64_t D = tab.K, t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * copies * D) return;
+    int64_t d = t % D, r = t / D / copies;
+    out[t] = w_get(tab, tokens[r], d);
+}
+
+extern "C" void cuda_embed(struct dsi_backend *be, const struct dsi_embed_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0 || a->copies <= 0) return;
+    struct cu_w w = cu_w_of(a->table);
+    k_embed<<<GRID1(a->n * a->copies * w.K)>>>(w, a->tokens, a->n, a->copies, a->out);
+    cu_check(c, "embed");
+}
+
+__global__ void k_add(const float *A, const float *B, float *Y, int64_t n, int64_t dim,
+                      int64_t lda, int64_t ldb, int64_t ldy, bool round) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * dim) return;
+    int64_t r = t / dim, d = t % dim;
+    Y[r * ldy + d] = rbf(A[r * lda + d] + B[r * ldb + d], round);
+}
+
+extern "C" void cuda_add(struct dsi_backend *be, const struct dsi_add_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0 || a->dim <= 0) return;
+    k_add<<<GRID1(a->n * a->dim)>>>(a->a, a->b, a->y, a->n, a->dim, a->lda, a->ldb, a->ldy,
+                                   a->round_bf16);
+    cu_check(c, "add");
+}
+
+/* Rows may not overlap unless src == dst (the CPU's memmove handles more). 2-D grid: rows in y,
+ * 16-byte accesses when everything is aligned. */
+__global__ void k_copy(const float *src, float *dst, int64_t n, int64_t dim, int64_t lds,
+                       int64_t ldd, bool vec) {
+    int64_t step = (int64_t)gridDim.x * blockDim.x, i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+        const float *s = src + r * lds;
+        float *d = dst + r * ldd;
+        if (vec)
+            for (int64_t i = i0; i < dim / 4; i += step) ((float4 *)d)[i] = ((const float4 *)s)[i];
+        else
+            for (int64_t i = i0; i < dim; i += step) d[i] = s[i];
+    }
+}
+
+extern "C" void cuda_copy(struct dsi_backend *be, const struct dsi_copy_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0 || a->dim <= 0 || (a->src == a->dst && a->lds == a->ldd)) return;
+    bool vec = (uintptr_t)a->src % 16 == 0 && (uintptr_t)a->dst % 16 == 0 && a->dim % 4 == 0 &&
+               a->lds % 4 == 0 && a->ldd % 4 == 0;
+    int64_t per_row = vec ? a->dim / 4 : a->dim;
+    dim3 grid((unsigned)DSI_MIN(cu_div_up(per_row, 256), 1024), (unsigned)DSI_MIN(a->n, 65535));
+    k_copy<<<grid, 256, 0, c->stream>>>(a->src, a->dst, a->n, a->dim, a->lds, a->ldd, vec);
+    cu_check(c, "copy");
+}
+
+__global__ void k_gather(const float *src, const int32_t *idx, float *dst, int64_t n, int64_t dim) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * dim) return;
+    int64_t i = t / dim, d = t % dim;
+    dst[t] = src[(int64_t)idx[i] * dim + d];
+}
+
+extern "C" void cuda_gather(struct dsi_backend *be, const struct dsi_gather_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0 || a->dim <= 0) return;
+    k_gather<<<GRID1(a->n * a->dim)>>>(a->src, a->idx, a->dst, a->n, a->dim);
+    cu_check(c, "gather");
+}
+
+/* ---- cache ops -------------------------------------------------------------------------------- */
+
+__global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float *ring) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= st.n * hd) return;
+    int64_t r = t / hd, d = t % hd;
+    ring[((int64_t)st.slot[r] * st.ring_cap + st.pos[r] % st.ring_cap) * hd + d] = kv[t];
+}
+
+extern "C" void cuda_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->st->n <= 0) return;
+    k_kv_store<<<GRID1(a->st->n * a->head_dim)>>>(cu_step_of(a->st), a->kv, a->head_dim, a->ring);
+    cu_check(c, "kv_store");
+}
+
+__global__ void k_comp_ape(struct cu_step st, float *b, int64_t width, struct cu_vec ape, int ratio) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= st.n * width) return;
+    int64_t r = t / width, d = t % width, off = st.pos[r] % ratio;
+    b[t] += vec_get(ape, off * width + d);
+}
+
+extern "C" void cuda_comp_ape(struct dsi_backend *be, const struct dsi_comp_ape_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->st->n <= 0) return;
+    k_comp_ape<<<GRID1(a->st->n * a->width)>>>(cu_step_of(a->st), a->b, a->width, cu_vec_of(a->ape),
+                                              a->ratio);
+    cu_check(c, "comp_ape");
+}
+
+struct comp_p {
+    struct cu_step st;
+    const int32_t *emit_rows;
+    int n_emit;
+    const float *a, *b, *slot_a, *slot_b;
+    int n_slots, ratio, width;
+    bool overlap;
+    float *out;
+};
+
+/* Slot rows (a, b) of token u for emitted row r (cpu token_rows). */
+__device__ __forceinline__ void token_rows(const struct comp_p &p, int r, int64_t u,
+                                           const float **pa, const float **pb) {
+    int64_t slot_w = (p.overlap ? 2 : 1) * (int64_t)p.width;
+    int64_t t = p.st.pos[r], first = p.st.pos[p.st.row0[r]];
+    if (u >= first) {
+        int64_t row = r - (t - u);
+        *pa = p.a + row * slot_w;
+        *pb = p.b + row * slot_w;
+    } else {
+        int64_t off = ((int64_t)p.st.slot[r] * p.n_slots + u % p.n_slots) * slot_w;
+        *pa = p.slot_a + off;
+        *pb = p.slot_b + off;
+    }
+}
+
+/* Slot s of emitted row r's window (A-halves of window i-1 then B-halves of window i for CSA). */
+__device__ __forceinline__ void comp_slot(const struct comp_p &p, int r, int64_t i, int s,
+                                          int n_a, const float **pa, const float **pb) {
+    int64_t R = p.ratio;
+    if (p.overlap) {
+        if (s < n_a) {
+            token_rows(p, r, R * i - n_a + s, pa, pb);
+        } else {
+            token_rows(p, r, R * i + (s - n_a), pa, pb);
+            *pa += p.width;
+            *pb += p.width;
+        }
+    } else {
+        token_rows(p, r, R * i + s, pa, pb);
+    }
+}
+
+/* One thread per (entry, channel): softmax over the slots in slot order. */
+__global__ void k_compress(struct comp_p p) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)p.n_emit * p.width) return;
+    int e = (int)(t / p.width), d = (int)(t % p.width);
+    int r = p.emit_rows[e];
+    int64_t tp = p.st.pos[r], i = (tp + 1) / p.ratio - 1, R = p.ratio;
+    int n_a = 0, ns;
+    if (p.overlap) {
+        n_a = (int)(R * i < R ? R * i : R); /* A-slots: tokens R*i-R .. R*i-1 that exist */
+        ns = n_a + (int)R;
+    } else {
+        ns = (int)R;
+    }
+    const float *pa, *pb;
+    float mx = -INFINITY, z = 0.0f;
+    for (int s = 0; s < ns; s++) {
+        comp_slot(p, r, i, s, n_a, &pa, &pb);
+        mx = fmaxf(mx, pb[d]);
+    }
+    for (int s = 0; s < ns; s++) {
+        comp_slot(p, r, i, s, n_a, &pa, &pb);
+        z += exp_ref(pb[d] - mx);
+    }
+    float acc = 0.0f;
+    for (int s = 0; s < ns; s++) {
+        comp_slot(p, r, i, s, n_a, &pa, &pb);
+        acc += pa[d] * (exp_ref(pb[d] - mx) / z);
+    }
+    p.out[(int64_t)e * p.width + d] = acc;
+}
+
+extern "C" void cuda_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n_emit <= 0) return;
+    struct comp_p p = {cu_step_of(a->st), a->emit_rows, a->n_emit, a->a, a->b, a->slot_a,
+                       a->slot_b, a->n_slots, a->ratio, a->width, a->overlap, a->out};
+    k_compress<<<GRID1((int64_t)a->n_emit * a->width)>>>(p);
+    cu_check(c, "compress");
+}
+
+__global__ void k_comp_store(struct cu_step st, const uint8_t *store, const float *A,
+                             const float *B, float *slot_a, float *slot_b, int n_slots,
+                             int64_t slot_w) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= st.n * slot_w) return;
+    int64_t r = t / slot_w, d = t % slot_w;
+    if (!store[r]) return;
+    int64_t off = ((int64_t)st.slot[r] * n_slots + st.pos[r] % n_slots) * slot_w + d;
+    slot_a[off] = A[t];
+    slot_b[off] = B[t];
+}
+
+extern "C" void cuda_comp_store(struct dsi_backend *be, const struct dsi_comp_store_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->st->n <= 0) return;
+    k_comp_store<<<GRID1(a->st->n * a->slot_w)>>>(cu_step_of(a->st), a->store, a->a, a->b,
+                                                 a->slot_a, a->slot_b, a->n_slots, a->slot_w);
+    cu_check(c, "comp_store");
+}
+
+__global__ void k_entry_store(struct cu_step st, const int32_t *emit_rows,
+                              const int32_t *emit_entry, int n_emit, int ratio, const float *src,
+                              int64_t width, float *pool) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)n_emit * width) return;
+    int64_t e = t / width, d = t % width;
+    int r = emit_rows[e];
+    pool[paged(st.page_table, st.max_pages, st.page_tokens, st.slot[r], emit_entry[e], ratio,
+               width) + d] = src[t];
+}
+
+extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n_emit <= 0) return;
+    k_entry_store<<<GRID1((int64_t)a->n_emit * a->width)>>>(cu_step_of(a->st), a->emit_rows,
+                                                           a->emit_entry, a->n_emit, a->ratio,
+                                                           a->src, a->width, a->pool);
+    cu_check(c, "entry_store");
+}

@@ -1,0 +1,499 @@
+/* moe.cu - MoE routing and the expert block, as cpu_moe_route / cpu_moe, on the device:
+ *   group    idx [n, topk] -> rows sorted by expert, tiles of up to RX rows of one expert
+ *            (one block, shared-memory counts; no host round trip);
+ *   up       per tile: g = W1 x, u = W3 x for the tile's rows, SwiGLU with the clamp and the
+ *            routing weight fused, h rows in sorted order (the shared expert: all rows, w = 1);
+ *   [QAT]    act_quant of the h rows;
+ *   down     per tile: out[slot] = W2 h (the shared expert's rows after the routed ones);
+ *   combine  y[r] = sum_k out[r, k] in slot order, then the shared expert.
+ * Every output element is one cpu_dot-ordered dot product of its own row, so the result does
+ * not depend on how rows are grouped into tiles, and equals the CPU's bit for bit (up to the
+ * exp in SiLU). The expert weights are addressed through a device table built once per layer
+ * (cu_moe_table). The forward's `work` buffer is not used (its sub-arrays are not aligned for
+ * vector loads); the op uses backend scratch instead. */
+#include "common.cuh"
+#include "gemm.cuh"
+
+#include <string.h>
+
+/* ---- routing ------------------------------------------------------------------------------------ */
+
+__device__ __forceinline__ float sqrtsoftplus(float z) {
+    return sqrtf(z > 20.0f ? z : log1p_ref(exp_ref(z)));
+}
+
+/* One warp per row. */
+__global__ void k_moe_route(const float *logits, int64_t n, int64_t E, int K, struct cu_vec bias,
+                            const uint8_t *tid2eid, int64_t t2e_row_bytes, bool t2e_i64,
+                            const int32_t *tokens, float route_scale, float eps, int32_t *idx,
+                            float *weight) {
+    int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (r >= n) return;
+    const float *lg = logits + r * E;
+    int32_t *ix = idx + r * K;
+    float *w = weight + r * K;
+    if (tid2eid) {
+        const uint8_t *row = tid2eid + (int64_t)tokens[r] * t2e_row_bytes;
+        for (int k = lane; k < K; k += 32)
+            ix[k] = t2e_i64 ? (int32_t)((const int64_t *)row)[k] : ((const int32_t *)row)[k];
+    } else {
+        for (int k = 0; k < K; k++) {
+            /* lane's best among its experts e = lane + 32 m (ascending), then the warp's */
+            int best = -1;
+            float bv = -INFINITY;
+            for (int64_t e = lane; e < E; e += 32) {
+                bool taken = false;
+                for (int q = 0; q < k && !taken; q++) taken = ix[q] == e;
+                if (taken) continue;
+                float v = sqrtsoftplus(lg[e]) + (bias.data ? vec_get(bias, e) : 0.0f);
+                if (best < 0 || v > bv) {
+                    best = (int)e;
+                    bv = v;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int ob = __shfl_xor_sync(0xffffffffu, best, o);
+                bool better = ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best));
+                if (better) {
+                    bv = ov;
+                    best = ob;
+                }
+            }
+            if (lane == 0) ix[k] = best;
+            __syncwarp();
+        }
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) sum += (w[k] = sqrtsoftplus(lg[ix[k]]));
+        for (int k = 0; k < K; k++) w[k] = w[k] / (sum + eps) * route_scale;
+    }
+}
+
+extern "C" void cuda_moe_route(struct dsi_backend *be, const struct dsi_moe_route_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0 || a->topk <= 0) return;
+    const uint8_t *t2e = a->tid2eid ? (const uint8_t *)a->tid2eid->data : NULL;
+    int64_t t2e_rb = a->tid2eid ? dsi_tensor_row_bytes(a->tid2eid) : 0;
+    bool i64 = a->tid2eid && a->tid2eid->type == DSI_TYPE_I64;
+    int64_t threads = a->n * 32;
+    k_moe_route<<<(unsigned)cu_div_up(threads, 256), 256, 0, c->stream>>>(
+        a->logits, a->n, a->n_experts, a->topk, cu_vec_of(a->bias), t2e, t2e_rb, i64, a->tokens,
+        a->route_scale, a->eps, a->idx, a->weight);
+    cu_check(c, "moe_route");
+}
+
+/* ---- the device expert table ---------------------------------------------------------------------- */
+
+static const void *scale_data(const struct dsi_tensor *t) {
+    return t->scale ? t->scale->data : NULL;
+}
+
+static bool same_format(const struct dsi_tensor *a, const struct dsi_tensor *b) {
+    return a->type == b->type && a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] &&
+           a->scale_block[0] == b->scale_block[0] && a->scale_block[1] == b->scale_block[1] &&
+           a->scale_row_stride == b->scale_row_stride && !a->scale == !b->scale;
+}
+
+/* Keyed by the host pointer array a->w1; validated against a snapshot of the device addresses
+ * every call (cheap), rebuilt (stream-ordered copy) when they differ. */
+const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a) {
+    int E = a->n_experts;
+    struct cu_moe_table *t = NULL;
+    for (int i = 0; i < c->n_moe && !t; i++)
+        if (c->moe[i].key == (const void *)a->w1 && c->moe[i].n_experts == E) t = &c->moe[i];
+    bool fresh = false;
+    if (!t) {
+        if (c->n_moe == CU_MAX_MOE_TABLES) {
+            cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: more than %d expert tables", CU_MAX_MOE_TABLES);
+            return NULL;
+        }
+        t = &c->moe[c->n_moe];
+        memset(t, 0, sizeof(*t));
+        t->snap = (const void **)dsi_calloc((size_t)E * 6, sizeof(void *));
+        if (!t->snap || cudaMalloc(&t->dev, sizeof(struct cu_moe_ent) * (size_t)E) != cudaSuccess) {
+            cudaGetLastError();
+            free(t->snap);
+            cu_fail(c, DSI_ERR_NOMEM, "moe: cannot allocate an expert table of %d experts", E);
+            return NULL;
+        }
+        t->key = a->w1;
+        t->n_experts = E;
+        c->n_moe++;
+        fresh = true;
+    }
+    bool same = !fresh;
+    for (int e = 0; e < E && same; e++) {
+        const void **s = t->snap + 6 * e;
+        same = s[0] == a->w1[e]->data && s[1] == scale_data(a->w1[e]) &&
+               s[2] == a->w3[e]->data && s[3] == scale_data(a->w3[e]) &&
+               s[4] == a->w2[e]->data && s[5] == scale_data(a->w2[e]);
+    }
+    if (same) return t->dev;
+    struct cu_moe_ent *h = (struct cu_moe_ent *)dsi_calloc((size_t)E, sizeof(*h));
+    if (!h) {
+        cu_fail(c, DSI_ERR_NOMEM, "moe: out of host memory");
+        return NULL;
+    }
+    for (int e = 0; e < E; e++) {
+        if (!same_format(a->w1[e], a->w1[0]) || !same_format(a->w3[e], a->w3[0]) ||
+            !same_format(a->w2[e], a->w2[0])) {
+            free(h);
+            cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: expert %d differs in format from expert 0", e);
+            return NULL;
+        }
+        const void *v[6] = {a->w1[e]->data, scale_data(a->w1[e]), a->w3[e]->data,
+                            scale_data(a->w3[e]), a->w2[e]->data, scale_data(a->w2[e])};
+        for (int i = 0; i < 6; i++) {
+            t->snap[6 * e + i] = v[i];
+            h[e].p[i] = (const uint8_t *)v[i];
+        }
+    }
+    cudaMemcpyAsync(t->dev, h, sizeof(*h) * (size_t)E, cudaMemcpyHostToDevice, c->stream);
+    free(h);
+    return t->dev;
+}
+
+/* ---- grouping ---------------------------------------------------------------------------------- */
+
+#define MOE_MAX_E 4096
+
+/* One block of 1024 threads. perm[pos] = slot, sorted by expert; tiles[t] = (expert, first pos,
+ * rows); *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). */
+__global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx, int64_t nk, int E, int RX,
+                                                    int32_t *perm, int4 *tiles, int32_t *n_tiles) {
+    __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], toff[MOE_MAX_E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int64_t s = threadIdx.x; s < nk; s += blockDim.x) {
+        int e = idx[s];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, to = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            toff[e] = to;
+            o += cnt[e];
+            to += (cnt[e] + RX - 1) / RX;
+        }
+        *n_tiles = to;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int t = 0; t * RX < cnt[e]; t++)
+            tiles[toff[e] + t] = make_int4(e, off[e] + t * RX, min(RX, cnt[e] - t * RX), 0);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0; /* reuse as cursors */
+    __syncthreads();
+    for (int64_t s = threadIdx.x; s < nk; s += blockDim.x) {
+        int e = idx[s];
+        if (e >= 0 && e < E) perm[off[e] + atomicAdd(&cnt[e], 1)] = (int32_t)s;
+    }
+}
+
+/* ---- expert GEMMs -------------------------------------------------------------------------------- */
+
+struct moe_p {
+    const float *x;             /* [n, D] */
+    int64_t n, D, I;
+    int topk;
+    const int32_t *perm;        /* [nk] */
+    const int4 *tiles;          /* routed tiles, or NULL: shared expert (implicit tiles) */
+    const int32_t *n_tiles;
+    const struct cu_moe_ent *tab;
+    struct cu_w w1, w3, w2;     /* formats (and, for the shared expert, the data) */
+    const float *weight;        /* [nk] */
+    float limit;
+    bool round;
+    float *h;                   /* [nk + n, I] */
+    float *out;                 /* [nk + n, D] */
+};
+
+/* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
+__device__ __forceinline__ bool moe_tile(const struct moe_p &p, int RX, int *e, int64_t *pos0,
+                                         int *rows) {
+    int64_t nk = p.n * p.topk;
+    if (p.tiles) {
+        if ((int)blockIdx.y >= *p.n_tiles) return false;
+        int4 t = p.tiles[blockIdx.y];
+        *e = t.x;
+        *pos0 = t.y;
+        *rows = t.z;
+    } else {
+        int64_t r0 = (int64_t)blockIdx.y * RX;
+        if (r0 >= p.n) return false;
+        *e = -1;
+        *pos0 = nk + r0;
+        *rows = (int)(p.n - r0 < RX ? p.n - r0 : RX);
+    }
+    return true;
+}
+
+/* Up projection + SwiGLU: a warp computes GEMM_RW = 2 rows: W1 row c and W3 row c. */
+template <int WT, int RX>
+__global__ void __launch_bounds__(CU_THREADS) k_moe_up(struct moe_p p) {
+    __shared__ float cvs[CU_WARPS][RX * GEMM_RW][33];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int e, rows;
+    int64_t pos0;
+    if (!moe_tile(p, RX, &e, &pos0, &rows)) return;
+    int64_t col = (int64_t)blockIdx.x * CU_WARPS + warp;
+    if (col >= p.I) return;
+    int64_t nk = p.n * p.topk;
+    struct cu_w W[2] = {p.w1, p.w3};
+    if (e >= 0) {
+        W[0].data = p.tab[e].p[0];
+        W[0].scale = p.tab[e].p[1];
+        W[1].data = p.tab[e].p[2];
+        W[1].scale = p.tab[e].p[3];
+    }
+    const uint8_t *wr[2], *sr[2];
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        wr[m] = W[m].data + col * W[m].row_bytes;
+        sr[m] = w_scale_row(W[m], col);
+    }
+    const float *xr[RX];
+#pragma unroll
+    for (int rx = 0; rx < RX; rx++) {
+        int64_t pos = pos0 + (rx < rows ? rx : 0);
+        int64_t xrow = pos < nk ? p.perm[pos] / p.topk : pos - nk;
+        xr[rx] = p.x + xrow * p.D;
+    }
+    int64_t nq = p.D / 32, np = (nq + 31) / 32;
+    float acc = 0.0f;
+    for (int64_t pc = 0; pc < np; pc++) {
+        int64_t q = pc * 32 + lane;
+        bool qv = q < nq;
+        float wf[2][32];
+        load_w_chunk<WT>(W[0], wr[0], sr[0], qv ? q : -1, wf[0]);
+        load_w_chunk<WT>(W[1], wr[1], sr[1], qv ? q : -1, wf[1]);
+#pragma unroll
+        for (int rx = 0; rx < RX; rx++) {
+            float xf[32];
+            bool xv = qv && rx < rows;
+            load_x_chunk(xr[rx] + (xv ? q * 32 : 0), xv, xf);
+            cvs[warp][rx * 2][lane] = chunk_dot(xf, wf[0]);
+            cvs[warp][rx * 2 + 1][lane] = chunk_dot(xf, wf[1]);
+        }
+        __syncwarp();
+        if (lane < RX * 2) {
+            int cnt = (int)(nq - pc * 32 < 32 ? nq - pc * 32 : 32);
+            for (int L = 0; L < cnt; L++) acc += cvs[warp][lane][L];
+        }
+        __syncwarp();
+    }
+    float v = acc + 0.0f;                             /* lane 2 rx: g, lane 2 rx + 1: u */
+    float u = __shfl_down_sync(0xffffffffu, v, 1);
+    int rx = lane / 2;
+    if (lane >= RX * 2 || (lane & 1) || rx >= rows) return;
+    float g = rbf(v, p.round);
+    u = rbf(u, p.round);
+    int64_t pos = pos0 + rx;
+    float wi = pos < nk ? p.weight[p.perm[pos]] : 1.0f;
+    float gv = fminf(g, p.limit), uv = fminf(fmaxf(u, -p.limit), p.limit);
+    float silu = gv / (1.0f + exp_ref(-gv));
+    p.h[pos * p.I + col] = rbf(silu * uv * wi, p.round);
+}
+
+/* Down projection: out[slot or nk + r] = W2 h. A warp computes GEMM_RW rows of W2. */
+template <int WT, int RX>
+__global__ void __launch_bounds__(CU_THREADS) k_moe_down(struct moe_p p) {
+    __shared__ float cvs[CU_WARPS][RX * GEMM_RW][33];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int e, rows;
+    int64_t pos0;
+    if (!moe_tile(p, RX, &e, &pos0, &rows)) return;
+    int64_t o0 = ((int64_t)blockIdx.x * CU_WARPS + warp) * GEMM_RW;
+    if (o0 >= p.D) return;
+    int64_t nk = p.n * p.topk;
+    struct cu_w W = p.w2;
+    if (e >= 0) {
+        W.data = p.tab[e].p[4];
+        W.scale = p.tab[e].p[5];
+    }
+    const uint8_t *wr[GEMM_RW], *sr[GEMM_RW];
+    bool wv[GEMM_RW];
+#pragma unroll
+    for (int r = 0; r < GEMM_RW; r++) {
+        wv[r] = o0 + r < p.D;
+        int64_t row = wv[r] ? o0 + r : o0;
+        wr[r] = W.data + row * W.row_bytes;
+        sr[r] = w_scale_row(W, row);
+    }
+    int64_t nq = p.I / 32, np = (nq + 31) / 32;
+    float acc = 0.0f;
+    for (int64_t pc = 0; pc < np; pc++) {
+        int64_t q = pc * 32 + lane;
+        bool qv = q < nq;
+        float wf[GEMM_RW][32];
+#pragma unroll
+        for (int r = 0; r < GEMM_RW; r++) load_w_chunk<WT>(W, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+#pragma unroll
+        for (int rx = 0; rx < RX; rx++) {
+            float xf[32];
+            bool xv = qv && rx < rows;
+            load_x_chunk(p.h + (pos0 + (rx < rows ? rx : 0)) * p.I + (xv ? q * 32 : 0), xv, xf);
+#pragma unroll
+            for (int r = 0; r < GEMM_RW; r++) cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf[r]);
+        }
+        __syncwarp();
+        if (lane < RX * GEMM_RW) {
+            int cnt = (int)(nq - pc * 32 < 32 ? nq - pc * 32 : 32);
+            for (int L = 0; L < cnt; L++) acc += cvs[warp][lane][L];
+        }
+        __syncwarp();
+    }
+    int rx = lane / GEMM_RW, r = lane % GEMM_RW;
+    if (lane >= RX * GEMM_RW || rx >= rows || !wv[r]) return;
+    int64_t pos = pos0 + rx;
+    int64_t orow = pos < nk ? p.perm[pos] : pos;
+    p.out[orow * p.D + o0 + r] = rbf(acc + 0.0f, p.round);
+}
+
+__global__ void k_moe_combine(const float *out, int64_t n, int topk, int64_t D, float *y,
+                              bool round) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * D) return;
+    int64_t r = t / D, d = t % D, nk = n * topk;
+    float acc = 0.0f;
+    for (int k = 0; k < topk; k++) acc += out[(r * topk + k) * D + d];
+    acc += out[(nk + r) * D + d];
+    y[t] = rbf(acc, round);
+}
+
+template <int WT>
+static void launch_up(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 grid) {
+    switch (rx) {
+    case 1: k_moe_up<WT, 1><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    case 2: k_moe_up<WT, 2><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    case 4: k_moe_up<WT, 4><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    default: k_moe_up<WT, 8><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    }
+}
+
+template <int WT>
+static void launch_down(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 grid) {
+    switch (rx) {
+    case 1: k_moe_down<WT, 1><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    case 2: k_moe_down<WT, 2><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    case 4: k_moe_down<WT, 4><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    default: k_moe_down<WT, 8><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    }
+}
+
+static bool moe_up(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
+    switch (type) {
+    case DSI_TYPE_F32: launch_up<DSI_TYPE_F32>(c, p, rx, grid); break;
+    case DSI_TYPE_BF16: launch_up<DSI_TYPE_BF16>(c, p, rx, grid); break;
+    case DSI_TYPE_F16: launch_up<DSI_TYPE_F16>(c, p, rx, grid); break;
+    case DSI_TYPE_F8_E4M3: launch_up<DSI_TYPE_F8_E4M3>(c, p, rx, grid); break;
+    case DSI_TYPE_FP4_E2M1: launch_up<DSI_TYPE_FP4_E2M1>(c, p, rx, grid); break;
+    default: return false;
+    }
+    return cu_check(c, "moe up");
+}
+
+static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
+    switch (type) {
+    case DSI_TYPE_F32: launch_down<DSI_TYPE_F32>(c, p, rx, grid); break;
+    case DSI_TYPE_BF16: launch_down<DSI_TYPE_BF16>(c, p, rx, grid); break;
+    case DSI_TYPE_F16: launch_down<DSI_TYPE_F16>(c, p, rx, grid); break;
+    case DSI_TYPE_F8_E4M3: launch_down<DSI_TYPE_F8_E4M3>(c, p, rx, grid); break;
+    case DSI_TYPE_FP4_E2M1: launch_down<DSI_TYPE_FP4_E2M1>(c, p, rx, grid); break;
+    default: return false;
+    }
+    return cu_check(c, "moe down");
+}
+
+static int pick_rx(double rows_per_tile) {
+    return rows_per_tile <= 1.0 ? 1 : rows_per_tile <= 2.0 ? 2 : rows_per_tile <= 4.0 ? 4 : 8;
+}
+
+/* Whether the expert / shared weights fit the fast kernels (else the op reports it). */
+static bool moe_shapes_ok(const struct cu_w *w1, const struct cu_w *w3, const struct cu_w *w2,
+                          int64_t D, int64_t I) {
+    return w1->K == D && w3->K == D && w2->K == I && w1->rows >= I && w3->rows >= I &&
+           w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) &&
+           gemm_w_ok(w2);
+}
+
+extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    int64_t n = a->n, D = a->dim, I = a->inter, nk = n * a->topk;
+    int E = a->n_experts;
+    if (n <= 0) return;
+    if (E < 1 || E > MOE_MAX_E || a->topk < 1 || (uintptr_t)a->x % 16) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: %d experts, top-%d (at most %d experts)", E, a->topk,
+                MOE_MAX_E);
+        return;
+    }
+    struct cu_w r1 = cu_w_of(a->w1[0]), r3 = cu_w_of(a->w3[0]), r2 = cu_w_of(a->w2[0]);
+    struct cu_w s1 = cu_w_of(a->sw1), s3 = cu_w_of(a->sw3), s2 = cu_w_of(a->sw2);
+    if (!moe_shapes_ok(&r1, &r3, &r2, D, I) || !moe_shapes_ok(&s1, &s3, &s2, D, I)) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED,
+                "moe: expert weights must be [%lld, %lld] / [%lld, %lld] with K %% 32 == 0 in a "
+                "supported format",
+                (long long)I, (long long)D, (long long)D, (long long)I);
+        return;
+    }
+    const struct cu_moe_ent *tab = cu_moe_table(c, a);
+    if (!tab) return;
+    int rx = pick_rx((double)nk / E);
+    int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
+    if (max_tiles > nk) max_tiles = nk;
+    size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4), o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
+    size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
+    size_t total = o_out + cu_align((size_t)((nk + n) * D) * 4);
+    char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
+    if (!s) return;
+    struct moe_p p;
+    p.x = a->x;
+    p.n = n;
+    p.D = D;
+    p.I = I;
+    p.topk = a->topk;
+    p.perm = (const int32_t *)(s + o_perm);
+    p.tiles = (const int4 *)(s + o_tiles);
+    p.n_tiles = (const int32_t *)(s + o_nt);
+    p.tab = tab;
+    p.w1 = r1;
+    p.w3 = r3;
+    p.w2 = r2;
+    p.weight = a->weight;
+    p.limit = a->limit;
+    p.round = a->round_bf16;
+    p.h = (float *)(s + o_h);
+    p.out = (float *)(s + o_out);
+    /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
+    cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);
+    k_moe_group<<<1, 1024, 0, c->stream>>>(a->idx, nk, E, rx, (int32_t *)(s + o_perm),
+                                           (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
+    if (!cu_check(c, "moe group")) return;
+    /* routed experts */
+    dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
+    if (!moe_up(c, &p, r1.type, rx, gu)) return;
+    /* shared expert: implicit tiles over all rows */
+    struct moe_p ps = p;
+    ps.tiles = NULL;
+    ps.w1 = s1;
+    ps.w3 = s3;
+    ps.w2 = s2;
+    int srx = pick_rx((double)n);
+    dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
+    if (!moe_up(c, &ps, s1.type, srx, gsu)) return;
+    if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
+    dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
+    if (!moe_down(c, &p, r2.type, rx, gd)) return;
+    dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
+    if (!moe_down(c, &ps, s2.type, srx, gsd)) return;
+    k_moe_combine<<<(unsigned)cu_div_up(n * D, 256), 256, 0, c->stream>>>(p.out, n, a->topk, D,
+                                                                         a->y, a->round_bf16);
+    cu_check(c, "moe combine");
+}

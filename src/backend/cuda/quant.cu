@@ -1,0 +1,92 @@
+/* quant.cu - the [QAT] simulations: activation FP8 round trip (act_quant) and the indexer's
+ * Hadamard + FP4 round trip, bit for bit as cpu/quant.c. */
+#include "common.cuh"
+
+#define FP4_FLOOR 0x1.8p-124f /* 6 * 2^-126 */
+
+/* One warp per (row, block): amax, UE8M0 scale, e4m3 round trip. */
+__global__ void k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block,
+                            int64_t ldx, int64_t ldy) {
+    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wid >= n * nb) return;
+    int64_t r = wid / nb, b = wid % nb;
+    const float *xs = x + r * ldx + b * block;
+    float *ys = y + r * ldy + b * block;
+    float amax = 0.0f;
+    for (int e = lane; e < block; e += 32) amax = fmaxf(amax, fabsf(xs[e]));
+    amax = warp_max(amax);
+    float s = ue8m0_scale(amax, 448.0f, 1e-4f);
+    float v[8];
+    int m = 0;
+    for (int e = lane; e < block && m < 8; e += 32) v[m++] = xs[e];
+    __syncwarp(); /* all reads of an in-place row before any write */
+    m = 0;
+    for (int e = lane; e < block; e += 32) {
+        float t = m < 8 ? v[m++] : xs[e];
+        t = t / s;
+        t = t > 448.0f ? 448.0f : t < -448.0f ? -448.0f : t;
+        ys[e] = round_grid(t, 3, -6) * s;
+    }
+}
+
+void launch_act_quant(struct cu_ctx *c, const float *x, float *y, int64_t n, int64_t dim,
+                      int64_t ldx, int64_t ldy, int block) {
+    if (n <= 0 || dim <= 0) return;
+    if (block <= 0) block = 128;
+    if (dim % block || block > 256) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "act_quant: dim %lld, block %d", (long long)dim, block);
+        return;
+    }
+    int64_t nb = dim / block, warps = n * nb;
+    k_act_quant<<<(unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, c->stream>>>(x, y, n, nb, block,
+                                                                                 ldx, ldy);
+    cu_check(c, "act_quant");
+}
+
+extern "C" void cuda_act_quant(struct dsi_backend *be, const struct dsi_act_quant_args *a) {
+    launch_act_quant(cu_ctx_of(be), a->x, a->y, a->n, a->dim, a->ldx, a->ldy, a->block);
+}
+
+/* One block per (row, group): bf16, Walsh-Hadamard (Sylvester order, as dsi_hadamard), scale,
+ * bf16, FP4 round trip per 32. */
+__global__ void k_hadamard_q4(float *x, int64_t n_groups, int dim, int64_t ldx) {
+    extern __shared__ float hs[];
+    int64_t r = blockIdx.x / n_groups, g = blockIdx.x % n_groups;
+    float *xp = x + r * ldx + g * dim;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) hs[e] = bf16_round(xp[e]);
+    __syncthreads();
+    for (int h = 1; h < dim; h *= 2) {
+        for (int p = threadIdx.x; p < dim / 2; p += blockDim.x) {
+            int i = (p / h) * 2 * h + (p % h);
+            float a = hs[i], b = hs[i + h];
+            hs[i] = a + b;
+            hs[i + h] = a - b;
+        }
+        __syncthreads();
+    }
+    float s = 1.0f / sqrtf((float)dim);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int b = warp; b < dim / 32; b += nw) {
+        float v = bf16_round(hs[b * 32 + lane] * s);
+        float amax = warp_max(fabsf(v));
+        float sc = ue8m0_scale(amax, 6.0f, FP4_FLOOR);
+        float t = v / sc;
+        t = t > 6.0f ? 6.0f : t < -6.0f ? -6.0f : t;
+        xp[b * 32 + lane] = round_grid(t, 1, 0) * sc;
+    }
+}
+
+extern "C" void cuda_hadamard_q4(struct dsi_backend *be, const struct dsi_hadamard_q4_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (a->n <= 0 || a->n_groups <= 0) return;
+    int dim = (int)a->dim;
+    if (dim < 32 || dim > 8192 || (dim & (dim - 1))) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "hadamard_q4: dim %d (want a power of two, 32..8192)", dim);
+        return;
+    }
+    int64_t blocks = a->n * a->n_groups;
+    k_hadamard_q4<<<(unsigned)blocks, 128, (size_t)dim * 4, c->stream>>>(a->x, a->n_groups, dim,
+                                                                          a->ldx);
+    cu_check(c, "hadamard_q4");
+}
