@@ -42,7 +42,12 @@ const char *dsi_status_str(int code);
     do {                                                                                           \
         if (!(c)) dsi_assert_fail(__FILE__, __LINE__, #c);                                         \
     } while (0)
-_Noreturn void dsi_assert_fail(const char *file, int line, const char *expr);
+#ifdef __cplusplus /* nvcc compiles the CUDA backend as C++ */
+#define DSI_NORETURN [[noreturn]]
+#else
+#define DSI_NORETURN _Noreturn
+#endif
+DSI_NORETURN void dsi_assert_fail(const char *file, int line, const char *expr);
 
 /* Logging to stderr; level from struct dsi_debug (DSI_LOG). */
 enum dsi_log_level { DSI_LOG_ERROR = 0, DSI_LOG_WARN, DSI_LOG_INFO, DSI_LOG_DEBUG };

@@ -479,6 +479,12 @@ static int import_hc(struct dsi_backend *be, struct dsi_hc_w *h, struct dsi_err 
 int dsi_model_import(struct dsi_model *m, struct dsi_backend *be, struct dsi_err *err) {
     const struct dsi_config *c = &m->cfg;
     int rc = DSI_OK;
+    for (int t = 0; t < 2; t++) { /* RoPE frequency tables */
+        size_t bytes = sizeof(float) * (size_t)(c->qk_rope_head_dim / 2 + 1);
+        const void *p = be->ops->import(be, m->freq[t], bytes);
+        if (!p) return dsi_errf(err, DSI_ERR_NOMEM, "%s: cannot place the RoPE tables", be->name);
+        m->freq_dev[t] = p;
+    }
     struct dsi_tensor *top[] = {&m->embed, &m->head, &m->norm, &m->top_scales[0]};
     for (size_t i = 0; i < 4 && !rc; i++) rc = import_one(be, top[i], err);
     if (!rc) rc = import_hc(be, &m->hc_head, err);

@@ -50,7 +50,8 @@ struct dsi_model {
     struct dsi_tensor top_scales[4];
     int n_top_scales;
     struct dsi_layer_w *layers; /* [n_layers_total]; index num_hidden_layers is mtp.0 */
-    float *freq[2];             /* rope frequencies [qk_rope_head_dim/2]: plain, YaRN */
+    float *freq[2];             /* rope frequencies [qk_rope_head_dim/2]: plain, YaRN (host) */
+    const float *freq_dev[2];   /* the same in backend memory (dsi_model_import) */
     int64_t n_params;
 };
 

@@ -210,7 +210,7 @@ static void rope(struct dsi_fwd *f, float *x, int64_t n, int64_t ldx, int64_t he
                  int64_t width, const int32_t *pos, int table, bool inverse) {
     struct dsi_rope_args a = {.x = x, .n = n, .ldx = ldx, .n_heads = heads, .head_stride = width,
                               .width = (int)width, .rope_dim = f->c->qk_rope_head_dim, .pos = pos,
-                              .freq = f->m->freq[table], .inverse = inverse, .round_bf16 = f->R};
+                              .freq = f->m->freq_dev[table], .inverse = inverse, .round_bf16 = f->R};
     f->be->ops->rope(f->be, &a);
 }
 
@@ -243,7 +243,7 @@ static void compressor(struct dsi_fwd *f, const struct dsi_compressor_w *w, stru
         struct dsi_rope_args ra = {.x = tmp, .n = k->n_emit, .ldx = width, .n_heads = 1,
                                    .head_stride = width, .width = (int)width,
                                    .rope_dim = f->c->qk_rope_head_dim, .pos = k->emit_pos,
-                                   .freq = f->m->freq[1], .round_bf16 = f->R};
+                                   .freq = f->m->freq_dev[1], .round_bf16 = f->R};
         be->ops->rope(be, &ra);
         if (f->R && index_key) {
             struct dsi_hadamard_q4_args h = {tmp, k->n_emit, 1, width, width};

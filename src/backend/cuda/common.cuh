@@ -13,7 +13,6 @@
 #define DSI_CUDA_COMMON_CUH
 
 #ifdef __cplusplus
-#define _Noreturn [[noreturn]] /* core.h is C11; nvcc's front end has no _Noreturn */
 extern "C" {
 #endif
 #include "backend/backend.h"
