@@ -54,8 +54,8 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
             mx = fmaxf(mx, s[i]);
         }
         float z = 0.0f;
-        for (int i = 0; i < nk; i++) z += (s[i] = expf(s[i] - mx));
-        z += expf(sink - mx);
+        for (int i = 0; i < nk; i++) z += (s[i] = cpu_expf(s[i] - mx));
+        z += cpu_expf(sink - mx);
         float *o = a->out + (r * a->n_heads + h) * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int i = 0; i < nk; i++) {

@@ -61,7 +61,7 @@ void cpu_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
         for (int d = 0; d < a->width; d++) { /* per-channel softmax over the slots */
             float mx = -INFINITY, z = 0.0f, ex[1024];
             for (int s = 0; s < ns; s++) mx = fmaxf(mx, pb[s][d]);
-            for (int s = 0; s < ns; s++) z += (ex[s] = expf(pb[s][d] - mx));
+            for (int s = 0; s < ns; s++) z += (ex[s] = cpu_expf(pb[s][d] - mx));
             float acc = 0.0f;
             for (int s = 0; s < ns; s++) acc += pa[s][d] * (ex[s] / z);
             out[d] = acc;

@@ -17,6 +17,14 @@ static inline struct cpu_ctx *cpu_ctx(struct dsi_backend *be) { return be->ctx; 
 /* Per-thread scratch of at least `bytes` (DSI_ASSERT if reserve was too small). */
 void *cpu_scratch(struct dsi_backend *be, int tid, int64_t bytes);
 
+/* Transcendentals evaluated in double and rounded to float: the correctly rounded value, the
+ * same on every libm and the same as the CUDA backend's (so the backends agree bit for bit). */
+#include <math.h>
+static inline float cpu_expf(float x) { return (float)exp((double)x); }
+static inline float cpu_cosf(float x) { return (float)cos((double)x); }
+static inline float cpu_sinf(float x) { return (float)sin((double)x); }
+static inline float cpu_log1pf(float x) { return (float)log1p((double)x); }
+
 void cpu_tables_init(void); /* once, before any op */
 /* Decode row `row` of a weight (any type) into out[0 .. w->ne[0]). */
 void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out);

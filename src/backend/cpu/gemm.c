@@ -135,7 +135,7 @@ void cpu_act_quant(struct dsi_backend *be, const struct dsi_act_quant_args *a) {
 
 /* ---- MoE ------------------------------------------------------------------------------ */
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float silu(float x) { return x / (1.0f + cpu_expf(-x)); }
 
 /* a[i] = silu(min(g, L)) * clamp(u, -L, L) * w (w = 1 for the shared expert). */
 static void swiglu_rows(float *g, const float *u, int64_t m, int64_t inter, const float *w,

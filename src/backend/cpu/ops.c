@@ -6,7 +6,7 @@
 #include <string.h>
 
 static float rb(float x, bool on) { return on ? dsi_bf16_round(x) : x; }
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float sigmoidf(float x) { return 1.0f / (1.0f + cpu_expf(-x)); }
 
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 
@@ -55,7 +55,7 @@ static void rope_part(void *ctx, int64_t r0, int64_t r1, int tid) {
             float *x = a->x + r * a->ldx + h * a->head_stride + (a->width - a->rope_dim);
             for (int i = 0; i < half; i++) {
                 float ang = p * a->freq[i];
-                float c = cosf(ang), s = sinf(ang);
+                float c = cpu_cosf(ang), s = cpu_sinf(ang);
                 if (a->inverse) s = -s;
                 float x0 = x[2 * i], x1 = x[2 * i + 1];
                 x[2 * i] = rb(x0 * c - x1 * s, a->round_bf16);
@@ -110,7 +110,7 @@ static void hc_pre_part(void *ctx, int64_t r0, int64_t r1, int tid) {
         for (int64_t jr = 0; jr < hc; jr++) { /* row softmax + eps */
             float mx = -INFINITY, z = 0.0f;
             for (int64_t k = 0; k < hc; k++) mx = fmaxf(mx, C[jr * hc + k]);
-            for (int64_t k = 0; k < hc; k++) z += (C[jr * hc + k] = expf(C[jr * hc + k] - mx));
+            for (int64_t k = 0; k < hc; k++) z += (C[jr * hc + k] = cpu_expf(C[jr * hc + k] - mx));
             for (int64_t k = 0; k < hc; k++) C[jr * hc + k] = C[jr * hc + k] / z + a->hc_eps;
         }
         for (int it = 0; it < a->iters; it++) {
@@ -191,7 +191,7 @@ void cpu_hc_head(struct dsi_backend *be, const struct dsi_hc_head_args *a) {
 
 /* ---- MoE routing --------------------------------------------------------------------------- */
 
-static float sqrtsoftplus(float z) { return sqrtf(z > 20.0f ? z : log1pf(expf(z))); }
+static float sqrtsoftplus(float z) { return sqrtf(z > 20.0f ? z : cpu_log1pf(cpu_expf(z))); }
 
 void cpu_moe_route(struct dsi_backend *be, const struct dsi_moe_route_args *a) {
     int64_t E = a->n_experts;
