@@ -15,8 +15,10 @@ Q := $(if $(filter 1,$(V)),,@)
 
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
           -Wcast-qual -Wdouble-promotion -Wno-unused-parameter
-CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -ffp-contract=off -fno-math-errno $(WARN) -MMD -MP -Iinclude -Isrc -Itests \
+OPT    ?= -O2 -g
+SAN    ?=
+CFLAGS ?=
+CFLAGS += $(OPT) $(SAN) -std=c11 -ffp-contract=off -fno-math-errno $(WARN) -MMD -MP -Iinclude -Isrc -Itests \
           -D_GNU_SOURCE
 ifeq ($(NATIVE),1)
 CFLAGS += -march=native
@@ -97,10 +99,18 @@ check:
 	  else echo "nvcc not found: CUDA build skipped"; fi
 
 asan:
-	$(Q)$(MAKE) BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	$(Q)$(MAKE) BUILD=build/asan OPT="-O1 -g" \
+	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    LDFLAGS="-fsanitize=address,undefined" SKIP_SLOW=1 test
 
 ubsan: asan
+
+# ThreadSanitizer on the threaded parts (pool, serving core).
+tsan:
+	$(Q)$(MAKE) BUILD=build/tsan OPT="-O1 -g" SAN="-fsanitize=thread" LDFLAGS="-fsanitize=thread" \
+	    build/tsan/dsinfer-test
+	$(Q)build/tsan/dsinfer-test --root . --only 'test_batch*'
+	$(Q)build/tsan/dsinfer-test --root . --only 'test_sched*'
 
 FUZZ_TARGETS := $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c)))
 fuzz:
@@ -126,5 +136,5 @@ deps:
 clean:
 	rm -rf build
 
-.PHONY: all test test-cuda check asan ubsan fuzz fmt fmt-check deps clean
+.PHONY: all test test-cuda check asan ubsan tsan fuzz fmt fmt-check deps clean
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d)

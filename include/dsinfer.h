@@ -85,4 +85,190 @@ void dsi_text_stream_flush(struct dsi_text_stream *s, const char **text, size_t 
 /* Print the config summary, layer table, tensor counts and bytes by dtype to f. */
 int dsi_inspect(const char *model_dir, void *file, struct dsi_err *err);
 
+/* ==== Serving: continuous batching, submit / poll (src/run/batch.c, issue #5) ==============
+ *
+ * An engine opened with dsi_batch_open runs an engine thread: every step it admits waiting
+ * requests, runs prefill chunks and the decode of every running request in one forward, samples,
+ * and preempts (recomputes later) when cache pages run out. With asynchronous scheduling (the
+ * default) a second thread detokenises, matches stop strings and builds results for step N
+ * while the engine thread runs step N + 1; outputs are identical with it on and off.
+ *
+ *     dsi_batch_open -> dsi_submit ... -> dsi_poll (events, results) -> dsi_batch_close
+ *
+ * dsi_submit, dsi_cancel, dsi_poll and dsi_batch_get_stats may be called from any thread
+ * (one dsi_poll caller at a time). The engine thread owns the forward: do not call
+ * dsi_engine_generate / dsi_engine_prompt_logits on an engine opened with dsi_batch_open.
+ * Requests never fail the batch: a bad request is refused by dsi_submit (status + message); a
+ * request that fails later ends with a result whose status is set. Seeded requests give the
+ * same tokens whatever else runs (keyed sampling); n > 1 completions use the seed with
+ * Philox stream 0, 1, ... (completion 0 equals the n = 1 output). */
+
+struct dsi_batch_opts {
+    bool sync;              /* true: asynchronous scheduling off (no overlap) */
+    int64_t kv_bytes;       /* cache page pool budget in bytes; 0: every slot at max_ctx */
+    int64_t kv_pages;       /* exact page count instead (tests); 0: from kv_bytes */
+    int max_batch_tokens;   /* token budget per step (rows); <= 0: the engine's max_rows */
+    int chunk_align;        /* prefill chunk ends aligned to this many positions; 0: 128 */
+    const char *tokenizer_dir; /* NULL: the model directory (no tokenizer.json: ids only) */
+};
+
+/* Open an engine (as dsi_engine_open) and start serving. Close with dsi_batch_close. */
+int dsi_batch_open(struct dsi_engine **out, const struct dsi_engine_opts *eo,
+                   const struct dsi_batch_opts *bo, struct dsi_err *err);
+/* Stop the threads, drop unfinished requests and undelivered events, close the engine. */
+void dsi_batch_close(struct dsi_engine *e);
+
+struct dsi_request {
+    /* the prompt: exactly one of */
+    const char *prompt;           /* UTF-8 text; prompt_len bytes (0: strlen) */
+    size_t prompt_len;
+    const int32_t *prompt_ids;    /* token ids */
+    int n_prompt_ids;
+    const char *messages_json;    /* chat: JSON array of OpenAI-style messages (src/tok/chat.h) */
+    /* sampling; dsi_request_init sets the defaults shown */
+    int max_tokens;               /* tokens per completion, >= 1 (16) */
+    float temperature;            /* 0: greedy; < 0: the model's generation_config (-1) */
+    float top_p;                  /* (0, 1]; < 0: generation_config (-1) */
+    int top_k;                    /* 0: off; < 0: generation_config (-1) */
+    float min_p;                  /* [0, 1] (0) */
+    float presence_penalty;       /* [-2, 2] (0) */
+    float frequency_penalty;      /* [-2, 2] (0) */
+    float repetition_penalty;     /* > 0; 1: off (1) */
+    const char *const *stop;      /* n_stop stop strings, matched on the output text */
+    int n_stop;
+    const int32_t *stop_token_ids;
+    int n_stop_token_ids;
+    bool ignore_eos;
+    bool has_seed;                /* false: a random seed, reported in the result */
+    uint64_t seed;
+    int n;                        /* completions of the prompt (1) */
+    bool logprobs;                /* logprob of every chosen token */
+    int top_logprobs;             /* 0..20 alternatives per token (implies logprobs) */
+    bool stream;                  /* DSI_EVENT_TOKENS events as tokens are produced */
+    uint64_t tag;                 /* opaque, copied to events and the result */
+};
+
+void dsi_request_init(struct dsi_request *r);
+
+/* Queue a request; *id identifies it in events and dsi_cancel. Nothing of req is kept (strings
+ * and arrays are copied). Refuses (DSI_ERR_INVALID, DSI_ERR_CONTEXT_FULL, DSI_ERR_UNSUPPORTED)
+ * a malformed request, a prompt longer than the context, text without a tokenizer. */
+int dsi_submit(struct dsi_engine *e, const struct dsi_request *req, uint64_t *id,
+               struct dsi_err *err);
+
+/* Ask to stop a request; its result comes with DSI_FINISH_CANCELLED on the completions that
+ * were not finished. Unknown or finished ids are ignored. */
+int dsi_cancel(struct dsi_engine *e, uint64_t id);
+
+enum dsi_finish {
+    DSI_FINISH_NONE = 0,
+    DSI_FINISH_STOP = 1,      /* EOS, a stop token id or a stop string */
+    DSI_FINISH_LENGTH = 2,    /* max_tokens or the context */
+    DSI_FINISH_CANCELLED = 3,
+    DSI_FINISH_ERROR = 4,     /* the request failed: see dsi_result.status */
+};
+const char *dsi_finish_str(int finish); /* "stop", "length", "cancelled", "error" */
+
+struct dsi_completion {
+    int index;
+    int finish;                 /* enum dsi_finish */
+    char *stop_str;             /* the stop string that matched, or NULL */
+    int32_t stop_token;         /* the EOS / stop token id that matched, or -1 */
+    int32_t *tokens;            /* [n_tokens] generated ids; a matched EOS / stop id included */
+    int n_tokens;
+    char *text;                 /* NUL-terminated output text: special tokens skipped, cut before
+                                   a matched stop string; NULL without a tokenizer */
+    size_t text_len;
+    float *logprobs;            /* [n_tokens] log-softmax of the model's logits, or NULL */
+    int32_t *top_ids;           /* [n_tokens, n_top], largest first, or NULL */
+    float *top_logprobs;        /* [n_tokens, n_top] */
+    int n_top;
+    double t_first, t_last;     /* seconds after submission: first and last token */
+    int n_preemptions;
+};
+
+/* Everything a result points to is owned by the result (dsi_result_free). */
+struct dsi_result {
+    uint64_t id, tag;
+    int status;                 /* 0, or the DSI_ERR_* that failed the request */
+    char error[512];            /* the message when status != 0 */
+    int n_prompt_tokens;
+    int n_completion_tokens;    /* over all completions */
+    uint64_t seed;              /* the seed used (the request's or the random one) */
+    int n;
+    struct dsi_completion *c;   /* [n] */
+    double t_queue;             /* seconds from submission to the first scheduled step */
+    double t_first_token;       /* seconds from submission to the first token (TTFT) */
+    double t_total;             /* seconds from submission to the end */
+};
+/* Free a result and everything it points to. NULL is a no-op. */
+void dsi_result_free(struct dsi_result *r);
+
+enum dsi_event_kind {
+    DSI_EVENT_TOKENS = 1, /* new tokens of one completion (requests with stream = true) */
+    DSI_EVENT_DONE = 2,   /* the request is finished: result attached */
+};
+
+struct dsi_event {
+    int kind;
+    uint64_t id, tag;
+    /* TOKENS (borrowed, valid until the next dsi_poll on this engine) */
+    int index;              /* completion */
+    const int32_t *tokens;
+    int n_tokens;
+    const char *text;       /* new text, valid UTF-8; text that may start a stop string is held
+                               back until decided */
+    size_t text_len;
+    /* DONE: owned by the caller from now on (dsi_result_free) */
+    struct dsi_result *result;
+};
+
+/* Wait up to timeout_ms (< 0: forever, 0: do not wait) for events; returns how many were
+ * written to ev[0..max_events), 0 on timeout or when nothing is in flight and nothing is
+ * queued (so a loop `while (in flight) dsi_poll(...)` cannot hang), negative on error. */
+int dsi_poll(struct dsi_engine *e, struct dsi_event *ev, int max_events, int timeout_ms);
+
+struct dsi_batch_stats {
+    int64_t steps, rows, prefill_rows, decode_rows, preemptions;
+    int64_t generated_tokens;   /* tokens sampled and kept */
+    int n_waiting, n_running;   /* sequences (completions) */
+    int n_inflight;             /* requests submitted and not yet delivered as DONE */
+    int64_t pages_free, pages_total, page_tokens;
+    int64_t kv_bytes;           /* backend memory of the cache pool (slots + pages) */
+    int64_t max_positions;      /* longest sequence (prompt + output) the pool holds */
+    int max_seqs;
+    bool has_tokenizer;
+};
+void dsi_batch_get_stats(struct dsi_engine *e, struct dsi_batch_stats *st);
+
+/* Tokenize text with the engine's tokenizer (special tokens parsed; thread-safe). *ids is
+ * malloc'd (caller frees). DSI_ERR_UNSUPPORTED without a tokenizer. */
+int dsi_batch_tokenize(struct dsi_engine *e, const char *text, size_t len, int32_t **ids,
+                       int *n, struct dsi_err *err);
+
+/* ---- JSONL requests and results (src/run/jsonl.c; `dsinfer run`, usable by a server) ----
+ * A request is one JSON object with OpenAI / vLLM names: the prompt as "prompt" (a string or
+ * a list of token ids), "prompt_token_ids" or "messages" (chat); "max_tokens" (or
+ * "max_completion_tokens"), "temperature", "top_p", "top_k" (-1 or 0: off), "min_p", "stop"
+ * (a string or a list), "stop_token_ids", "seed", "n", "logprobs" (true, or an int N = the
+ * number of alternatives), "top_logprobs", "presence_penalty", "frequency_penalty",
+ * "repetition_penalty", "ignore_eos". "id" and "custom_id" are echoed in the output line;
+ * "model" is accepted and ignored. Anything else is an error naming the field. */
+struct dsi_jsonl_req;
+
+/* Parse one line. *out is set whenever the line was a JSON object, even when a field is bad
+ * (so an error line can echo the ids); free it with dsi_jsonl_req_free. */
+int dsi_jsonl_parse(struct dsi_jsonl_req **out, const char *line, size_t len,
+                    struct dsi_err *err);
+void dsi_jsonl_req_free(struct dsi_jsonl_req *r);
+/* The parsed request (points into r: valid until dsi_jsonl_req_free). */
+const struct dsi_request *dsi_jsonl_request(const struct dsi_jsonl_req *r);
+
+/* The output line (no newline) for a finished request read from line `line_no` (1-based):
+ * ids echoed, "choices" (text, token_ids, finish_reason, stop_reason, logprobs), "usage",
+ * "timings", "seed"; or an "error" object when res->status != 0. malloc'd (caller frees). */
+char *dsi_jsonl_result(const struct dsi_jsonl_req *r, long line_no, const struct dsi_result *res);
+/* An error line: {"line", ids, "error": {"code", "message"}}; r may be NULL. */
+char *dsi_jsonl_error(const struct dsi_jsonl_req *r, long line_no, int status, const char *msg);
+
 #endif

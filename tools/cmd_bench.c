@@ -15,6 +15,8 @@ static int count_token(int32_t t, void *user) {
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer bench [model] [-m DIR] [--threads N] [--backend cpu|cuda] [--prompt N] [--decode N]\n"
                "       dsinfer bench tokenize [options]\n"
+               "       dsinfer bench sweep [options]   serving throughput vs latency over concurrency "
+               "(CSV + SVG)\n"
                "       dsinfer bench layer [options]   (CUDA: decode step time vs the roofline)\n"
                "model: prefill tokens/s of a random prompt of N tokens and greedy decode "
                "tokens/s.\n");
@@ -23,6 +25,7 @@ static void usage(FILE *f) {
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return dsi_bench_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "layer")) return cmd_bench_layer(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "sweep")) return cmd_bench_sweep(argc - 1, argv + 1);
     const char *backend = "cpu";
     const char *dir = DSI_DEFAULT_MODEL;
     long long threads = 0, n_prompt = 128, n_decode = 32;

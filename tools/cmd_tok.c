@@ -197,8 +197,10 @@ int cmd_detokenize(int argc, char **argv) {
     size_t n;
     int prc = parse_ids(text, &ids, &n, &bad);
     if (prc) {
-        if (prc == -2) fprintf(stderr, "dsinfer detokenize: '%.40s' is not a token id\n", bad);
-        else fprintf(stderr, "dsinfer detokenize: out of memory\n");
+        if (prc == -2)
+            fprintf(stderr, "dsinfer detokenize: '%.40s' is not a token id\n", bad);
+        else
+            fprintf(stderr, "dsinfer detokenize: out of memory\n");
         free(text);
         return 1;
     }
@@ -259,11 +261,8 @@ static int run_capture(const char *cmd, char **out, size_t *len) {
 
 static int file_exists(const char *p) { return access(p, R_OK) == 0; }
 
-static double bench_encode(const struct dsi_bpe *bpe,
-                           const char *text,
-                           size_t len,
-                           int repeat,
-                           size_t *ntok) {
+static double
+bench_encode(const struct dsi_bpe *bpe, const char *text, size_t len, int repeat, size_t *ntok) {
     double best = 1e30;
     for (int r = 0; r < repeat; r++) {
         int32_t *ids;
@@ -302,8 +301,7 @@ int dsi_bench_tokenize(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--no-hf")) {
             hf = 0;
         } else {
-            fprintf(stderr, "dsinfer bench tokenize: unknown option '%s'\n%s", argv[i],
-                    BENCH_HELP);
+            fprintf(stderr, "dsinfer bench tokenize: unknown option '%s'\n%s", argv[i], BENCH_HELP);
             return 2;
         }
     }
@@ -314,40 +312,53 @@ int dsi_bench_tokenize(int argc, char **argv) {
         for (size_t i = 0; i < 3 && !brown; i++)
             if (file_exists(cands[i])) brown = cands[i];
     }
-    struct dsi_err err = {0};
-    struct dsi_bpe *bpe;
-    double t0 = dsi_time_s();
-    if (dsi_bpe_open(&bpe, dir, &err)) {
-        fprintf(stderr, "dsinfer bench tokenize: %s\n", err.msg);
-        return 1;
-    }
-    double load_s = dsi_time_s() - t0;
     char tmpl[] = "/tmp/dsinfer-tokbench-XXXXXX";
     if (!mkdtemp(tmpl)) {
         fprintf(stderr, "dsinfer bench tokenize: cannot make a temporary directory\n");
-        dsi_bpe_free(bpe);
         return 1;
     }
+    char cmd[8192], tdir[4096];
+    snprintf(tdir, sizeof(tdir), "%s", dir);
+    snprintf(cmd, sizeof(cmd), "%s/tokenizer.json", dir);
+    if (!file_exists(cmd)) { /* the committed test tokenizer is gzipped */
+        snprintf(cmd, sizeof(cmd),
+                 "gzip -dc '%.2000s/tokenizer.json.gz' > '%s/tokenizer.json' && "
+                 "cp '%.2000s/tokenizer_config.json' '%s/' 2>/dev/null; true",
+                 dir, tmpl, dir, tmpl);
+        if (system(cmd) == 0) snprintf(tdir, sizeof(tdir), "%s", tmpl);
+    }
+    struct dsi_err err = {0};
+    struct dsi_bpe *bpe;
+    double t0 = dsi_time_s();
+    if (dsi_bpe_open(&bpe, tdir, &err)) {
+        fprintf(stderr, "dsinfer bench tokenize: %s\n", err.msg);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpl);
+        if (system(cmd) != 0)
+            fprintf(stderr, "dsinfer bench tokenize: could not remove %s\n", tmpl);
+        return 1;
+    }
+    double load_s = dsi_time_s() - t0;
     struct {
         const char *name;
         char *text;
         size_t len;
     } corp[2] = {{"brown", NULL, 0}, {"code", NULL, 0}};
-    char cmd[8192];
     if (brown) {
         snprintf(cmd, sizeof(cmd), "tar -xzOf '%s' --exclude='*.json' 2>/dev/null", brown);
         if (run_capture(cmd, &corp[0].text, &corp[0].len)) corp[0].text = NULL;
     }
     size_t k = (size_t)snprintf(cmd, sizeof(cmd), "find");
     if (ncode == 0) {
-        k += (size_t)snprintf(cmd + k, sizeof(cmd) - k, " src tests tools ref "
+        k += (size_t)snprintf(cmd + k, sizeof(cmd) - k,
+                              " src tests tools ref "
                               "$(python3 -c 'import sysconfig;print(sysconfig.get_paths()"
                               "[\"stdlib\"])' 2>/dev/null)");
     }
     for (int i = 0; i < ncode && k < sizeof(cmd); i++)
         k += (size_t)snprintf(cmd + k, sizeof(cmd) - k, " '%s'", code[i]);
     if (k < sizeof(cmd))
-        snprintf(cmd + k, sizeof(cmd) - k, " -maxdepth 2 -type f \\( -name '*.c' -o -name '*.h' "
+        snprintf(cmd + k, sizeof(cmd) - k,
+                 " -maxdepth 2 -type f \\( -name '*.c' -o -name '*.h' "
                  "-o -name '*.py' -o -name '*.sh' -o -name '*.cu' \\) 2>/dev/null | LC_ALL=C sort "
                  "| head -400 | xargs cat 2>/dev/null");
     if (run_capture(cmd, &corp[1].text, &corp[1].len)) corp[1].text = NULL;
@@ -378,8 +389,10 @@ int dsi_bench_tokenize(int argc, char **argv) {
             if (f) {
                 fwrite(corp[c].text, 1, corp[c].len, f);
                 fclose(f);
-                snprintf(cmd, sizeof(cmd), "python3 ref/tok_bench.py --tokenizer '%s' --repeat %d "
-                         "'%s' 2>/dev/null", dir, repeat, path);
+                snprintf(cmd, sizeof(cmd),
+                         "python3 ref/tok_bench.py --tokenizer '%s' --repeat %d "
+                         "'%s' 2>/dev/null",
+                         tdir, repeat, path);
                 char *o;
                 size_t ol;
                 if (!run_capture(cmd, &o, &ol)) {

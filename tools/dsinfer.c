@@ -12,6 +12,7 @@ struct command {
 
 static const struct command g_cmds[] = {
     {"generate", cmd_generate, "generate a continuation of a prompt"},
+    {"run", cmd_run, "offline batch: JSONL requests in, JSONL results out (progress on stderr)"},
     {"logits", cmd_logits, "write the logits of every prompt position to a file"},
     {"inspect", cmd_inspect, "print and validate a checkpoint's config and tensors"},
     {"bench", cmd_bench, "benchmarks (prefill/decode tokens/s, tokenizer)"},

@@ -56,6 +56,10 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
 
 void dsi_engine_close(struct dsi_engine *e) {
     if (!e) return;
+    if (e->serve) { /* a serving engine: stop its threads first (dsi_batch_close frees all) */
+        dsi_batch_close(e);
+        return;
+    }
     dsi_fwd_free(e->fwd);
     dsi_kv_free(e->kv);
     dsi_backend_free(e->be);

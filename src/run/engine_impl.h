@@ -19,6 +19,8 @@ struct dsi_engine {
     int max_rows;
     int64_t max_ctx;
     enum dsi_numerics numerics;
+    /* serving state (src/run/batch.c): set by dsi_batch_open, freed by dsi_batch_close */
+    struct dsi_serve *serve;
 };
 
 #endif

@@ -36,8 +36,8 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
     const struct dsi_attn_args *a = j->a;
     int64_t hd = a->head_dim;
     char *scr = cpu_scratch(j->be, tid, j->max_keys * (int64_t)(sizeof(float) + sizeof(float *)));
-    float *s = (float *)scr;
-    const float **keys = (const float **)(scr + j->max_keys * (int64_t)sizeof(float));
+    const float **keys = (const float **)scr; /* pointers first: aligned */
+    float *s = (float *)(scr + j->max_keys * (int64_t)sizeof(float *));
     int last_r = -1, nk = 0;
     for (int64_t t = t0; t < t1; t++) {
         int r = (int)(t / a->n_heads);

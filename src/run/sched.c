@@ -1,0 +1,443 @@
+/* sched.c - continuous batching, chunked prefill, preemption and sampling; see sched.h.
+ *
+ * Lists: `waiting` and `running` are doubly linked and sorted by arrival order (oldest at the
+ * head). Invariant: running.tail is older than waiting.head, so "the youngest running" is
+ * always running.tail, admission appends to running.tail and preemption moves running.tail
+ * to waiting.head. */
+#include "sched.h"
+
+#include <string.h>
+
+struct list {
+    struct dsi_sseq *head, *tail;
+    int n;
+};
+
+struct dsi_sched {
+    struct dsi_kv *kv;
+    struct dsi_sched_opts o;
+    struct list waiting, running;
+    int max_logit_rows;
+    /* the step's batch */
+    int32_t *tokens, *pos, *slot; /* [max_rows] */
+    uint8_t *want;                /* [max_rows] */
+    struct dsi_batch batch;
+    float *logits;              /* [max_logit_rows, n_vocab] */
+    struct dsi_sseq **sample_q; /* [max_logit_rows] */
+    struct dsi_sched_tok *toks; /* [max_logit_rows] */
+    struct dsi_sampler *sampler;
+    struct dsi_sched_stats st;
+};
+
+/* ---- lists ---------------------------------------------------------------------------- */
+
+static void list_unlink(struct list *l, struct dsi_sseq *q) {
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->n--;
+}
+
+/* Insert keeping the list sorted by order; scans from the end given by `from_tail`. */
+static void list_insert(struct list *l, struct dsi_sseq *q, bool from_tail) {
+    struct dsi_sseq *after = NULL; /* insert after this one (NULL: at the head) */
+    if (from_tail) {
+        after = l->tail;
+        while (after && after->order > q->order)
+            after = after->prev;
+    } else {
+        for (struct dsi_sseq *p = l->head; p && p->order < q->order; p = p->next)
+            after = p;
+    }
+    q->prev = after;
+    q->next = after ? after->next : l->head;
+    if (q->next)
+        q->next->prev = q;
+    else
+        l->tail = q;
+    if (after)
+        after->next = q;
+    else
+        l->head = q;
+    l->n++;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static int64_t seq_len(const struct dsi_sseq *q) { return (int64_t)q->n_prompt + q->n_gen; }
+
+static int32_t tok_at(const struct dsi_sseq *q, int64_t i) {
+    return i < q->n_prompt ? q->prompt[i] : q->gen[i - q->n_prompt];
+}
+
+int64_t dsi_sched_max_positions(const struct dsi_sched *s) {
+    return DSI_MIN(s->kv->max_ctx, s->kv->n_pages * (int64_t)s->kv->page_tokens);
+}
+
+/* Rows to ask for: what is left, within the budget, the chunk end aligned unless last. */
+static int chunk_rows(const struct dsi_sched *s, const struct dsi_sseq *q, int budget) {
+    int64_t rem = seq_len(q) - q->n_past;
+    int64_t want = DSI_MIN(rem, (int64_t)budget);
+    int a = s->o.chunk_align;
+    if (want < rem && a > 1) {
+        int64_t end = q->n_past + want, al = end - end % a;
+        if (al > q->n_past) want = al - q->n_past;
+    }
+    return (int)want;
+}
+
+static void unplan(struct dsi_sseq *q, int *budget) {
+    *budget += q->plan_rows;
+    q->plan_rows = 0;
+}
+
+static void release_slot(struct dsi_sched *s, struct dsi_sseq *q) {
+    if (q->slot >= 0) dsi_kv_seq_free(s->kv, q->slot);
+    q->slot = -1;
+    q->n_past = 0;
+    q->plan_rows = 0;
+}
+
+static void preempt(struct dsi_sched *s, struct dsi_sseq *q, int *budget) {
+    DSI_ASSERT(q->state == DSI_SSEQ_RUNNING);
+    unplan(q, budget);
+    release_slot(s, q);
+    list_unlink(&s->running, q);
+    q->state = DSI_SSEQ_WAITING;
+    q->n_preempt++;
+    s->st.preemptions++;
+    list_insert(&s->waiting, q, false);
+}
+
+/* Pages for q's next *rows rows. Shrinks a chunk to the pages that can be had; when not even
+ * one row fits, preempts the youngest running sequence and retries. Returns false when q itself
+ * was the youngest and got preempted. */
+static bool
+reserve_rows(struct dsi_sched *s, struct dsi_sseq *q, int *rows, int *budget, bool *preempted) {
+    struct dsi_kv *kv = s->kv;
+    for (;;) {
+        if (!dsi_kv_reserve(kv, q->slot, q->n_past + *rows, NULL)) return true;
+        int64_t cap = ((int64_t)kv->seqs[q->slot].n_pages + kv->n_free) * kv->page_tokens;
+        if (cap > q->n_past) { /* a shorter chunk fits (ends on a page boundary) */
+            *rows = (int)DSI_MIN((int64_t)*rows, cap - q->n_past);
+            DSI_ASSERT(!dsi_kv_reserve(kv, q->slot, q->n_past + *rows, NULL));
+            return true;
+        }
+        struct dsi_sseq *victim = s->running.tail;
+        *preempted = true;
+        preempt(s, victim, budget);
+        if (victim == q) return false;
+    }
+}
+
+/* ---- schedule ------------------------------------------------------------------------------- */
+
+static void plan(struct dsi_sched *s) {
+    int budget = s->o.max_rows;
+    bool preempted = false;
+    /* pass 0: decodes (one row left), pass 1: prefill chunks; oldest first */
+    for (int pass = 0; pass < 2 && budget > 0; pass++) {
+        struct dsi_sseq *q = s->running.head;
+        while (q && budget > 0) {
+            int64_t rem = seq_len(q) - q->n_past;
+            if (q->plan_rows || (pass == 0) != (rem == 1)) {
+                q = q->next;
+                continue;
+            }
+            int rows = chunk_rows(s, q, budget);
+            if (!reserve_rows(s, q, &rows, &budget, &preempted)) break; /* q was the youngest */
+            q->plan_rows = rows;
+            budget -= rows;
+            q = q->next;
+        }
+    }
+    /* admissions: not in a step that had to preempt (it would only thrash) */
+    struct dsi_kv *kv = s->kv;
+    while (!preempted && budget > 0 && s->waiting.head) {
+        struct dsi_sseq *q = s->waiting.head;
+        int rows = chunk_rows(s, q, budget);
+        int64_t cap = kv->n_free * kv->page_tokens;
+        if (cap < rows) rows = (int)cap;
+        if (rows <= 0) break; /* head of line: younger ones wait behind it */
+        int slot;
+        if (dsi_kv_seq_new(kv, &slot, NULL)) break;
+        q->slot = slot;
+        q->n_past = 0;
+        DSI_ASSERT(!dsi_kv_reserve(kv, slot, rows, NULL));
+        list_unlink(&s->waiting, q);
+        q->state = DSI_SSEQ_RUNNING;
+        if (q->t_admit == 0.0) q->t_admit = dsi_time_s();
+        list_insert(&s->running, q, true);
+        q->plan_rows = rows;
+        budget -= rows;
+    }
+}
+
+/* The flat batch of the planned chunks, in running-list order. Returns the row count. */
+static int build_batch(struct dsi_sched *s, int *n_sample) {
+    int n = 0, ns = 0;
+    for (struct dsi_sseq *q = s->running.head; q; q = q->next) {
+        if (!q->plan_rows) continue;
+        q->plan_row0 = n;
+        for (int k = 0; k < q->plan_rows; k++, n++) {
+            int64_t p = q->n_past + k;
+            s->tokens[n] = tok_at(q, p);
+            s->pos[n] = (int32_t)p;
+            s->slot[n] = q->slot;
+            s->want[n] = 0;
+        }
+        if (q->n_past + q->plan_rows == seq_len(q)) {
+            s->want[n - 1] = 1;
+            s->sample_q[ns++] = q;
+        }
+        if (q->plan_rows == 1 && q->n_past + 1 == seq_len(q))
+            s->st.decode_rows++;
+        else
+            s->st.prefill_rows += q->plan_rows;
+    }
+    *n_sample = ns;
+    return n;
+}
+
+/* ---- sample and stop --------------------------------------------------------------------------
+ */
+
+static void finish(struct dsi_sched *s, struct dsi_sseq *q, int reason) {
+    release_slot(s, q);
+    list_unlink(&s->running, q);
+    q->state = DSI_SSEQ_DONE;
+    q->finish = reason;
+}
+
+static int token_stop(const struct dsi_sched *s, const struct dsi_sseq *q, int32_t t) {
+    if (t == s->o.eos && s->o.eos >= 0 && !q->ignore_eos) return DSI_SSEQ_FIN_EOS;
+    for (int i = 0; i < q->n_stop_ids; i++)
+        if (q->stop_ids[i] == t) return DSI_SSEQ_FIN_STOP_ID;
+    if (q->n_gen >= q->max_new) return DSI_SSEQ_FIN_LENGTH;
+    if (seq_len(q) >= dsi_sched_max_positions(s)) return DSI_SSEQ_FIN_CONTEXT;
+    return DSI_SSEQ_FIN_NONE;
+}
+
+static void sample_one(struct dsi_sched *s,
+                       struct dsi_sseq *q,
+                       const float *logits,
+                       struct dsi_sched_tok *out) {
+    int idx = q->n_gen;
+    struct dsi_sample_hist h = {q->prompt, q->n_prompt, q->gen, q->n_gen};
+    struct dsi_sample_lp lp = {0}, *plp = NULL;
+    if (q->lp) {
+        lp.n_top = q->n_top;
+        lp.top_id = q->top_id ? q->top_id + (int64_t)idx * q->n_top : NULL;
+        lp.top_lp = q->top_lp ? q->top_lp + (int64_t)idx * q->n_top : NULL;
+        if (!lp.top_id || !lp.top_lp) lp.n_top = 0;
+        plp = &lp;
+    }
+    int32_t t = dsi_sampler_sample(s->sampler, logits, &q->sp, &h, seq_len(q), plp);
+    if (plp) q->lp[idx] = lp.chosen;
+    q->gen[q->n_gen++] = t;
+    *out = (struct dsi_sched_tok){q, t, idx, token_stop(s, q, t)};
+    if (out->finish) finish(s, q, out->finish);
+}
+
+/* ---- public ------------------------------------------------------------------------------- */
+
+int dsi_sched_new(struct dsi_sched **out,
+                  struct dsi_kv *kv,
+                  const struct dsi_sched_opts *o,
+                  struct dsi_err *err) {
+    *out = NULL;
+    if (o->max_rows < 1 || o->n_vocab < 1 || !o->fwd)
+        return dsi_errf(err, DSI_ERR_INVALID, "sched: max_rows, n_vocab and fwd are required");
+    struct dsi_sched *s = dsi_calloc(1, sizeof(*s));
+    if (!s) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    s->kv = kv;
+    s->o = *o;
+    s->max_logit_rows = DSI_MIN(o->max_rows, kv->max_seqs);
+    size_t R = (size_t)o->max_rows, L = (size_t)s->max_logit_rows;
+    s->tokens = dsi_malloc(R * sizeof(int32_t));
+    s->pos = dsi_malloc(R * sizeof(int32_t));
+    s->slot = dsi_malloc(R * sizeof(int32_t));
+    s->want = dsi_malloc(R);
+    s->logits = dsi_malloc(L * (size_t)o->n_vocab * sizeof(float));
+    s->sample_q = dsi_malloc(L * sizeof(*s->sample_q));
+    s->toks = dsi_malloc(L * sizeof(*s->toks));
+    s->sampler = dsi_sampler_new(o->n_vocab);
+    if (!s->tokens || !s->pos || !s->slot || !s->want || !s->logits || !s->sample_q || !s->toks ||
+        !s->sampler) {
+        dsi_sched_free(s);
+        return dsi_errf(err, DSI_ERR_NOMEM, "sched: out of memory for %d rows", o->max_rows);
+    }
+    *out = s;
+    return DSI_OK;
+}
+
+void dsi_sched_free(struct dsi_sched *s) {
+    if (!s) return;
+    while (s->running.head) {
+        struct dsi_sseq *q = s->running.head;
+        release_slot(s, q);
+        list_unlink(&s->running, q);
+        q->state = DSI_SSEQ_DONE;
+    }
+    while (s->waiting.head) {
+        struct dsi_sseq *q = s->waiting.head;
+        list_unlink(&s->waiting, q);
+        q->state = DSI_SSEQ_DONE;
+    }
+    free(s->tokens);
+    free(s->pos);
+    free(s->slot);
+    free(s->want);
+    free(s->logits);
+    free(s->sample_q);
+    free(s->toks);
+    dsi_sampler_free(s->sampler);
+    free(s);
+}
+
+int dsi_sched_add(struct dsi_sched *s, struct dsi_sseq *q, struct dsi_err *err) {
+    int64_t maxp = dsi_sched_max_positions(s);
+    if (q->n_prompt < 1) return dsi_errf(err, DSI_ERR_INVALID, "empty prompt");
+    if (q->n_prompt > maxp)
+        return dsi_errf(err, DSI_ERR_CONTEXT_FULL,
+                        "prompt of %d tokens is longer than the context (%lld positions)",
+                        q->n_prompt, (long long)maxp);
+    if (q->max_new < 1 || !q->gen)
+        return dsi_errf(err, DSI_ERR_INVALID, "max_new %d: want >= 1 and a token buffer",
+                        q->max_new);
+    for (int i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= s->o.n_vocab)
+            return dsi_errf(err, DSI_ERR_INVALID,
+                            "prompt token id %d at position %d is out of range 0..%d", q->prompt[i],
+                            i, s->o.n_vocab - 1);
+    q->state = DSI_SSEQ_WAITING;
+    q->finish = DSI_SSEQ_FIN_NONE;
+    q->n_gen = 0;
+    q->slot = -1;
+    q->n_past = 0;
+    q->n_preempt = 0;
+    q->t_admit = 0.0;
+    q->plan_rows = 0;
+    q->prev = q->next = NULL;
+    list_insert(&s->waiting, q, true);
+    return DSI_OK;
+}
+
+void dsi_sched_remove(struct dsi_sched *s, struct dsi_sseq *q) {
+    if (q->state == DSI_SSEQ_RUNNING) {
+        release_slot(s, q);
+        list_unlink(&s->running, q);
+    } else if (q->state == DSI_SSEQ_WAITING) {
+        list_unlink(&s->waiting, q);
+    }
+    q->state = DSI_SSEQ_DONE;
+}
+
+int dsi_sched_step(struct dsi_sched *s,
+                   const struct dsi_sched_tok **toks,
+                   int *n_toks,
+                   struct dsi_err *err) {
+    *toks = s->toks;
+    *n_toks = 0;
+    plan(s);
+    int ns = 0, n = build_batch(s, &ns);
+    s->batch = (struct dsi_batch){n, s->tokens, s->pos, s->slot, s->want};
+    if (!n) return DSI_OK;
+    s->st.steps++;
+    s->st.rows += n;
+    int rc = s->o.fwd(s->o.fwd_user, &s->batch, s->logits, err);
+    if (rc) return rc;
+    for (struct dsi_sseq *q = s->running.head; q; q = q->next) {
+        q->n_past += q->plan_rows;
+        q->plan_rows = 0;
+    }
+    /* sample in row order; finished sequences leave the running list as they go */
+    for (int i = 0; i < ns; i++)
+        sample_one(s, s->sample_q[i], s->logits + (int64_t)i * s->o.n_vocab, &s->toks[i]);
+    *n_toks = ns;
+    return DSI_OK;
+}
+
+const struct dsi_batch *dsi_sched_last_batch(const struct dsi_sched *s) { return &s->batch; }
+
+bool dsi_sched_idle(const struct dsi_sched *s) { return !s->waiting.head && !s->running.head; }
+
+void dsi_sched_get_stats(const struct dsi_sched *s, struct dsi_sched_stats *st) {
+    *st = s->st;
+    st->n_waiting = s->waiting.n;
+    st->n_running = s->running.n;
+}
+
+static int check_list(const struct list *l, int state, struct dsi_err *err) {
+    int n = 0;
+    for (struct dsi_sseq *q = l->head; q; q = q->next, n++) {
+        if (q->state != state)
+            return dsi_errf(err, DSI_ERR_INVALID, "sched: state %d in list %d", q->state, state);
+        if (q->next && q->next->order <= q->order)
+            return dsi_errf(err, DSI_ERR_INVALID, "sched: list %d not sorted", state);
+        if ((q->next ? q->next->prev : l->tail) != q)
+            return dsi_errf(err, DSI_ERR_INVALID, "sched: list %d links broken", state);
+    }
+    if (n != l->n)
+        return dsi_errf(err, DSI_ERR_INVALID, "sched: list %d count %d != %d", state, n, l->n);
+    return DSI_OK;
+}
+
+int dsi_sched_check(const struct dsi_sched *s, struct dsi_err *err) {
+    const struct dsi_kv *kv = s->kv;
+    int rc = check_list(&s->running, DSI_SSEQ_RUNNING, err);
+    if (!rc) rc = check_list(&s->waiting, DSI_SSEQ_WAITING, err);
+    if (rc) return rc;
+    if (s->running.tail && s->waiting.head && s->running.tail->order > s->waiting.head->order)
+        return dsi_errf(err, DSI_ERR_INVALID,
+                        "sched: a waiting sequence is older than a running one");
+    int used = 0;
+    int64_t pages = 0;
+    for (int i = 0; i < kv->max_seqs; i++)
+        if (kv->seqs[i].used) {
+            used++;
+            pages += kv->seqs[i].n_pages;
+        }
+    if (used != s->running.n)
+        return dsi_errf(err, DSI_ERR_INVALID, "sched: %d slots used, %d running", used,
+                        s->running.n);
+    if (pages + kv->n_free != kv->n_pages)
+        return dsi_errf(err, DSI_ERR_INVALID, "sched: %lld pages assigned + %lld free != %lld",
+                        (long long)pages, (long long)kv->n_free, (long long)kv->n_pages);
+    for (const struct dsi_sseq *q = s->running.head; q; q = q->next) {
+        if (q->slot < 0 || !kv->seqs[q->slot].used)
+            return dsi_errf(err, DSI_ERR_INVALID, "sched: running sequence without a slot");
+        for (const struct dsi_sseq *r = q->next; r; r = r->next)
+            if (r->slot == q->slot) return dsi_errf(err, DSI_ERR_INVALID, "sched: slot shared");
+        if (q->n_past > seq_len(q) ||
+            q->n_past > (int64_t)kv->seqs[q->slot].n_pages * kv->page_tokens)
+            return dsi_errf(err, DSI_ERR_INVALID, "sched: n_past %lld beyond tokens or pages",
+                            (long long)q->n_past);
+    }
+    for (const struct dsi_sseq *q = s->waiting.head; q; q = q->next)
+        if (q->slot >= 0 || q->n_past)
+            return dsi_errf(err, DSI_ERR_INVALID, "sched: waiting sequence holds a slot");
+    /* every page id once among the free list and the page tables */
+    uint8_t *seen = dsi_calloc((size_t)kv->n_pages, 1);
+    if (!seen) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+    rc = DSI_OK;
+    for (int64_t i = 0; i < kv->n_free && !rc; i++) {
+        int32_t p = kv->free_pages[i];
+        if (p < 0 || p >= kv->n_pages || seen[p]++)
+            rc = dsi_errf(err, DSI_ERR_INVALID, "sched: page %d twice", p);
+    }
+    for (int i = 0; i < kv->max_seqs && !rc; i++)
+        for (int k = 0; kv->seqs[i].used && k < kv->seqs[i].n_pages && !rc; k++) {
+            int32_t p = kv->pt_host[(int64_t)i * kv->max_pages + k];
+            if (p < 0 || p >= kv->n_pages || seen[p]++)
+                rc = dsi_errf(err, DSI_ERR_INVALID, "sched: page %d twice", p);
+        }
+    free(seen);
+    return rc;
+}

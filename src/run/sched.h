@@ -1,0 +1,149 @@
+/* sched.h - the serving core's step machine: continuous batching with chunked prefill under a
+ * per-step token budget, decode of every running sequence, preemption by recompute when cache
+ * pages run out, and sampling with token-level stops (design 8, spec/techniques.md 7.1).
+ *
+ * One step (dsi_sched_step) = schedule -> forward -> sample:
+ *  - schedule: running sequences first, oldest first, decodes (one row) before prefill
+ *    chunks; then waiting sequences in arrival order while a cache slot, the token budget and
+ *    pages allow (head of line: a waiting sequence that does not fit blocks younger ones).
+ *    A sequence's rows [n_past, n_past + k) are one contiguous chunk; chunk ends are aligned
+ *    to `chunk_align` positions except the last. When a running sequence cannot get its pages,
+ *    a prefill chunk first shrinks to what fits; otherwise the youngest running sequence is
+ *    preempted (slot and pages freed, back to the waiting list in arrival order; recomputed
+ *    later from its prompt and the tokens it already generated). The oldest running sequence
+ *    is never preempted for a younger one, so the oldest always progresses: no livelock.
+ *    Invariant: every running sequence is older than every waiting one.
+ *  - forward: a flat struct dsi_batch through the forward callback (the real forward, or a
+ *    fake one in tests); logits only for rows that complete a sequence's known tokens.
+ *  - sample: one token per such sequence (sample.h), logprobs if asked, then the token-level
+ *    stops: EOS (unless ignore_eos), stop token ids, max_new, the context. A sequence that
+ *    stops is removed at once (slot and pages freed) and reported with its finish reason.
+ * Text-level stops (stop strings) and cancellation are decided by the owner, which removes the
+ * sequence with dsi_sched_remove.
+ *
+ * Threads: a struct dsi_sched belongs to one thread (the engine thread). It allocates nothing
+ * after dsi_sched_new: the step is malloc-free.
+ *
+ * Ownership: the owner allocates every struct dsi_sseq and its buffers and keeps them alive
+ * while the sequence is in the scheduler (from dsi_sched_add until it is reported finished
+ * or removed). The scheduler borrows the cache pool, which must outlive it. */
+#ifndef DSI_SCHED_H
+#define DSI_SCHED_H
+
+#include "cache/kv.h"
+#include "model/forward.h"
+#include "run/sample.h"
+
+enum dsi_sseq_state { DSI_SSEQ_NEW = 0, DSI_SSEQ_WAITING, DSI_SSEQ_RUNNING, DSI_SSEQ_DONE };
+
+/* Token-level finish reasons (0 = still running). */
+enum dsi_sseq_finish {
+    DSI_SSEQ_FIN_NONE = 0,
+    DSI_SSEQ_FIN_EOS,     /* the EOS token (kept as the last generated token) */
+    DSI_SSEQ_FIN_STOP_ID, /* a stop token id (kept as the last generated token) */
+    DSI_SSEQ_FIN_LENGTH,  /* max_new tokens generated */
+    DSI_SSEQ_FIN_CONTEXT, /* the sequence filled the context */
+};
+
+/* One sequence (one completion of a request). */
+struct dsi_sseq {
+    /* ---- set by the owner before dsi_sched_add, then read-only ---- */
+    uint64_t order;        /* arrival order: lower = older = higher priority; unique */
+    const int32_t *prompt; /* [n_prompt] (borrowed) */
+    int n_prompt;
+    int32_t *gen; /* [max_new] generated tokens (owner-allocated; sched writes) */
+    int max_new;  /* >= 1 */
+    struct dsi_sample_params sp;
+    bool ignore_eos;
+    const int32_t *stop_ids; /* [n_stop_ids] (borrowed) */
+    int n_stop_ids;
+    /* logprobs (optional): lp[max_new]; top_id/top_lp[max_new * n_top] */
+    float *lp;
+    int n_top;
+    int32_t *top_id;
+    float *top_lp;
+    void *user;
+    /* ---- scheduler state (read-only for the owner) ---- */
+    int state;                    /* enum dsi_sseq_state */
+    int finish;                   /* enum dsi_sseq_finish once DONE by a token-level stop */
+    int n_gen;                    /* tokens in gen */
+    int slot;                     /* cache slot while running, else -1 */
+    int64_t n_past;               /* positions in the cache */
+    int n_preempt;                /* times preempted */
+    double t_admit;               /* dsi_time_s() when first admitted (0: never) */
+    struct dsi_sseq *prev, *next; /* the waiting or running list */
+    /* this step's plan */
+    int plan_rows; /* rows this step (0: not scheduled) */
+    int plan_row0; /* first row in the batch */
+};
+
+/* The forward the scheduler drives: run the batch, write logits of the rows that want them
+ * ([rows wanting logits, n_vocab], row order). The real one wraps dsi_forward. */
+typedef int (*dsi_sched_fwd_fn)(void *user,
+                                const struct dsi_batch *b,
+                                float *logits,
+                                struct dsi_err *err);
+
+struct dsi_sched_opts {
+    int max_rows;    /* token budget per step (rows); <= the forward's and the cache's max_rows */
+    int chunk_align; /* prefill chunk ends aligned to this many positions (<= 1: none) */
+    int n_vocab;
+    int32_t eos; /* -1: none */
+    dsi_sched_fwd_fn fwd;
+    void *fwd_user;
+};
+
+/* One sampled token of a step. */
+struct dsi_sched_tok {
+    struct dsi_sseq *q;
+    int32_t token;
+    int index;  /* index of the token in q->gen */
+    int finish; /* enum dsi_sseq_finish: non-zero when this token ended the sequence */
+};
+
+struct dsi_sched_stats {
+    int64_t steps, rows, prefill_rows, decode_rows, preemptions;
+    int n_waiting, n_running;
+};
+
+struct dsi_sched;
+
+/* Borrows kv (must outlive the scheduler). */
+int dsi_sched_new(struct dsi_sched **out,
+                  struct dsi_kv *kv,
+                  const struct dsi_sched_opts *o,
+                  struct dsi_err *err);
+/* Frees the scheduler; sequences still inside lose their slots (nothing else is freed). */
+void dsi_sched_free(struct dsi_sched *s);
+
+/* Enqueue a sequence (state NEW -> WAITING). DSI_ERR_INVALID if it can never fit: empty
+ * prompt, prompt beyond the context or the whole pool, max_new < 1. */
+int dsi_sched_add(struct dsi_sched *s, struct dsi_sseq *q, struct dsi_err *err);
+
+/* Take a sequence out (cancel, stop string): frees its slot and pages; state -> DONE.
+ * A no-op for a sequence already DONE. */
+void dsi_sched_remove(struct dsi_sched *s, struct dsi_sseq *q);
+
+/* One step. *toks receives the sampled tokens (valid until the next step; *n_toks of them;
+ * 0 when nothing was runnable). Sequences that finished are no longer in the scheduler
+ * when this returns. A forward error is returned as is (the sequences stay where they were
+ * only as far as the cache allows; the owner should fail them). */
+int dsi_sched_step(struct dsi_sched *s,
+                   const struct dsi_sched_tok **toks,
+                   int *n_toks,
+                   struct dsi_err *err);
+
+/* The batch of the last step (valid until the next step), for tests and tracing. */
+const struct dsi_batch *dsi_sched_last_batch(const struct dsi_sched *s);
+
+bool dsi_sched_idle(const struct dsi_sched *s); /* nothing waiting or running */
+void dsi_sched_get_stats(const struct dsi_sched *s, struct dsi_sched_stats *st);
+
+/* Positions a single sequence may reach: min(kv max_ctx, the whole pool). */
+int64_t dsi_sched_max_positions(const struct dsi_sched *s);
+
+/* Check the scheduler's invariants against the cache pool (tests): page accounting, slots,
+ * list order, running older than waiting. Returns 0 or fills err. */
+int dsi_sched_check(const struct dsi_sched *s, struct dsi_err *err);
+
+#endif
