@@ -7,6 +7,7 @@
 #include "run/engine_impl.h"
 #include "run/sample.h"
 #include "tok/bpe.h"
+#include "tok/chat.h"
 
 #include <sys/stat.h>
 
@@ -285,16 +286,11 @@ out:
     return rc;
 }
 
-/* One user turn, no system prompt (spec 9): BOS, <｜User｜> + text, then <｜Assistant｜> and
- * <think> in thinking mode or </think> in chat mode. */
+/* One user turn through the DeepSeek-V4 chat encoder (src/tok/chat.c, spec 9). */
 int dsi_engine_chat_prompt(const struct dsi_engine *e, const char *user_text, bool think,
                            char **out, struct dsi_err *err) {
-    static const char *bos = "<｜begin▁of▁sentence｜>", *user = "<｜User｜>",
-                      *asst = "<｜Assistant｜>";
-    const char *tail = think ? "<think>" : "</think>";
-    size_t n = strlen(bos) + strlen(user) + strlen(user_text) + strlen(asst) + strlen(tail) + 1;
-    *out = dsi_malloc(n);
-    if (!*out) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
-    snprintf(*out, n, "%s%s%s%s%s", bos, user, user_text, asst, tail);
-    return DSI_OK;
+    (void)e;
+    return dsi_chat_render_prompt(NULL, user_text,
+                                  think ? DSI_CHAT_MODE_THINKING : DSI_CHAT_MODE_CHAT,
+                                  DSI_CHAT_EFFORT_NONE, out, NULL, err);
 }
