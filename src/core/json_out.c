@@ -23,7 +23,8 @@ static int jb_reserve(struct jbuf *b, size_t extra) {
     size_t need = *b->len + extra + 1;
     if (need <= *b->cap) return 0;
     size_t nc = *b->cap ? *b->cap : 256;
-    while (nc < need) nc *= 2;
+    while (nc < need)
+        nc *= 2;
     char *p = realloc(*b->buf, nc);
     if (!p) {
         b->oom = 1;
@@ -58,7 +59,8 @@ static void split_sci(const char *s, uint64_t *mant, int *exp10) {
 
 static uint64_t pow10u(int p) {
     uint64_t r = 1;
-    while (p-- > 0) r *= 10;
+    while (p-- > 0)
+        r *= 10;
     return r;
 }
 
@@ -101,7 +103,8 @@ int dsi_json_format_double(double d, char *out, size_t cap) {
     if (p > 17) p = 17; /* unreachable: 17 digits always round-trip */
     char digits[24];
     int nd = snprintf(digits, sizeof(digits), "%llu", (unsigned long long)mant);
-    while (nd > 1 && digits[nd - 1] == '0') digits[--nd] = 0;
+    while (nd > 1 && digits[nd - 1] == '0')
+        digits[--nd] = 0;
     int decpt = e + 1;
     char *o = out;
     size_t left = cap;
@@ -118,11 +121,13 @@ int dsi_json_format_double(double d, char *out, size_t cap) {
         EMIT("e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
     } else if (decpt <= 0) {
         EMIT("0.");
-        for (int i = 0; i < -decpt; i++) EMIT("0");
+        for (int i = 0; i < -decpt; i++)
+            EMIT("0");
         EMIT("%s", digits);
     } else if (decpt >= nd) {
         EMIT("%s", digits);
-        for (int i = nd; i < decpt; i++) EMIT("0");
+        for (int i = nd; i < decpt; i++)
+            EMIT("0");
         EMIT(".0");
     } else {
         EMIT("%.*s.%s", decpt, digits, digits + decpt);
@@ -140,7 +145,8 @@ static uint32_t utf8_next(const unsigned char *s, size_t n, size_t *adv) {
     int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
     if ((size_t)len > n) len = 1;
     uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
-    for (int i = 1; i < len; i++) cp = (cp << 6) | (s[i] & 0x3f);
+    for (int i = 1; i < len; i++)
+        cp = (cp << 6) | (s[i] & 0x3f);
     *adv = (size_t)len;
     return cp;
 }
@@ -156,13 +162,27 @@ static void put_string(struct jbuf *b, const char *s, size_t n, int flags) {
         char ubuf[16];
         size_t adv = 1;
         switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
+        case '"':
+            esc = "\\\"";
+            break;
+        case '\\':
+            esc = "\\\\";
+            break;
+        case '\n':
+            esc = "\\n";
+            break;
+        case '\r':
+            esc = "\\r";
+            break;
+        case '\t':
+            esc = "\\t";
+            break;
+        case '\b':
+            esc = "\\b";
+            break;
+        case '\f':
+            esc = "\\f";
+            break;
         default:
             if (c < 0x20 || (c == 0x7f && (flags & DSI_JSON_ASCII))) {
                 snprintf(ubuf, sizeof(ubuf), "\\u00%c%c", hex[c >> 4], hex[c & 15]);
@@ -202,9 +222,15 @@ static int put_value(struct jbuf *b, const json_t *v, int flags, int depth, stru
     const char *colon = (flags & DSI_JSON_COMPACT) ? ":" : ": ";
     char num[64];
     switch (json_typeof(v)) {
-    case JSON_NULL: jb_puts(b, "null"); break;
-    case JSON_TRUE: jb_puts(b, "true"); break;
-    case JSON_FALSE: jb_puts(b, "false"); break;
+    case JSON_NULL:
+        jb_puts(b, "null");
+        break;
+    case JSON_TRUE:
+        jb_puts(b, "true");
+        break;
+    case JSON_FALSE:
+        jb_puts(b, "false");
+        break;
     case JSON_INTEGER:
         snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
         jb_puts(b, num);
@@ -215,7 +241,9 @@ static int put_value(struct jbuf *b, const json_t *v, int flags, int depth, stru
                             json_real_value(v));
         jb_puts(b, num);
         break;
-    case JSON_STRING: put_string(b, json_string_value(v), json_string_length(v), flags); break;
+    case JSON_STRING:
+        put_string(b, json_string_value(v), json_string_length(v), flags);
+        break;
     case JSON_ARRAY: {
         jb_put(b, "[", 1);
         for (size_t i = 0; i < json_array_size(v); i++) {
@@ -242,17 +270,14 @@ static int put_value(struct jbuf *b, const json_t *v, int flags, int depth, stru
         jb_put(b, "}", 1);
         break;
     }
-    default: return dsi_errf(err, DSI_ERR_INVALID, "json: unknown value type");
+    default:
+        return dsi_errf(err, DSI_ERR_INVALID, "json: unknown value type");
     }
     return DSI_OK;
 }
 
-int dsi_json_append(const json_t *v,
-                    int flags,
-                    char **buf,
-                    size_t *len,
-                    size_t *cap,
-                    struct dsi_err *err) {
+int dsi_json_append(
+    const json_t *v, int flags, char **buf, size_t *len, size_t *cap, struct dsi_err *err) {
     if (!v) return dsi_errf(err, DSI_ERR_INVALID, "json: NULL value");
     struct jbuf b = {buf, len, cap, 0};
     size_t start = *len;
@@ -265,13 +290,8 @@ int dsi_json_append(const json_t *v,
     return rc;
 }
 
-int dsi_json_append_string(const char *s,
-                           size_t n,
-                           int flags,
-                           char **buf,
-                           size_t *len,
-                           size_t *cap,
-                           struct dsi_err *err) {
+int dsi_json_append_string(
+    const char *s, size_t n, int flags, char **buf, size_t *len, size_t *cap, struct dsi_err *err) {
     struct jbuf b = {buf, len, cap, 0};
     put_string(&b, s, n, flags);
     if (b.oom) return dsi_errf(err, DSI_ERR_NOMEM, "json: out of memory");

@@ -33,22 +33,13 @@ int dsi_json_dumps(const json_t *v, int flags, char **out, size_t *len, struct d
 
 /* Append the serialisation of v to the malloc'd buffer (*buf, *len, *cap), growing it with
  * realloc (it may move). *buf may start NULL with *len = *cap = 0. Keeps a NUL after the data. */
-int dsi_json_append(const json_t *v,
-                    int flags,
-                    char **buf,
-                    size_t *len,
-                    size_t *cap,
-                    struct dsi_err *err);
+int dsi_json_append(
+    const json_t *v, int flags, char **buf, size_t *len, size_t *cap, struct dsi_err *err);
 
 /* Append a JSON string literal for the bytes s[0..n) (NUL allowed) as json.dumps would write
  * the Python str with those characters. Same buffer contract as dsi_json_append. */
-int dsi_json_append_string(const char *s,
-                           size_t n,
-                           int flags,
-                           char **buf,
-                           size_t *len,
-                           size_t *cap,
-                           struct dsi_err *err);
+int dsi_json_append_string(
+    const char *s, size_t n, int flags, char **buf, size_t *len, size_t *cap, struct dsi_err *err);
 
 /* Python repr() of a finite double into out (cap >= 32 is always enough). Returns the length,
  * or -1 if d is not finite or cap is too small. */

@@ -17,8 +17,8 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Merging                                                                                  */
 
-static size_t merge_scan(const struct dsi_bpe *b, int32_t *sym, size_t m, int32_t *out,
-                         int32_t *scratch) {
+static size_t
+merge_scan(const struct dsi_bpe *b, int32_t *sym, size_t m, int32_t *out, int32_t *scratch) {
     uint32_t *rk = (uint32_t *)scratch;
     int32_t *nw = scratch + m;
     for (size_t i = 0; i + 1 < m; i++)
@@ -74,8 +74,8 @@ static uint64_t heap_pop(uint64_t *h, size_t *n) {
 
 /* HF word.rs merge_all: symbols as a linked list; stale queue entries are skipped (a pair's
  * rank identifies the pair, so comparing ranks is the same check as HF's new-id check). */
-static size_t merge_heap(const struct dsi_bpe *b, int32_t *sym, size_t m, int32_t *out,
-                         int32_t *scratch) {
+static size_t
+merge_heap(const struct dsi_bpe *b, int32_t *sym, size_t m, int32_t *out, int32_t *scratch) {
     int32_t *next = scratch, *prev = scratch + m;
     uintptr_t hp = ((uintptr_t)(scratch + 2 * m) + 7) & ~(uintptr_t)7; /* 8-byte aligned */
     uint64_t *heap = (uint64_t *)hp;
@@ -105,16 +105,13 @@ static size_t merge_heap(const struct dsi_bpe *b, int32_t *sym, size_t m, int32_
             heap_push(heap, &hn, (uint64_t)r << 32 | pos);
     }
     size_t k = 0;
-    for (int32_t i = 0; i >= 0; i = next[i]) out[k++] = sym[i];
+    for (int32_t i = 0; i >= 0; i = next[i])
+        out[k++] = sym[i];
     return k;
 }
 
-size_t dsi_bpe_merge_piece(const struct dsi_bpe *b,
-                           const char *s,
-                           size_t n,
-                           int method,
-                           int32_t *out,
-                           int32_t *scratch) {
+size_t dsi_bpe_merge_piece(
+    const struct dsi_bpe *b, const char *s, size_t n, int method, int32_t *out, int32_t *scratch) {
     /* scratch layout: [n] symbols, then the method's own arrays */
     int32_t *sym = scratch;
     size_t m = 0;
@@ -147,7 +144,8 @@ struct enc {
 static int enc_reserve(struct enc *e, size_t extra) {
     if (e->n + extra > e->cap) {
         size_t nc = e->cap * 2;
-        while (nc < e->n + extra) nc *= 2;
+        while (nc < e->n + extra)
+            nc *= 2;
         int32_t *p = realloc(e->ids, nc * sizeof(int32_t));
         if (!p) return dsi_errf(e->err, DSI_ERR_NOMEM, "tokenizer: out of memory");
         e->ids = p;
@@ -198,7 +196,8 @@ static int enc_added(struct enc *e, const char *s, size_t n, int cls) {
         for (size_t j = pos; j < n; j++) {
             uint64_t k = (uint64_t)node << 8 | u[j];
             size_t i = bpe_mix64(k) & t->edge_mask;
-            while (t->edge_keys[i] != k && t->edge_keys[i] != UINT64_MAX) i = (i + 1) & t->edge_mask;
+            while (t->edge_keys[i] != k && t->edge_keys[i] != UINT64_MAX)
+                i = (i + 1) & t->edge_mask;
             if (t->edge_keys[i] == UINT64_MAX) break;
             node = t->edge_vals[i];
             if (t->node_tok[node] >= 0 && t->node_cls[node] == cls) {
@@ -219,7 +218,8 @@ static int enc_added(struct enc *e, const char *s, size_t n, int cls) {
         pos += best_len;
         gap = pos;
     }
-    if (n > gap) return cls == 0 ? enc_added(e, s + gap, n - gap, 1) : enc_plain(e, s + gap, n - gap);
+    if (n > gap)
+        return cls == 0 ? enc_added(e, s + gap, n - gap, 1) : enc_plain(e, s + gap, n - gap);
     return DSI_OK;
 }
 
@@ -241,16 +241,18 @@ int dsi_bpe_encode(const struct dsi_bpe *b,
     e.ids = malloc(e.cap * sizeof(int32_t));
     if (!e.ids) return dsi_errf(err, DSI_ERR_NOMEM, "tokenizer: out of memory");
     int rc = dsi_pretok_scratch_init(&b->pretok, &e.ps, err);
-    if (!rc) rc = parse_special && b->trie.n_nodes > 1 ? enc_added(&e, text, len, 0)
-                                                        : enc_plain(&e, text, len);
+    if (!rc)
+        rc = parse_special && b->trie.n_nodes > 1 ? enc_added(&e, text, len, 0)
+                                                  : enc_plain(&e, text, len);
     dsi_pretok_scratch_free(&e.ps);
     free(e.scratch);
     if (!rc && b->vocab_limit < b->n_ids) {
         for (size_t i = 0; i < e.n && !rc; i++)
             if (e.ids[i] >= b->vocab_limit)
-                rc = dsi_errf(err, DSI_ERR_INVALID, "text encodes to token id %d, which is not "
-                              "below the model's vocab_size %lld", e.ids[i],
-                              (long long)b->vocab_limit);
+                rc = dsi_errf(err, DSI_ERR_INVALID,
+                              "text encodes to token id %d, which is not "
+                              "below the model's vocab_size %lld",
+                              e.ids[i], (long long)b->vocab_limit);
     }
     if (rc) {
         free(e.ids);
@@ -282,11 +284,8 @@ int dsi_bpe_encode_lossy(const struct dsi_bpe *b,
 /* ---------------------------------------------------------------------------------------- */
 /* Decoding and lookups                                                                     */
 
-int dsi_bpe_token_bytes(const struct dsi_bpe *b,
-                        int32_t id,
-                        const char **bytes,
-                        size_t *len,
-                        struct dsi_err *err) {
+int dsi_bpe_token_bytes(
+    const struct dsi_bpe *b, int32_t id, const char **bytes, size_t *len, struct dsi_err *err) {
     if (id < 0 || id >= b->vocab_limit)
         return dsi_errf(err, DSI_ERR_INVALID, "token id %d is out of range (vocab size %lld)", id,
                         (long long)b->vocab_limit);
@@ -364,5 +363,6 @@ void dsi_bpe_get_info(const struct dsi_bpe *b, struct dsi_bpe_info *info) {
     info->n_special = b->n_special;
     info->n_split_steps = b->pretok.n_steps;
     info->jit = true;
-    for (int i = 0; i < b->pretok.n_steps; i++) info->jit = info->jit && b->pretok.jit[i];
+    for (int i = 0; i < b->pretok.n_steps; i++)
+        info->jit = info->jit && b->pretok.jit[i];
 }

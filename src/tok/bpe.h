@@ -87,11 +87,8 @@ int dsi_bpe_decode(const struct dsi_bpe *bpe,
                    struct dsi_err *err);
 
 /* The bytes of one token (valid until dsi_bpe_free; not NUL-terminated). */
-int dsi_bpe_token_bytes(const struct dsi_bpe *bpe,
-                        int32_t id,
-                        const char **bytes,
-                        size_t *len,
-                        struct dsi_err *err);
+int dsi_bpe_token_bytes(
+    const struct dsi_bpe *bpe, int32_t id, const char **bytes, size_t *len, struct dsi_err *err);
 
 /* Id of a token by its text: an added token's content ("<｜User｜>", "<think>") or a
  * vocabulary entry as written in tokenizer.json ("Ġthe"). Returns the id, or -1 after filling
@@ -135,11 +132,8 @@ void dsi_bpe_stream_free(struct dsi_bpe_stream *s);
 
 /* Feed one id. *text and *len receive the text that became final (possibly empty); the pointer
  * stays valid until the next call on this stream. On error the stream is unchanged. */
-int dsi_bpe_stream_feed(struct dsi_bpe_stream *s,
-                        int32_t id,
-                        const char **text,
-                        size_t *len,
-                        struct dsi_err *err);
+int dsi_bpe_stream_feed(
+    struct dsi_bpe_stream *s, int32_t id, const char **text, size_t *len, struct dsi_err *err);
 
 /* End of sequence: returns what was held back (an unfinished character becomes U+FFFD) and
  * resets the stream for a new sequence. */

@@ -55,7 +55,7 @@ struct dsi_bpe {
     int32_t byte_id[256]; /* id of each single-byte symbol, -1 if the vocab lacks it */
     struct bpe_pairs pairs;
     struct bpe_bytes_map whole;
-    bool ignore_merges; /* HF "ignore_merges": a piece that is a vocab entry maps to it */
+    bool ignore_merges;         /* HF "ignore_merges": a piece that is a vocab entry maps to it */
     struct bpe_bytes_map vocab; /* all BPE entries by bytes (used when ignore_merges) */
 
     struct bpe_trie trie;
@@ -86,11 +86,8 @@ static inline uint64_t bpe_mix64(uint64_t x) {
 }
 
 /* Look up a pair; returns false if there is no merge for it. */
-static inline bool bpe_pair_get(const struct bpe_pairs *t,
-                                int32_t a,
-                                int32_t b,
-                                uint32_t *rank,
-                                int32_t *merged) {
+static inline bool
+bpe_pair_get(const struct bpe_pairs *t, int32_t a, int32_t b, uint32_t *rank, int32_t *merged) {
     uint64_t k = bpe_pair_key(a, b);
     for (size_t i = bpe_mix64(k) & t->mask;; i = (i + 1) & t->mask) {
         if (t->keys[i] == k) {
@@ -109,11 +106,7 @@ int32_t dsi_bpe_map_find(const struct bpe_bytes_map *m, const char *s, size_t n)
  * method: 0 = choose, 1 = rank scan (small pieces), 2 = priority queue (HF's algorithm).
  * scratch must hold DSI_BPE_SCRATCH(n) int32. Returns the number of ids written. */
 #define DSI_BPE_SCRATCH(n) (11 * (size_t)(n) + 16)
-size_t dsi_bpe_merge_piece(const struct dsi_bpe *bpe,
-                           const char *s,
-                           size_t n,
-                           int method,
-                           int32_t *out,
-                           int32_t *scratch);
+size_t dsi_bpe_merge_piece(
+    const struct dsi_bpe *bpe, const char *s, size_t n, int method, int32_t *out, int32_t *scratch);
 
 #endif

@@ -40,7 +40,8 @@ int32_t dsi_bpe_map_find(const struct bpe_bytes_map *m, const char *s, size_t n)
 
 static size_t pow2_for(size_t n) {
     size_t c = 16;
-    while (c < 2 * n + 1) c *= 2;
+    while (c < 2 * n + 1)
+        c *= 2;
     return c;
 }
 
@@ -78,25 +79,26 @@ static void map_put(struct bpe_bytes_map *m, int32_t id, bool replace) {
 
 struct loader {
     struct dsi_bpe *b;
+    int16_t c2b[324];  /* byte-level alphabet: code point -> byte or -1 */
+    uint16_t b2c[256]; /* byte -> code point */
     json_t *root, *vocab, *added;
     struct dsi_err *err;
-    /* per id: the string to decode (vocab key or added content) and the name */
-    const char **dec_str;
-    size_t *dec_len;
 };
 
 /* Bytes of a token string as HF's ByteLevel decoder gives them: the inverse byte map if every
  * character is in the byte alphabet, else the string's own UTF-8. Writes to out (>= n bytes). */
-static size_t bytelevel_decode(const char *s, size_t n, char *out) {
+static size_t bytelevel_decode(const int16_t *c2b, const char *s, size_t n, char *out) {
     const unsigned char *u = (const unsigned char *)s;
     size_t k = 0;
     for (size_t i = 0; i < n;) {
         size_t len;
         if (dsi_utf8_scan(u + i, n - i, &len) != DSI_UTF8_OK) goto raw;
         uint32_t cp = u[i];
-        if (len == 2) cp = ((u[i] & 0x1fu) << 6) | (u[i + 1] & 0x3fu);
-        else if (len > 2) goto raw; /* the alphabet lies below U+0800 */
-        int b = dsi_bytelevel_byte(cp);
+        if (len == 2)
+            cp = ((u[i] & 0x1fu) << 6) | (u[i + 1] & 0x3fu);
+        else if (len > 2)
+            goto raw; /* the alphabet lies below U+0800 */
+        int b = cp < 324 ? c2b[cp] : -1;
         if (b < 0) goto raw;
         out[k++] = (char)b;
         i += len;
@@ -114,20 +116,23 @@ static int check_supported(struct loader *L) {
         const char *t = json_string_value(json_object_get(norm, "type"));
         const json_t *list = json_object_get(norm, "normalizers");
         if (!t || strcmp(t, "Sequence") || !json_is_array(list) || json_array_size(list))
-            return dsi_errf(err, DSI_ERR_UNSUPPORTED, "tokenizer.json: normalizer '%s' "
-                            "(only none or an empty Sequence)", t ? t : "?");
+            return dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                            "tokenizer.json: normalizer '%s' "
+                            "(only none or an empty Sequence)",
+                            t ? t : "?");
     }
     const json_t *dec = json_object_get(L->root, "decoder");
     const char *dt = json_string_value(json_object_get(dec, "type"));
     if (!dt || strcmp(dt, "ByteLevel"))
-        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "tokenizer.json: decoder '%s' (only "
-                        "ByteLevel)", dt ? dt : "none");
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                        "tokenizer.json: decoder '%s' (only "
+                        "ByteLevel)",
+                        dt ? dt : "none");
     const json_t *m = json_object_get(L->root, "model");
     if (!json_is_object(m)) return dsi_errf(err, DSI_ERR_FORMAT, "tokenizer.json: no model");
     const char *mt = json_string_value(json_object_get(m, "type"));
     if (mt && strcmp(mt, "BPE"))
-        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "tokenizer.json: model type '%s' (only BPE)",
-                        mt);
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "tokenizer.json: model type '%s' (only BPE)", mt);
     static const char *const must_be_null[] = {"dropout", "continuing_subword_prefix",
                                                "end_of_word_suffix"};
     for (size_t i = 0; i < 3; i++) {
@@ -156,8 +161,10 @@ static int scan_ids(struct loader *L) {
     json_t *v;
     json_object_foreach(L->vocab, key, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_IDS)
-            return dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: vocab entry '%.60s' has a "
-                            "bad id", key);
+            return dsi_errf(L->err, DSI_ERR_FORMAT,
+                            "tokenizer.json: vocab entry '%.60s' has a "
+                            "bad id",
+                            key);
         max_id = DSI_MAX(max_id, (int64_t)json_integer_value(v));
     }
     size_t i;
@@ -165,16 +172,22 @@ static int scan_ids(struct loader *L) {
         const json_t *id = json_object_get(v, "id");
         const json_t *c = json_object_get(v, "content");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_IDS)
-            return dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: added token %zu has a bad "
-                            "id", i);
+            return dsi_errf(L->err, DSI_ERR_FORMAT,
+                            "tokenizer.json: added token %zu has a bad "
+                            "id",
+                            i);
         if (!json_is_string(c) || json_string_length(c) == 0)
-            return dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: added token %zu has no "
-                            "content", i);
+            return dsi_errf(L->err, DSI_ERR_FORMAT,
+                            "tokenizer.json: added token %zu has no "
+                            "content",
+                            i);
         static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
         for (size_t f = 0; f < 3; f++)
             if (json_is_true(json_object_get(v, flags[f])))
-                return dsi_errf(L->err, DSI_ERR_UNSUPPORTED, "tokenizer.json: added token "
-                                "'%.60s' uses %s", json_string_value(c), flags[f]);
+                return dsi_errf(L->err, DSI_ERR_UNSUPPORTED,
+                                "tokenizer.json: added token "
+                                "'%.60s' uses %s",
+                                json_string_value(c), flags[f]);
         max_id = DSI_MAX(max_id, (int64_t)json_integer_value(id));
     }
     if (max_id < 0) return dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: empty vocabulary");
@@ -200,8 +213,10 @@ static int build_ids(struct loader *L) {
     json_object_foreach(L->vocab, key, v) {
         size_t id = (size_t)json_integer_value(v);
         if (b->tok_flags[id]) {
-            rc = dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: id %zu is given to two vocab "
-                          "entries ('%.40s' and '%.40s')", id, name[id], key);
+            rc = dsi_errf(L->err, DSI_ERR_FORMAT,
+                          "tokenizer.json: id %zu is given to two vocab "
+                          "entries ('%.40s' and '%.40s')",
+                          id, name[id], key);
             goto out;
         }
         b->tok_flags[id] = TOKF_PRESENT;
@@ -212,8 +227,10 @@ static int build_ids(struct loader *L) {
     json_array_foreach(L->added, i, v) {
         size_t id = (size_t)json_integer_value(json_object_get(v, "id"));
         if (b->tok_flags[id] & TOKF_ADDED) {
-            rc = dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: added token id %zu appears "
-                          "twice", id);
+            rc = dsi_errf(L->err, DSI_ERR_FORMAT,
+                          "tokenizer.json: added token id %zu appears "
+                          "twice",
+                          id);
             goto out;
         }
         b->tok_flags[id] = TOKF_PRESENT | TOKF_ADDED;
@@ -243,7 +260,7 @@ static int build_ids(struct loader *L) {
         if (!name[k]) continue;
         memcpy(b->name_blob + no, name[k], name_len[k]);
         no += (uint32_t)name_len[k];
-        to += (uint32_t)bytelevel_decode(name[k], name_len[k], b->tok_bytes + to);
+        to += (uint32_t)bytelevel_decode(L->c2b, name[k], name_len[k], b->tok_bytes + to);
     }
     b->tok_off[n] = to;
     b->name_off[n] = no;
@@ -273,13 +290,15 @@ static int build_merges(struct loader *L) {
     struct dsi_bpe *b = L->b;
     for (int c = 0; c < 256; c++) {
         char u[4];
-        int n = dsi_utf8_put(dsi_bytelevel_char((uint8_t)c), u);
+        int n = dsi_utf8_put(L->b2c[c], u);
         b->byte_id[c] = vocab_id(L, u, (size_t)n);
     }
     const json_t *merges = json_object_get(json_object_get(L->root, "model"), "merges");
     size_t nm = json_array_size(merges);
-    if (nm >= UINT32_MAX / 2) return dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: too many "
-                                              "merges");
+    if (nm >= UINT32_MAX / 2)
+        return dsi_errf(L->err, DSI_ERR_FORMAT,
+                        "tokenizer.json: too many "
+                        "merges");
     size_t cap = pow2_for(nm);
     b->pairs.keys = malloc(cap * sizeof(uint64_t));
     b->pairs.vals = malloc(cap * sizeof(uint64_t));
@@ -298,8 +317,10 @@ static int build_merges(struct loader *L) {
             a = json_string_value(m);
             const char *sp = memchr(a, ' ', json_string_length(m));
             if (!sp || memchr(sp + 1, ' ', json_string_length(m) - (size_t)(sp + 1 - a))) {
-                rc = dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: merge %zu '%.60s' is not "
-                              "two tokens", r, a);
+                rc = dsi_errf(L->err, DSI_ERR_FORMAT,
+                              "tokenizer.json: merge %zu '%.60s' is not "
+                              "two tokens",
+                              r, a);
                 break;
             }
             al = (size_t)(sp - a);
@@ -328,9 +349,10 @@ static int build_merges(struct loader *L) {
         memcpy(cat + al, bb, bl);
         int32_t ia = vocab_id(L, a, al), ib = vocab_id(L, bb, bl), im = vocab_id(L, cat, al + bl);
         if (ia < 0 || ib < 0 || im < 0) {
-            rc = dsi_errf(L->err, DSI_ERR_FORMAT, "tokenizer.json: merge %zu ('%.*s' + '%.*s') "
-                          "uses a token that is not in the vocab", r, (int)DSI_MIN(al, 40), a,
-                          (int)DSI_MIN(bl, 40), bb);
+            rc = dsi_errf(L->err, DSI_ERR_FORMAT,
+                          "tokenizer.json: merge %zu ('%.*s' + '%.*s') "
+                          "uses a token that is not in the vocab",
+                          r, (int)DSI_MIN(al, 40), a, (int)DSI_MIN(bl, 40), bb);
             break;
         }
         /* a repeated pair keeps the later rank, as HF's map construction does */
@@ -373,7 +395,7 @@ static int build_whole(struct loader *L) {
         char tmp[8];
         size_t kl = json_object_iter_key_len(json_object_key_to_iter(key)), kk = 0, ok = 1;
         for (size_t i = 0; i < n && ok; i++) {
-            int w = dsi_utf8_put(dsi_bytelevel_char((uint8_t)s[i]), tmp);
+            int w = dsi_utf8_put(L->b2c[(uint8_t)s[i]], tmp);
             ok = kk + (size_t)w <= kl && !memcmp(key + kk, tmp, (size_t)w);
             kk += (size_t)w;
         }
@@ -429,7 +451,8 @@ static int build_trie(struct loader *L) {
         size_t n = json_string_length(c);
         int cls = json_is_true(json_object_get(v, "normalized")) ? 1 : 0;
         int32_t node = 0;
-        for (size_t k = 0; k < n; k++) node = trie_child(t, node, s[k], true);
+        for (size_t k = 0; k < n; k++)
+            node = trie_child(t, node, s[k], true);
         t->node_tok[node] = (int32_t)json_integer_value(json_object_get(v, "id"));
         t->node_cls[node] = (uint8_t)cls;
         t->first[s[0]] |= (uint8_t)(1u << cls);
@@ -440,11 +463,8 @@ static int build_trie(struct loader *L) {
 /* ---------------------------------------------------------------------------------------- */
 /* tokenizer_config.json                                                                    */
 
-static int config_token(struct dsi_bpe *b,
-                        const json_t *cfg,
-                        const char *field,
-                        int32_t *id,
-                        struct dsi_err *err) {
+static int config_token(
+    struct dsi_bpe *b, const json_t *cfg, const char *field, int32_t *id, struct dsi_err *err) {
     *id = -1;
     const json_t *v = json_object_get(cfg, field);
     if (json_is_object(v)) v = json_object_get(v, "content");
@@ -453,8 +473,10 @@ static int config_token(struct dsi_bpe *b,
         return dsi_errf(err, DSI_ERR_FORMAT, "tokenizer_config.json: %s is not a string", field);
     *id = dsi_bpe_map_find(&b->by_name, json_string_value(v), json_string_length(v));
     if (*id < 0)
-        return dsi_errf(err, DSI_ERR_FORMAT, "tokenizer_config.json: %s '%.80s' is not a token of "
-                        "tokenizer.json", field, json_string_value(v));
+        return dsi_errf(err, DSI_ERR_FORMAT,
+                        "tokenizer_config.json: %s '%.80s' is not a token of "
+                        "tokenizer.json",
+                        field, json_string_value(v));
     return DSI_OK;
 }
 
@@ -508,6 +530,10 @@ int dsi_bpe_load(struct dsi_bpe **out,
     if (!b) return dsi_errf(err, DSI_ERR_NOMEM, "tokenizer: out of memory");
     json_error_t je;
     struct loader L = {.b = b, .err = err};
+    for (int c = 0; c < 324; c++)
+        L.c2b[c] = (int16_t)dsi_bytelevel_byte((uint32_t)c);
+    for (int c = 0; c < 256; c++)
+        L.b2c[c] = (uint16_t)dsi_bytelevel_char((uint8_t)c);
     L.root = json_loadb(tokenizer_json, tokenizer_len, 0, &je);
     int rc;
     if (!L.root) {
@@ -583,6 +609,14 @@ int dsi_bpe_open_limit(struct dsi_bpe **out,
     rc = dsi_bpe_load(out, tj, tl, cj, cl, vocab_limit, err);
     free(tj);
     free(cj);
+    if (!rc) {
+        const struct dsi_bpe *b = *out;
+        dsi_log(DSI_LOG_INFO,
+                "tokenizer %s: %lld BPE entries, %lld merges, %lld added tokens "
+                "(%lld special), ids < %lld, %d split steps",
+                model_dir, (long long)b->n_model, (long long)b->n_merges, (long long)b->n_added,
+                (long long)b->n_special, (long long)b->vocab_limit, b->pretok.n_steps);
+    }
     return rc;
 }
 

@@ -17,7 +17,8 @@ static const char GPT2_PATTERN[] =
 static const char *const DS_PATTERNS[3] = {
     "\\p{N}{1,3}",
     "[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    "[!\"#$%&'()*+,\\-./"
+    ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
     " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 };
 
@@ -26,7 +27,7 @@ static const char *const DS_PATTERNS[3] = {
 #define ONIG_NON_SPACE "[^\\p{Z}\\x{09}-\\x{0D}\\x{85}]"
 
 char *dsi_pretok_rewrite_space(const char *pat, size_t len, size_t *out_len) {
-    size_t cap = len * 8 + 1, k = 0;
+    size_t cap = len * 14 + 1, k = 0; /* a 2-byte \S becomes 27 bytes */
     char *o = malloc(cap);
     if (!o) return NULL;
     int in_class = 0;
@@ -62,11 +63,8 @@ char *dsi_pretok_rewrite_space(const char *pat, size_t len, size_t *out_len) {
     return o;
 }
 
-static int add_step(struct dsi_pretok *p,
-                    const char *pat,
-                    size_t len,
-                    bool literal,
-                    struct dsi_err *err) {
+static int
+add_step(struct dsi_pretok *p, const char *pat, size_t len, bool literal, struct dsi_err *err) {
     if (p->n_steps >= DSI_PRETOK_MAX_STEPS)
         return dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: more than %d split steps",
                         DSI_PRETOK_MAX_STEPS);
@@ -97,8 +95,10 @@ static int add_step(struct dsi_pretok *p,
 static int add_split(struct dsi_pretok *p, const json_t *st, struct dsi_err *err) {
     const char *beh = json_string_value(json_object_get(st, "behavior"));
     if (!beh || strcmp(beh, "Isolated"))
-        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: Split behavior '%s' (only "
-                        "Isolated is supported)", beh ? beh : "?");
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                        "pre_tokenizer: Split behavior '%s' (only "
+                        "Isolated is supported)",
+                        beh ? beh : "?");
     if (json_is_true(json_object_get(st, "invert")))
         return dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: inverted Split");
     const json_t *pat = json_object_get(st, "pattern");
@@ -136,13 +136,13 @@ int dsi_pretok_init(struct dsi_pretok *p, const json_t *pre, struct dsi_err *err
         const char *t = json_string_value(json_object_get(st, "type"));
         if (saw_bytelevel)
             rc = dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: steps after ByteLevel");
-        else if (t && !strcmp(t, "Split")) rc = add_split(p, st, err);
+        else if (t && !strcmp(t, "Split"))
+            rc = add_split(p, st, err);
         else if (t && !strcmp(t, "ByteLevel")) {
             saw_bytelevel = 1;
             rc = add_bytelevel(p, st, err);
         } else
-            rc = dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: step type '%s'",
-                          t ? t : "?");
+            rc = dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: step type '%s'", t ? t : "?");
     }
     if (!rc && !saw_bytelevel)
         rc = dsi_errf(err, DSI_ERR_UNSUPPORTED, "pre_tokenizer: no ByteLevel step");
@@ -154,9 +154,8 @@ int dsi_pretok_init(struct dsi_pretok *p, const json_t *pre, struct dsi_err *err
     if (p->n_steps == 3 && json_is_array(steps)) {
         p->ds_fast = true;
         for (int i = 0; i < 3; i++) {
-            const json_t *rx = json_object_get(json_object_get(json_array_get(steps, (size_t)i),
-                                                               "pattern"),
-                                               "Regex");
+            const json_t *rx = json_object_get(
+                json_object_get(json_array_get(steps, (size_t)i), "pattern"), "Regex");
             if (!json_is_string(rx) || strcmp(json_string_value(rx), DS_PATTERNS[i]))
                 p->ds_fast = false;
         }
@@ -165,7 +164,8 @@ int dsi_pretok_init(struct dsi_pretok *p, const json_t *pre, struct dsi_err *err
 }
 
 void dsi_pretok_free(struct dsi_pretok *p) {
-    for (int i = 0; i < p->n_steps; i++) pcre2_code_free(p->re[i]);
+    for (int i = 0; i < p->n_steps; i++)
+        pcre2_code_free(p->re[i]);
     memset(p, 0, sizeof(*p));
 }
 
@@ -184,7 +184,8 @@ int dsi_pretok_scratch_init(const struct dsi_pretok *p,
 }
 
 void dsi_pretok_scratch_free(struct dsi_pretok_scratch *s) {
-    for (int i = 0; i < DSI_PRETOK_MAX_STEPS; i++) pcre2_match_data_free(s->md[i]);
+    for (int i = 0; i < DSI_PRETOK_MAX_STEPS; i++)
+        pcre2_match_data_free(s->md[i]);
     memset(s, 0, sizeof(*s));
 }
 
@@ -197,13 +198,8 @@ struct split_ctx {
 };
 
 /* Find the next match of step k in [from, n): 1 found (*ms, *me), 0 none, <0 error. */
-static int next_match(struct split_ctx *c,
-                      int k,
-                      const char *s,
-                      size_t n,
-                      size_t from,
-                      size_t *ms,
-                      size_t *me) {
+static int next_match(
+    struct split_ctx *c, int k, const char *s, size_t n, size_t from, size_t *ms, size_t *me) {
     const pcre2_code *re = c->p->re[k];
     pcre2_match_data *md = c->s->md[k];
     int rc;
@@ -242,7 +238,8 @@ static int split_ascii_ds(struct split_ctx *c, const char *s, size_t n) {
         int rc;
         if (i > gap && (rc = split_level(c, 2, s + gap, i - gap))) return rc;
         size_t j = i;
-        while (j < n && j - i < 3 && s[j] >= '0' && s[j] <= '9') j++;
+        while (j < n && j - i < 3 && s[j] >= '0' && s[j] <= '9')
+            j++;
         if ((rc = split_level(c, 2, s + i, j - i))) return rc;
         gap = i = j;
     }
@@ -273,7 +270,8 @@ static int split_level(struct split_ctx *c, int k, const char *s, size_t n) {
         if (me == ms) { /* empty match: no piece; retry one character further */
             if (ms >= n) break;
             pos = ms + 1;
-            while (pos < n && ((unsigned char)s[pos] & 0xc0) == 0x80) pos++;
+            while (pos < n && ((unsigned char)s[pos] & 0xc0) == 0x80)
+                pos++;
             continue;
         }
         if (ms > gap && (rc = split_level(c, k + 1, s + gap, ms - gap))) return rc;

@@ -21,9 +21,9 @@
 
 struct dsi_pretok {
     int n_steps;
-    void *re[DSI_PRETOK_MAX_STEPS];   /* pcre2_code_8 * */
-    bool jit[DSI_PRETOK_MAX_STEPS];   /* JIT-compiled */
-    bool ds_fast;                     /* the patterns are DeepSeek's: ASCII shortcuts allowed */
+    void *re[DSI_PRETOK_MAX_STEPS]; /* pcre2_code_8 * */
+    bool jit[DSI_PRETOK_MAX_STEPS]; /* JIT-compiled */
+    bool ds_fast;                   /* the patterns are DeepSeek's: ASCII shortcuts allowed */
 };
 
 struct dsi_pretok_scratch {

@@ -37,11 +37,8 @@ void dsi_bpe_stream_free(struct dsi_bpe_stream *s) {
     free(s);
 }
 
-int dsi_bpe_stream_feed(struct dsi_bpe_stream *s,
-                        int32_t id,
-                        const char **text,
-                        size_t *len,
-                        struct dsi_err *err) {
+int dsi_bpe_stream_feed(
+    struct dsi_bpe_stream *s, int32_t id, const char **text, size_t *len, struct dsi_err *err) {
     const char *tb;
     size_t tl;
     *text = "";
@@ -72,8 +69,10 @@ int dsi_bpe_stream_feed(struct dsi_bpe_stream *s,
             s->npend = l;
             break;
         }
-        if (st == DSI_UTF8_OK) memmove(s->out + k, in + i, l), k += l;
-        else memcpy(s->out + k, "\xef\xbf\xbd", 3), k += 3;
+        if (st == DSI_UTF8_OK)
+            memmove(s->out + k, in + i, l), k += l;
+        else
+            memcpy(s->out + k, "\xef\xbf\xbd", 3), k += 3;
         i += l;
     }
     s->out[k] = 0;

@@ -11,7 +11,8 @@ int dsi_utf8_scan(const unsigned char *s, size_t n, size_t *len) {
     }
     size_t need;
     unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-    if (c >= 0xc2 && c <= 0xdf) need = 2;
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 2;
     else if (c >= 0xe0 && c <= 0xef) {
         need = 3;
         if (c == 0xe0) lo = 0xa0;
