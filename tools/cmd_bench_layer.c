@@ -29,6 +29,23 @@
 
 int cmd_bench_layer(int argc, char **argv);
 
+#ifdef DSI_CUDA
+/* The CUDA backend's profiler (src/backend/cuda/cuda.cu; DSI_CUDA_PROFILE=1): print the op
+ * times gathered since the last call and start again. Weak, so that this tool also links
+ * against a backend without it (A/B runs against an older build). */
+void dsi_cuda_profile_dump(struct dsi_backend *be, const char *title) __attribute__((weak));
+#endif
+
+/* With DSI_CUDA_PROFILE=1: the profile of the timed steps only (warm-up left out). */
+static void profile_mark(struct dsi_backend *be, const char *title) {
+#ifdef DSI_CUDA
+    if (dsi_cuda_profile_dump) dsi_cuda_profile_dump(be, title);
+#else
+    (void)be;
+    (void)title;
+#endif
+}
+
 static int64_t tbytes(const struct dsi_tensor *t) {
     if (!t->data) return 0;
     int64_t b = dsi_tensor_row_bytes(t) * (t->ne[1] > 0 ? t->ne[1] : 1);
@@ -218,6 +235,7 @@ int cmd_bench_layer(int argc, char **argv) {
                 pos[r] = (int32_t)kv->seqs[slot[r]].n_past;
             }
             struct dsi_batch b = {.n = B, .tokens = tok, .pos = pos, .slot = slot};
+            if (s == warmup) profile_mark(be, NULL);
             double t0 = dsi_time_s();
             if (dsi_forward(f, &b, NULL, NULL, &err)) {
                 free(ts);
@@ -225,6 +243,9 @@ int cmd_bench_layer(int argc, char **argv) {
             }
             if (s >= warmup) ts[s - warmup] = dsi_time_s() - t0;
         }
+        char title[96];
+        snprintf(title, sizeof(title), "batch %d, %d steps (warm-up left out)", B, steps);
+        profile_mark(be, title);
         qsort(ts, (size_t)steps, sizeof(double), cmp_double);
         double t = ts[steps / 2];
         free(ts);

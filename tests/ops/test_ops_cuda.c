@@ -317,6 +317,13 @@ int test_cuda_gemm(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, 384, 256, 9, 128, 256, 0, 0, true},
         {DSI_TYPE_FP4_E2M1, 256, 128, 2, 0, 256, 0, 0, false},
         {DSI_TYPE_FP4_E2M1, 130, 2048, 33, 1, 129, 0, 0, true},
+        /* split-K reduce: outputs not a multiple of 32, 385 chunks (4 staged rounds, the last
+         * of one row), 256 chunks (2 full rounds) */
+        {DSI_TYPE_F32, 24, 12320, 5, 0, 24, 0, 0, false},
+        {DSI_TYPE_BF16, 72, 8192, 3, 0, 72, 0, 0, true},
+        /* no split, 8-row tiles with a last tile of one row, a last block with 2 of 8 warps
+         * holding weight rows (the others still take part in the staging barriers) */
+        {DSI_TYPE_F16, 4100, 2048, 9, 0, 4100, 0, 0, false},
         /* the generic kernel: K % 32 != 0, unaligned rows */
         {DSI_TYPE_BF16, 70, 100, 4, 0, 70, 0, 0, false},
         {DSI_TYPE_F32, 33, 45, 3, 0, 33, 0, 0, true},
@@ -1263,6 +1270,7 @@ int test_cuda_moe(struct test_ctx *t) {
         {8, 3, 128, 128, 7, DSI_TYPE_BF16, DSI_TYPE_BF16},
         {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
         {16, 6, 4096, 2048, 9, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
+        {16, 6, 4096, 2048, 24, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 8-row tiles, real shape */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].D > 128) continue;

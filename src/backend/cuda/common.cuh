@@ -66,9 +66,11 @@ struct cu_prof_tot {
 struct cu_ctx {
     int device, n_sms;
     bool prof;
+    bool xstage;                /* GEMM kernels stage activations in shared memory (see gemm.cuh);
+                                   DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
-    struct cu_prof_tot tot[40];
+    struct cu_prof_tot tot[64];
     int n_tot;
     size_t smem_optin;
     cudaStream_t stream;
@@ -101,6 +103,17 @@ bool cu_check(struct cu_ctx *c, const char *what);
  * to launch_gemm, CU_SCR_OP to the op being run (one request per op: carve it up). */
 enum { CU_SCR_GEMM = 0, CU_SCR_OP = 1 };
 void *cu_scratch(struct cu_ctx *c, int which, size_t bytes);
+/* Profiler (DSI_CUDA_PROFILE=1): GPU time of a part of an op, under a name with a '.'
+ * ("gemm.reduce"); such parts are listed with the ops but not added to the total (the op
+ * around them already counts them). -1 / no-op when not profiling. */
+int cu_prof_begin_(struct cu_ctx *c, const char *name);
+void cu_prof_end_(struct cu_ctx *c, int i);
+static inline int cu_prof_begin(struct cu_ctx *c, const char *name) {
+    return c->prof ? cu_prof_begin_(c, name) : -1;
+}
+static inline void cu_prof_end(struct cu_ctx *c, int i) {
+    if (c->prof && i >= 0) cu_prof_end_(c, i);
+}
 /* Device copy of a rope frequency table (see cuda.cu). */
 const float *cu_freq_dev(struct cu_ctx *c, const float *freq, int n);
 /* Device expert table for a MoE call (see moe.cu / cuda.cu). */

@@ -228,6 +228,9 @@ static void prof_end(struct cu_ctx *c, int i) {
     if (i >= 0) cudaEventRecord(c->pairs[i].b, c->stream);
 }
 
+int cu_prof_begin_(struct cu_ctx *c, const char *name) { return prof_begin(c, name); }
+void cu_prof_end_(struct cu_ctx *c, int i) { prof_end(c, i); }
+
 static void prof_harvest(struct cu_ctx *c) {
     for (int i = 0; i < c->n_pairs; i++) {
         float ms = 0;
@@ -247,11 +250,16 @@ static void prof_harvest(struct cu_ctx *c) {
     c->n_pairs = 0;
 }
 
+/* Parts of an op ("gemm.reduce") are listed but not added to the total. */
+static bool prof_is_part(const char *name) { return strchr(name, '.') != NULL; }
+
 static void prof_print(struct cu_ctx *c) {
     double all = 0;
-    for (int k = 0; k < c->n_tot; k++) all += c->tot[k].ms;
-    fprintf(stderr, "# cuda op profile (GPU time between events around each op)\n");
-    fprintf(stderr, "%-12s %8s %12s %10s %6s\n", "op", "calls", "total_ms", "us/call", "%");
+    for (int k = 0; k < c->n_tot; k++)
+        if (!prof_is_part(c->tot[k].name)) all += c->tot[k].ms;
+    fprintf(stderr, "# cuda op profile (GPU time between events around each op; a.b = part of op "
+                    "a, not added to the total)\n");
+    fprintf(stderr, "%-14s %8s %12s %10s %6s\n", "op", "calls", "total_ms", "us/call", "%");
     for (int k = 0; k < c->n_tot; k++) { /* selection order: largest first */
         int best = k;
         for (int j = k + 1; j < c->n_tot; j++)
@@ -259,9 +267,27 @@ static void prof_print(struct cu_ctx *c) {
         struct cu_prof_tot t = c->tot[best];
         c->tot[best] = c->tot[k];
         c->tot[k] = t;
-        fprintf(stderr, "%-12s %8ld %12.3f %10.1f %6.1f\n", t.name, t.calls, t.ms,
+        fprintf(stderr, "%-14s %8ld %12.3f %10.1f %6.1f\n", t.name, t.calls, t.ms,
                 t.calls ? 1e3 * t.ms / (double)t.calls : 0.0, all > 0 ? 100.0 * t.ms / all : 0.0);
     }
+    fprintf(stderr, "%-14s %8s %12.3f\n", "total", "", all);
+}
+
+/* For tools (bench layer): with DSI_CUDA_PROFILE=1, print the profile gathered since the last
+ * call under `title` (if title is NULL, print nothing) and start a new one, so that warm-up
+ * steps (lazy module loading, scratch growth, expert tables) can be left out. Synchronises the
+ * stream. No-op without profiling or on another backend. */
+extern "C" void dsi_cuda_profile_dump(struct dsi_backend *be, const char *title) {
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0) return;
+    struct cu_ctx *c = cu_ctx_of(be);
+    if (!c || !c->prof) return;
+    cudaStreamSynchronize(c->stream);
+    prof_harvest(c);
+    if (title && c->n_tot) {
+        fprintf(stderr, "# profile: %s\n", title);
+        prof_print(c);
+    }
+    c->n_tot = 0;
 }
 
 static int cuda_sync(struct dsi_backend *be, struct dsi_err *err) {
@@ -286,7 +312,7 @@ static void cuda_free(struct dsi_backend *be) {
     cudaStreamSynchronize(c->stream);
     if (c->prof) {
         prof_harvest(c);
-        prof_print(c);
+        if (c->n_tot) prof_print(c);
         for (int i = 0; i < c->n_events; i++) {
             cudaEventDestroy(c->pairs[i].a);
             cudaEventDestroy(c->pairs[i].b);
@@ -392,6 +418,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* read once at start-up, never in a step */
     const char *pe = getenv("DSI_CUDA_PROFILE");
     c->prof = pe && *pe && *pe != '0';
+    const char *ns = getenv("DSI_CUDA_NOSTAGE");
+    c->xstage = !(ns && *ns && *ns != '0');
     be->ops = c->prof ? &g_cuda_prof_ops : &g_cuda_ops;
     be->ctx = c;
     be->name = "cuda";

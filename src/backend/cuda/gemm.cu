@@ -43,16 +43,22 @@ __global__ void k_gemm_generic(struct cu_w w, int64_t row0, int64_t n_out, const
 
 /* ---- the fast kernel --------------------------------------------------------------------------- */
 
-/* Row pieces are 1024 elements; lanes own 32-element chunks. Block: 8 warps x 2 weight rows. */
+/* Row pieces are 1024 elements; lanes own 32-element chunks. Block: 8 warps x 2 weight rows.
+ * With `stage` (the default, c->xstage) the block stages each piece of its RX activation rows
+ * in shared memory (see stage_x); without it every lane loads its chunks from global memory.
+ * Dynamic shared memory: gemm_smem_bytes(RX). Every warp takes part in the block barriers, also
+ * one without weight rows. */
 template <int WT, int RX>
-__global__ void __launch_bounds__(CU_THREADS)
+__global__ void __launch_bounds__(CU_THREADS, 2)
     k_gemm(struct cu_w w, int64_t row0, int64_t n_out, const float *x, int64_t n, int64_t ldx,
-           float *y, int64_t ldy, bool round, int pps, float *cv) {
-    __shared__ float cvs[CU_WARPS][RX * GEMM_RW][33];
+           float *y, int64_t ldy, bool round, int pps, float *cv, bool stage) {
+    extern __shared__ float4 gsm[];
+    float *xs = (float *)gsm;
+    float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t o0 = ((int64_t)blockIdx.x * CU_WARPS + warp) * GEMM_RW;
     int64_t i0 = (int64_t)blockIdx.y * RX;
-    if (o0 >= n_out) return;
+    bool wact = o0 < n_out; /* this warp has weight rows */
     int64_t nq = w.K / 32, np = (nq + 31) / 32;
     int64_t p0 = (int64_t)blockIdx.z * pps, p1 = p0 + pps < np ? p0 + pps : np;
     const uint8_t *wr[GEMM_RW], *sr[GEMM_RW];
@@ -60,22 +66,34 @@ __global__ void __launch_bounds__(CU_THREADS)
 #pragma unroll
     for (int r = 0; r < GEMM_RW; r++) {
         wv[r] = o0 + r < n_out;
-        int64_t row = row0 + (wv[r] ? o0 + r : o0);
+        int64_t row = row0 + (wv[r] ? o0 + r : 0);
         wr[r] = w.data + row * w.row_bytes;
         sr[r] = w_scale_row(w, row);
     }
+    __shared__ int64_t xoff[RX]; /* offset of x row rx in x, -1: none */
+    if (threadIdx.x < RX) xoff[threadIdx.x] = i0 + threadIdx.x < n ? (i0 + threadIdx.x) * ldx : -1;
+    __syncthreads();
     float acc = 0.0f;
     for (int64_t p = p0; p < p1; p++) {
         int64_t q = p * 32 + lane;
         bool qv = q < nq;
+        if (stage) {
+            __syncthreads(); /* the previous piece is consumed */
+            stage_x<RX>(xs, x, xoff, w.K, p);
+        }
         float wf[GEMM_RW][32];
 #pragma unroll
         for (int r = 0; r < GEMM_RW; r++) load_w_chunk<WT>(w, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+        if (stage) __syncthreads();
+        if (!wact) continue;
 #pragma unroll
         for (int rx = 0; rx < RX; rx++) {
             bool xv = i0 + rx < n && qv;
             float xf[32];
-            load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
+            if (stage)
+                load_x_staged(xs, rx, lane, xf);
+            else
+                load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
 #pragma unroll
             for (int r = 0; r < GEMM_RW; r++) {
                 float c = chunk_dot(xf, wf[r]);
@@ -95,20 +113,56 @@ __global__ void __launch_bounds__(CU_THREADS)
             __syncwarp();
         }
     }
-    if (cv || lane >= RX * GEMM_RW) return;
+    if (cv || !wact || lane >= RX * GEMM_RW) return;
     int rx = lane / GEMM_RW, r = lane % GEMM_RW;
     if (i0 + rx < n && wv[r]) y[(i0 + rx) * ldy + o0 + r] = rbf(acc + 0.0f, round);
 }
 
-/* Split-K second pass: chunk values cv[q][i][o] added in chunk order. */
-__global__ void k_gemm_reduce(const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y,
-                              int64_t ldy, bool round) {
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * n_out) return;
-    int64_t i = t / n_out, o = t % n_out;
+/* Split-K second pass: y[t] = sum of the chunk values cv[q][t] (t = i * n_out + o) in chunk
+ * order q = 0, 1, ..., nq - 1, from acc = 0 (the same additions as the one-pass kernel and
+ * cpu_dot). The adds are one serial chain per output; what must not be serial is the loads.
+ * A block owns 32 consecutive outputs: its 8 warps stage RED_ROWS chunk rows at a time in
+ * shared memory (warp w loads rows w, w + 8, ...: 128-byte coalesced rows, 16 independent
+ * loads per thread in flight), and warp 0 adds the staged rows in order from shared memory
+ * while the other rows of the next round are being loaded. One round trip to L2 per
+ * RED_ROWS chunks instead of one per 4 chunks. */
+#define RED_ROWS 128
+#define RED_PER (RED_ROWS / CU_WARPS)
+
+__global__ void __launch_bounds__(CU_THREADS)
+    k_gemm_reduce(const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y, int64_t ldy,
+                  bool round) {
+    __shared__ float buf[RED_ROWS][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t T = n * n_out, t = (int64_t)blockIdx.x * 32 + lane;
+    bool tv = t < T;
+    const float *src = cv + (tv ? t : 0);
+    float v[RED_PER];
+#pragma unroll
+    for (int j = 0; j < RED_PER; j++) {
+        int64_t q = warp + CU_WARPS * j;
+        v[j] = tv && q < nq ? src[q * T] : 0.0f;
+    }
     float acc = 0.0f;
-    for (int64_t q = 0; q < nq; q++) acc += cv[(q * n + i) * n_out + o];
-    y[i * ldy + o] = rbf(acc + 0.0f, round);
+    for (int64_t q0 = 0; q0 < nq; q0 += RED_ROWS) {
+#pragma unroll
+        for (int j = 0; j < RED_PER; j++) buf[warp + CU_WARPS * j][lane] = v[j];
+        __syncthreads();
+        if (q0 + RED_ROWS < nq) { /* next round's loads, in flight during the adds */
+#pragma unroll
+            for (int j = 0; j < RED_PER; j++) {
+                int64_t q = q0 + RED_ROWS + warp + CU_WARPS * j;
+                v[j] = tv && q < nq ? src[q * T] : 0.0f;
+            }
+        }
+        if (warp == 0) {
+            int cnt = (int)(nq - q0 < RED_ROWS ? nq - q0 : RED_ROWS);
+#pragma unroll 16
+            for (int k = 0; k < cnt; k++) acc += buf[k][lane];
+        }
+        __syncthreads();
+    }
+    if (warp == 0 && tv) y[(t / n_out) * ldy + t % n_out] = rbf(acc + 0.0f, round);
 }
 
 bool gemm_w_ok(const struct cu_w *w) {
@@ -154,8 +208,11 @@ static void launch_fast(struct cu_ctx *c, const struct cu_w *w, int64_t row0, in
     }
     dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)split);
 #define GEMM_LAUNCH(R)                                                                             \
-    k_gemm<WT, R><<<grid, CU_THREADS, 0, c->stream>>>(*w, row0, n_out, x, n, ldx, y, ldy, round,  \
-                                                      (int)pps, cv)
+    k_gemm<WT, R><<<grid, CU_THREADS, gemm_smem_bytes(R), c->stream>>>(                           \
+        *w, row0, n_out, x, n, ldx, y, ldy, round, (int)pps, cv, c->xstage)
+    static bool smem8 = false;
+    if (rx == 8 && !smem_limit(c, k_gemm<WT, 8>, gemm_smem_bytes(8), &smem8, "gemm")) return;
+    int pm = cv ? cu_prof_begin(c, "gemm.splitk") : -1;
     switch (rx) {
     case 1: GEMM_LAUNCH(1); break;
     case 2: GEMM_LAUNCH(2); break;
@@ -163,11 +220,13 @@ static void launch_fast(struct cu_ctx *c, const struct cu_w *w, int64_t row0, in
     default: GEMM_LAUNCH(8); break;
     }
 #undef GEMM_LAUNCH
+    cu_prof_end(c, pm);
     if (!cu_check(c, "gemm")) return;
     if (cv) {
-        int64_t t = n * n_out;
-        k_gemm_reduce<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(cv, nq, n, n_out, y, ldy,
-                                                                          round);
+        int pr = cu_prof_begin(c, "gemm.reduce");
+        k_gemm_reduce<<<(unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, c->stream>>>(
+            cv, nq, n, n_out, y, ldy, round);
+        cu_prof_end(c, pr);
         cu_check(c, "gemm reduce");
     }
 }

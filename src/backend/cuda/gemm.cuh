@@ -91,6 +91,72 @@ __device__ __forceinline__ void load_x_chunk(const float *p, bool valid, float (
     }
 }
 
+/* Staging of activation pieces in shared memory (the GEMM kernels, c->xstage; see gemm.cu).
+ * A piece is 1024 elements = 32 chunks of 32; lane L of every warp needs chunk L. Loading that
+ * straight from global memory has each lane read its own 128 bytes (32 cache lines per
+ * load instruction, and the same lines again in each of the block's 8 warps); instead the
+ * block loads the piece of each of its RX rows once, coalesced (one float4 per thread per row),
+ * into xs[rx][chunk][XS_STRIDE], and each lane reads its chunk back from there. The 4-float pad
+ * makes the 16-byte stores (8 threads: one chunk) and the 16-byte loads (8 lanes: 8 chunks)
+ * free of bank conflicts. The values, and so the arithmetic, are the same either way. */
+#define XS_STRIDE 36
+#define XS_PIECE (CU_THREADS * 4) /* elements staged per row: one float4 per thread */
+
+static_assert(XS_PIECE == 1024, "a staged piece is 32 chunks of 32");
+
+/* Bytes of dynamic shared memory of the GEMM kernels: the staged x, then the chunk values. */
+static inline size_t gemm_smem_bytes(int rx) {
+    return (size_t)rx * 32 * XS_STRIDE * 4 + (size_t)CU_WARPS * rx * GEMM_RW * 33 * 4;
+}
+
+/* Kernels whose dynamic shared memory may pass 48 KiB: raise their limit once (per process:
+ * one device kind). */
+template <typename K>
+static bool smem_limit(struct cu_ctx *c, K kernel, size_t bytes, bool *done, const char *what) {
+    if (bytes <= 48 * 1024 || *done) return true;
+    if (bytes > c->smem_optin ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory per block", what, bytes);
+        return false;
+    }
+    *done = true;
+    return true;
+}
+
+/* All CU_THREADS threads: xs <- piece p (elements [1024 p, 1024 p + 1024)) of the rows
+ * x + xoff[rx] (shared memory; zeros for xoff[rx] < 0 and past K; K % 32 == 0, rows 16-byte
+ * aligned). The caller puts __syncthreads() before (the previous piece is consumed) and after. */
+template <int RX>
+__device__ __forceinline__ void stage_x(float *xs, const float *x, const int64_t *xoff, int64_t K,
+                                        int64_t p) {
+    int tid = threadIdx.x;
+    int64_t f = p * XS_PIECE + tid * 4;
+    float4 v[RX];
+#pragma unroll
+    for (int rx = 0; rx < RX; rx++) {
+        int64_t o = xoff[rx];
+        v[rx] = o >= 0 && f < K ? *(const float4 *)(x + o + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int rx = 0; rx < RX; rx++)
+        *(float4 *)(xs + (rx * 32 + (tid >> 3)) * XS_STRIDE + (tid & 7) * 4) = v[rx];
+}
+
+/* xf[0..32) = staged chunk `lane` of row rx. */
+__device__ __forceinline__ void load_x_staged(const float *xs, int rx, int lane, float (&xf)[32]) {
+    const float4 *p = (const float4 *)(xs + (rx * 32 + lane) * XS_STRIDE);
+#pragma unroll
+    for (int v = 0; v < 8; v++) {
+        float4 f = p[v];
+        xf[4 * v] = f.x;
+        xf[4 * v + 1] = f.y;
+        xf[4 * v + 2] = f.z;
+        xf[4 * v + 3] = f.w;
+    }
+}
+
 /* One chunk of cpu_dot. */
 __device__ __forceinline__ float chunk_dot(const float (&a)[32], const float (&b)[32]) {
     float l[8];

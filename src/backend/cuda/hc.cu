@@ -4,51 +4,86 @@
 
 #define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
 
-/* Per row: rho from the flattened streams, then (thread 0) the small maths, then y. */
+/* Barrier of the threads that do the small maths: warp 0 (hc * hc <= 32) or warps 0-1. */
+__device__ __forceinline__ void small_sync(int nt) {
+    if (nt <= 32)
+        __syncwarp();
+    else
+        asm volatile("bar.sync 1, 64;" ::: "memory");
+}
+
+/* Per row: rho from the flattened streams, then the small maths, then y. The small maths
+ * (pre/post, the comb softmax and the Sinkhorn iterations) run on hc * hc threads, one per comb
+ * element, each computing its row or column sum in the CPU's order from shared memory: the
+ * same operations as the CPU's loops, so the same results, without a single thread walking the
+ * hc x hc matrix (in local memory) 2 * iters times. */
 __global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64_t dim,
                                 struct cu_vec base, struct cu_vec scale, int iters, float norm_eps,
                                 float hc_eps, float *y, float *post, float *comb, bool round) {
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
+    __shared__ float M[HC_MAX * HC_MAX];
     int64_t r = blockIdx.x, len = hc * dim;
     const float *Xr = X + r * len;
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss += (double)Xr[i] * (double)Xr[i];
-    ss = block_sum_d(ss, red);
-    if (threadIdx.x == 0) {
+    ss = block_sum_d(ss, red); /* the same value in every thread */
+    int nt = hc * hc, tid = threadIdx.x;
+    if (tid < (nt <= 32 ? 32 : 64)) {
         float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
         int n_mix = (2 + hc) * hc;
-        float m[(2 + HC_MAX) * HC_MAX];
-        for (int j = 0; j < n_mix; j++) m[j] = mraw[r * n_mix + j] * rho;
-        float sc[3];
-        for (int i = 0; i < 3; i++) sc[i] = vec_get(scale, i);
-        float *po = post + r * hc, *C = comb + r * hc * hc;
-        for (int k = 0; k < hc; k++) {
-            pre_s[k] = sigmoid_ref(m[k] * sc[0] + vec_get(base, k)) + hc_eps;
-            po[k] = 2.0f * sigmoid_ref(m[hc + k] * sc[1] + vec_get(base, hc + k));
+        const float *mr = mraw + r * n_mix;
+        if (tid < hc) {
+            int k = tid;
+            float m0 = mr[k] * rho, m1 = mr[hc + k] * rho;
+            pre_s[k] = sigmoid_ref(m0 * vec_get(scale, 0) + vec_get(base, k)) + hc_eps;
+            post[r * hc + k] = 2.0f * sigmoid_ref(m1 * vec_get(scale, 1) + vec_get(base, hc + k));
         }
-        float Cl[HC_MAX * HC_MAX];
-        for (int i = 0; i < hc * hc; i++) Cl[i] = m[2 * hc + i] * sc[2] + vec_get(base, 2 * hc + i);
-        for (int jr = 0; jr < hc; jr++) { /* row softmax + eps */
-            float mx = -INFINITY, z = 0.0f;
-            for (int k = 0; k < hc; k++) mx = fmaxf(mx, Cl[jr * hc + k]);
-            for (int k = 0; k < hc; k++) z += (Cl[jr * hc + k] = exp_ref(Cl[jr * hc + k] - mx));
-            for (int k = 0; k < hc; k++) Cl[jr * hc + k] = Cl[jr * hc + k] / z + hc_eps;
+        bool act = tid < nt;
+        int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
+        float v = 0.0f;
+        if (act) {
+            float m2 = mr[2 * hc + tid] * rho;
+            M[tid] = m2 * vec_get(scale, 2) + vec_get(base, 2 * hc + tid);
         }
+        small_sync(nt);
+        if (act) { /* row softmax + eps */
+            float mx = -INFINITY;
+            for (int kk = 0; kk < hc; kk++) mx = fmaxf(mx, M[jr * hc + kk]);
+            v = exp_ref(M[tid] - mx);
+        }
+        small_sync(nt);
+        if (act) M[tid] = v;
+        small_sync(nt);
+        if (act) {
+            float z = 0.0f;
+            for (int kk = 0; kk < hc; kk++) z += M[jr * hc + kk];
+            v = v / z + hc_eps;
+        }
+        small_sync(nt);
+        if (act) M[tid] = v;
+        small_sync(nt);
         for (int it = 0; it < iters; it++) {
-            if (it > 0)
-                for (int jr = 0; jr < hc; jr++) {
+            if (it > 0) { /* rows */
+                if (act) {
                     float s = 0.0f;
-                    for (int k = 0; k < hc; k++) s += Cl[jr * hc + k];
-                    for (int k = 0; k < hc; k++) Cl[jr * hc + k] /= s + hc_eps;
+                    for (int kk = 0; kk < hc; kk++) s += M[jr * hc + kk];
+                    v /= s + hc_eps;
                 }
-            for (int k = 0; k < hc; k++) {
-                float s = 0.0f;
-                for (int jr = 0; jr < hc; jr++) s += Cl[jr * hc + k];
-                for (int jr = 0; jr < hc; jr++) Cl[jr * hc + k] /= s + hc_eps;
+                small_sync(nt);
+                if (act) M[tid] = v;
+                small_sync(nt);
             }
+            if (act) { /* columns */
+                float s = 0.0f;
+                for (int j = 0; j < hc; j++) s += M[j * hc + k];
+                v /= s + hc_eps;
+            }
+            small_sync(nt);
+            if (act) M[tid] = v;
+            small_sync(nt);
         }
-        for (int i = 0; i < hc * hc; i++) C[i] = Cl[i];
+        if (act) comb[r * nt + tid] = v;
     }
     __syncthreads();
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -76,10 +111,12 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         return;
     }
     launch_gemm(c, &fn, 0, n_mix, a->X, a->n, len, mraw, n_mix, false);
+    int pf = cu_prof_begin(c, "hc_pre.finish");
     k_hc_pre_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(a->X, mraw, hc, a->dim, cu_vec_of(a->base),
                                                            cu_vec_of(a->scale), a->iters,
                                                            a->norm_eps, a->hc_eps, a->y, a->post,
                                                            a->comb, a->round_bf16);
+    cu_prof_end(c, pf);
     cu_check(c, "hc_pre");
 }
 

@@ -211,6 +211,7 @@ struct moe_p {
     const float *weight;        /* [nk] */
     float limit;
     bool round;
+    bool stage;                 /* stage x rows in shared memory (c->xstage) */
     float *h;                   /* [nk + n, I] */
     float *out;                 /* [nk + n, D] */
 };
@@ -235,16 +236,20 @@ __device__ __forceinline__ bool moe_tile(const struct moe_p &p, int RX, int *e, 
     return true;
 }
 
-/* Up projection + SwiGLU: a warp computes GEMM_RW = 2 rows: W1 row c and W3 row c. */
+/* Up projection + SwiGLU: a warp computes GEMM_RW = 2 rows: W1 row c and W3 row c. Dynamic
+ * shared memory gemm_smem_bytes(RX); with p.stage the tile's x rows are staged there (gemm.cuh);
+ * every warp takes part in the block barriers. */
 template <int WT, int RX>
-__global__ void __launch_bounds__(CU_THREADS) k_moe_up(struct moe_p p) {
-    __shared__ float cvs[CU_WARPS][RX * GEMM_RW][33];
+__global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up(struct moe_p p) {
+    extern __shared__ float4 gsm[];
+    float *xs = (float *)gsm;
+    float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int e, rows;
     int64_t pos0;
-    if (!moe_tile(p, RX, &e, &pos0, &rows)) return;
+    if (!moe_tile(p, RX, &e, &pos0, &rows)) return; /* the same for the whole block */
     int64_t col = (int64_t)blockIdx.x * CU_WARPS + warp;
-    if (col >= p.I) return;
+    bool wact = col < p.I;
     int64_t nk = p.n * p.topk;
     struct cu_w W[2] = {p.w1, p.w3};
     if (e >= 0) {
@@ -256,29 +261,40 @@ __global__ void __launch_bounds__(CU_THREADS) k_moe_up(struct moe_p p) {
     const uint8_t *wr[2], *sr[2];
 #pragma unroll
     for (int m = 0; m < 2; m++) {
-        wr[m] = W[m].data + col * W[m].row_bytes;
-        sr[m] = w_scale_row(W[m], col);
+        int64_t row = wact ? col : 0;
+        wr[m] = W[m].data + row * W[m].row_bytes;
+        sr[m] = w_scale_row(W[m], row);
     }
-    const float *xr[RX];
-#pragma unroll
-    for (int rx = 0; rx < RX; rx++) {
-        int64_t pos = pos0 + (rx < rows ? rx : 0);
-        int64_t xrow = pos < nk ? p.perm[pos] / p.topk : pos - nk;
-        xr[rx] = p.x + xrow * p.D;
+    __shared__ int64_t xoff[RX]; /* offset of the tile's x row rx in p.x, -1: none */
+    if (threadIdx.x < RX) {
+        int64_t pos = pos0 + threadIdx.x;
+        xoff[threadIdx.x] = (int)threadIdx.x >= rows ? -1
+                            : pos < nk                ? (int64_t)(p.perm[pos] / p.topk) * p.D
+                                                      : (pos - nk) * p.D;
     }
+    __syncthreads();
     int64_t nq = p.D / 32, np = (nq + 31) / 32;
     float acc = 0.0f;
     for (int64_t pc = 0; pc < np; pc++) {
         int64_t q = pc * 32 + lane;
         bool qv = q < nq;
+        if (p.stage) {
+            __syncthreads();
+            stage_x<RX>(xs, p.x, xoff, p.D, pc);
+        }
         float wf[2][32];
-        load_w_chunk<WT>(W[0], wr[0], sr[0], qv ? q : -1, wf[0]);
-        load_w_chunk<WT>(W[1], wr[1], sr[1], qv ? q : -1, wf[1]);
+        load_w_chunk<WT>(W[0], wr[0], sr[0], qv && wact ? q : -1, wf[0]);
+        load_w_chunk<WT>(W[1], wr[1], sr[1], qv && wact ? q : -1, wf[1]);
+        if (p.stage) __syncthreads();
+        if (!wact) continue;
 #pragma unroll
         for (int rx = 0; rx < RX; rx++) {
             float xf[32];
             bool xv = qv && rx < rows;
-            load_x_chunk(xr[rx] + (xv ? q * 32 : 0), xv, xf);
+            if (p.stage)
+                load_x_staged(xs, rx, lane, xf);
+            else
+                load_x_chunk(p.x + (xv ? xoff[rx] + q * 32 : 0), xv, xf);
             cvs[warp][rx * 2][lane] = chunk_dot(xf, wf[0]);
             cvs[warp][rx * 2 + 1][lane] = chunk_dot(xf, wf[1]);
         }
@@ -289,6 +305,7 @@ __global__ void __launch_bounds__(CU_THREADS) k_moe_up(struct moe_p p) {
         }
         __syncwarp();
     }
+    if (!wact) return;
     float v = acc + 0.0f;                             /* lane 2 rx: g, lane 2 rx + 1: u */
     float u = __shfl_down_sync(0xffffffffu, v, 1);
     int rx = lane / 2;
@@ -302,16 +319,19 @@ __global__ void __launch_bounds__(CU_THREADS) k_moe_up(struct moe_p p) {
     p.h[pos * p.I + col] = rbf(silu * uv * wi, p.round);
 }
 
-/* Down projection: out[slot or nk + r] = W2 h. A warp computes GEMM_RW rows of W2. */
+/* Down projection: out[slot or nk + r] = W2 h. A warp computes GEMM_RW rows of W2. Shared
+ * memory and staging as k_moe_up. */
 template <int WT, int RX>
-__global__ void __launch_bounds__(CU_THREADS) k_moe_down(struct moe_p p) {
-    __shared__ float cvs[CU_WARPS][RX * GEMM_RW][33];
+__global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
+    extern __shared__ float4 gsm[];
+    float *xs = (float *)gsm;
+    float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int e, rows;
     int64_t pos0;
-    if (!moe_tile(p, RX, &e, &pos0, &rows)) return;
+    if (!moe_tile(p, RX, &e, &pos0, &rows)) return; /* the same for the whole block */
     int64_t o0 = ((int64_t)blockIdx.x * CU_WARPS + warp) * GEMM_RW;
-    if (o0 >= p.D) return;
+    bool wact = o0 < p.D;
     int64_t nk = p.n * p.topk;
     struct cu_w W = p.w2;
     if (e >= 0) {
@@ -323,23 +343,35 @@ __global__ void __launch_bounds__(CU_THREADS) k_moe_down(struct moe_p p) {
 #pragma unroll
     for (int r = 0; r < GEMM_RW; r++) {
         wv[r] = o0 + r < p.D;
-        int64_t row = wv[r] ? o0 + r : o0;
+        int64_t row = wv[r] ? o0 + r : 0;
         wr[r] = W.data + row * W.row_bytes;
         sr[r] = w_scale_row(W, row);
     }
+    __shared__ int64_t xoff[RX]; /* offset of the tile's h row rx in p.h, -1: none */
+    if (threadIdx.x < RX) xoff[threadIdx.x] = (int)threadIdx.x < rows ? (pos0 + threadIdx.x) * p.I : -1;
+    __syncthreads();
     int64_t nq = p.I / 32, np = (nq + 31) / 32;
     float acc = 0.0f;
     for (int64_t pc = 0; pc < np; pc++) {
         int64_t q = pc * 32 + lane;
         bool qv = q < nq;
+        if (p.stage) {
+            __syncthreads();
+            stage_x<RX>(xs, p.h, xoff, p.I, pc);
+        }
         float wf[GEMM_RW][32];
 #pragma unroll
         for (int r = 0; r < GEMM_RW; r++) load_w_chunk<WT>(W, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+        if (p.stage) __syncthreads();
+        if (!wact) continue;
 #pragma unroll
         for (int rx = 0; rx < RX; rx++) {
             float xf[32];
             bool xv = qv && rx < rows;
-            load_x_chunk(p.h + (pos0 + (rx < rows ? rx : 0)) * p.I + (xv ? q * 32 : 0), xv, xf);
+            if (p.stage)
+                load_x_staged(xs, rx, lane, xf);
+            else
+                load_x_chunk(p.h + (xv ? (pos0 + rx) * p.I + q * 32 : 0), xv, xf);
 #pragma unroll
             for (int r = 0; r < GEMM_RW; r++) cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf[r]);
         }
@@ -351,7 +383,7 @@ __global__ void __launch_bounds__(CU_THREADS) k_moe_down(struct moe_p p) {
         __syncwarp();
     }
     int rx = lane / GEMM_RW, r = lane % GEMM_RW;
-    if (lane >= RX * GEMM_RW || rx >= rows || !wv[r]) return;
+    if (!wact || lane >= RX * GEMM_RW || rx >= rows || !wv[r]) return;
     int64_t pos = pos0 + rx;
     int64_t orow = pos < nk ? p.perm[pos] : pos;
     p.out[orow * p.D + o0 + r] = rbf(acc + 0.0f, p.round);
@@ -368,23 +400,29 @@ __global__ void k_moe_combine(const float *out, int64_t n, int topk, int64_t D, 
     y[t] = rbf(acc, round);
 }
 
+#define MOE_SMEM(R) gemm_smem_bytes(R)
+
 template <int WT>
 static void launch_up(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 grid) {
+    static bool smem8 = false;
+    if (rx == 8 && !smem_limit(c, k_moe_up<WT, 8>, MOE_SMEM(8), &smem8, "moe up")) return;
     switch (rx) {
-    case 1: k_moe_up<WT, 1><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
-    case 2: k_moe_up<WT, 2><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
-    case 4: k_moe_up<WT, 4><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
-    default: k_moe_up<WT, 8><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    case 1: k_moe_up<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p); break;
+    case 2: k_moe_up<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p); break;
+    case 4: k_moe_up<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p); break;
+    default: k_moe_up<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p); break;
     }
 }
 
 template <int WT>
 static void launch_down(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 grid) {
+    static bool smem8 = false;
+    if (rx == 8 && !smem_limit(c, k_moe_down<WT, 8>, MOE_SMEM(8), &smem8, "moe down")) return;
     switch (rx) {
-    case 1: k_moe_down<WT, 1><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
-    case 2: k_moe_down<WT, 2><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
-    case 4: k_moe_down<WT, 4><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
-    default: k_moe_down<WT, 8><<<grid, CU_THREADS, 0, c->stream>>>(*p); break;
+    case 1: k_moe_down<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p); break;
+    case 2: k_moe_down<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p); break;
+    case 4: k_moe_down<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p); break;
+    default: k_moe_down<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p); break;
     }
 }
 
@@ -397,7 +435,7 @@ static bool moe_up(struct cu_ctx *c, const struct moe_p *p, int type, int rx, di
     case DSI_TYPE_FP4_E2M1: launch_up<DSI_TYPE_FP4_E2M1>(c, p, rx, grid); break;
     default: return false;
     }
-    return cu_check(c, "moe up");
+    return cu_check(c, "moe up") && !c->sticky;
 }
 
 static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
@@ -409,7 +447,7 @@ static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, 
     case DSI_TYPE_FP4_E2M1: launch_down<DSI_TYPE_FP4_E2M1>(c, p, rx, grid); break;
     default: return false;
     }
-    return cu_check(c, "moe down");
+    return cu_check(c, "moe down") && !c->sticky;
 }
 
 static int pick_rx(double rows_per_tile) {
@@ -469,6 +507,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.weight = a->weight;
     p.limit = a->limit;
     p.round = a->round_bf16;
+    p.stage = c->xstage;
     p.h = (float *)(s + o_h);
     p.out = (float *)(s + o_out);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
@@ -478,7 +517,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (!cu_check(c, "moe group")) return;
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
-    if (!moe_up(c, &p, r1.type, rx, gu)) return;
+    int pp = cu_prof_begin(c, "moe.up");
+    bool ok = moe_up(c, &p, r1.type, rx, gu);
+    cu_prof_end(c, pp);
+    if (!ok) return;
     /* shared expert: implicit tiles over all rows */
     struct moe_p ps = p;
     ps.tiles = NULL;
@@ -487,12 +529,21 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w2 = s2;
     int srx = pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
-    if (!moe_up(c, &ps, s1.type, srx, gsu)) return;
+    pp = cu_prof_begin(c, "moe.shared_up");
+    ok = moe_up(c, &ps, s1.type, srx, gsu);
+    cu_prof_end(c, pp);
+    if (!ok) return;
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
-    if (!moe_down(c, &p, r2.type, rx, gd)) return;
+    pp = cu_prof_begin(c, "moe.down");
+    ok = moe_down(c, &p, r2.type, rx, gd);
+    cu_prof_end(c, pp);
+    if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
-    if (!moe_down(c, &ps, s2.type, srx, gsd)) return;
+    pp = cu_prof_begin(c, "moe.shared_down");
+    ok = moe_down(c, &ps, s2.type, srx, gsd);
+    cu_prof_end(c, pp);
+    if (!ok) return;
     k_moe_combine<<<(unsigned)cu_div_up(n * D, 256), 256, 0, c->stream>>>(p.out, n, a->topk, D,
                                                                          a->y, a->round_bf16);
     cu_check(c, "moe combine");
