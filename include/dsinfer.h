@@ -25,13 +25,16 @@ struct dsi_engine_opts {
     int numerics;          /* enum dsi_numerics_opt */
 };
 
-int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *opts,
+int dsi_engine_open(struct dsi_engine **out,
+                    const struct dsi_engine_opts *opts,
                     struct dsi_err *err);
 void dsi_engine_close(struct dsi_engine *e);
 int dsi_engine_vocab_size(const struct dsi_engine *e);
 int dsi_engine_eos_id(const struct dsi_engine *e);
 /* Sampling defaults from generation_config.json. */
-void dsi_engine_sampling_defaults(const struct dsi_engine *e, float *temperature, float *top_p,
+void dsi_engine_sampling_defaults(const struct dsi_engine *e,
+                                  float *temperature,
+                                  float *top_p,
                                   int *top_k);
 
 /* Logits of every position of n_prompts prompts, run together as one batch stream: each
@@ -39,9 +42,14 @@ void dsi_engine_sampling_defaults(const struct dsi_engine *e, float *temperature
  * prompt at once). out: for each prompt in order, len rows of vocab_size floats (row i
  * predicts token i+1); the caller allocates it. mtp_out (optional): for each prompt, len - 1
  * rows of MTP logits (row t predicts token t+2 from position t and token t+1). */
-int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts,
-                             const int *lens, int n_prompts, int chunk, float *out,
-                             float *mtp_out, struct dsi_err *err);
+int dsi_engine_prompt_logits(struct dsi_engine *e,
+                             const int32_t *const *prompts,
+                             const int *lens,
+                             int n_prompts,
+                             int chunk,
+                             float *out,
+                             float *mtp_out,
+                             struct dsi_err *err);
 
 struct dsi_sampling {
     float temperature; /* 0 = greedy */
@@ -54,8 +62,13 @@ struct dsi_sampling {
 typedef int (*dsi_token_fn)(int32_t token, void *user);
 
 /* Generate up to n_new tokens after the prompt (stops at EOS). */
-int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, int n_new,
-                        const struct dsi_sampling *s, dsi_token_fn fn, void *user,
+int dsi_engine_generate(struct dsi_engine *e,
+                        const int32_t *prompt,
+                        int len,
+                        int n_new,
+                        const struct dsi_sampling *s,
+                        dsi_token_fn fn,
+                        void *user,
                         struct dsi_err *err);
 
 /* ---- text ---------------------------------------------------------------------------------
@@ -63,23 +76,29 @@ int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, in
 bool dsi_engine_has_tokenizer(const struct dsi_engine *e);
 /* Encode UTF-8 text (added/special tokens parsed when parse_special). *ids is malloc'd
  * (caller frees). */
-int dsi_engine_encode(const struct dsi_engine *e, const char *text, size_t len,
-                      bool parse_special, int32_t **ids, size_t *n, struct dsi_err *err);
+int dsi_engine_encode(const struct dsi_engine *e,
+                      const char *text,
+                      size_t len,
+                      bool parse_special,
+                      int32_t **ids,
+                      size_t *n,
+                      struct dsi_err *err);
 int32_t dsi_engine_bos_id(const struct dsi_engine *e);
 /* Render `user_text` as one user turn with the DeepSeek-V4 chat encoding, ending with the
  * assistant prefix (thinking mode when think). *out is malloc'd (caller frees). */
-int dsi_engine_chat_prompt(const struct dsi_engine *e, const char *user_text, bool think,
-                           char **out, struct dsi_err *err);
+int dsi_engine_chat_prompt(
+    const struct dsi_engine *e, const char *user_text, bool think, char **out, struct dsi_err *err);
 
 /* Streaming detokenizer: text that is always valid UTF-8, held back until characters are
  * complete. Owned by the caller (free with dsi_text_stream_free); borrows the engine. */
 struct dsi_text_stream;
-int dsi_text_stream_new(struct dsi_text_stream **out, const struct dsi_engine *e,
+int dsi_text_stream_new(struct dsi_text_stream **out,
+                        const struct dsi_engine *e,
                         struct dsi_err *err);
 void dsi_text_stream_free(struct dsi_text_stream *s);
 /* *text (valid until the next call) receives the text that became final. */
-int dsi_text_stream_feed(struct dsi_text_stream *s, int32_t id, const char **text, size_t *len,
-                         struct dsi_err *err);
+int dsi_text_stream_feed(
+    struct dsi_text_stream *s, int32_t id, const char **text, size_t *len, struct dsi_err *err);
 void dsi_text_stream_flush(struct dsi_text_stream *s, const char **text, size_t *len);
 
 /* Print the config summary, layer table, tensor counts and bytes by dtype to f. */
@@ -104,48 +123,50 @@ int dsi_inspect(const char *model_dir, void *file, struct dsi_err *err);
  * Philox stream 0, 1, ... (completion 0 equals the n = 1 output). */
 
 struct dsi_batch_opts {
-    bool sync;              /* true: asynchronous scheduling off (no overlap) */
-    int64_t kv_bytes;       /* cache page pool budget in bytes; 0: every slot at max_ctx */
-    int64_t kv_pages;       /* exact page count instead (tests); 0: from kv_bytes */
-    int max_batch_tokens;   /* token budget per step (rows); <= 0: the engine's max_rows */
-    int chunk_align;        /* prefill chunk ends aligned to this many positions; 0: 128 */
+    bool sync;                 /* true: asynchronous scheduling off (no overlap) */
+    int64_t kv_bytes;          /* cache page pool budget in bytes; 0: every slot at max_ctx */
+    int64_t kv_pages;          /* exact page count instead (tests); 0: from kv_bytes */
+    int max_batch_tokens;      /* token budget per step (rows); <= 0: the engine's max_rows */
+    int chunk_align;           /* prefill chunk ends aligned to this many positions; 0: 128 */
     const char *tokenizer_dir; /* NULL: the model directory (no tokenizer.json: ids only) */
 };
 
 /* Open an engine (as dsi_engine_open) and start serving. Close with dsi_batch_close. */
-int dsi_batch_open(struct dsi_engine **out, const struct dsi_engine_opts *eo,
-                   const struct dsi_batch_opts *bo, struct dsi_err *err);
+int dsi_batch_open(struct dsi_engine **out,
+                   const struct dsi_engine_opts *eo,
+                   const struct dsi_batch_opts *bo,
+                   struct dsi_err *err);
 /* Stop the threads, drop unfinished requests and undelivered events, close the engine. */
 void dsi_batch_close(struct dsi_engine *e);
 
 struct dsi_request {
     /* the prompt: exactly one of */
-    const char *prompt;           /* UTF-8 text; prompt_len bytes (0: strlen) */
+    const char *prompt; /* UTF-8 text; prompt_len bytes (0: strlen) */
     size_t prompt_len;
-    const int32_t *prompt_ids;    /* token ids */
+    const int32_t *prompt_ids; /* token ids */
     int n_prompt_ids;
-    const char *messages_json;    /* chat: JSON array of OpenAI-style messages (src/tok/chat.h) */
+    const char *messages_json; /* chat: JSON array of OpenAI-style messages (src/tok/chat.h) */
     /* sampling; dsi_request_init sets the defaults shown */
-    int max_tokens;               /* tokens per completion, >= 1 (16) */
-    float temperature;            /* 0: greedy; < 0: the model's generation_config (-1) */
-    float top_p;                  /* (0, 1]; < 0: generation_config (-1) */
-    int top_k;                    /* 0: off; < 0: generation_config (-1) */
-    float min_p;                  /* [0, 1] (0) */
-    float presence_penalty;       /* [-2, 2] (0) */
-    float frequency_penalty;      /* [-2, 2] (0) */
-    float repetition_penalty;     /* > 0; 1: off (1) */
-    const char *const *stop;      /* n_stop stop strings, matched on the output text */
+    int max_tokens;           /* tokens per completion, >= 1 (16) */
+    float temperature;        /* 0: greedy; < 0: the model's generation_config (-1) */
+    float top_p;              /* (0, 1]; < 0: generation_config (-1) */
+    int top_k;                /* 0: off; < 0: generation_config (-1) */
+    float min_p;              /* [0, 1] (0) */
+    float presence_penalty;   /* [-2, 2] (0) */
+    float frequency_penalty;  /* [-2, 2] (0) */
+    float repetition_penalty; /* > 0; 1: off (1) */
+    const char *const *stop;  /* n_stop stop strings, matched on the output text */
     int n_stop;
     const int32_t *stop_token_ids;
     int n_stop_token_ids;
     bool ignore_eos;
-    bool has_seed;                /* false: a random seed, reported in the result */
+    bool has_seed; /* false: a random seed, reported in the result */
     uint64_t seed;
-    int n;                        /* completions of the prompt (1) */
-    bool logprobs;                /* logprob of every chosen token */
-    int top_logprobs;             /* 0..20 alternatives per token (implies logprobs) */
-    bool stream;                  /* DSI_EVENT_TOKENS events as tokens are produced */
-    uint64_t tag;                 /* opaque, copied to events and the result */
+    int n;            /* completions of the prompt (1) */
+    bool logprobs;    /* logprob of every chosen token */
+    int top_logprobs; /* 0..20 alternatives per token (implies logprobs) */
+    bool stream;      /* DSI_EVENT_TOKENS events as tokens are produced */
+    uint64_t tag;     /* opaque, copied to events and the result */
 };
 
 void dsi_request_init(struct dsi_request *r);
@@ -153,7 +174,9 @@ void dsi_request_init(struct dsi_request *r);
 /* Queue a request; *id identifies it in events and dsi_cancel. Nothing of req is kept (strings
  * and arrays are copied). Refuses (DSI_ERR_INVALID, DSI_ERR_CONTEXT_FULL, DSI_ERR_UNSUPPORTED)
  * a malformed request, a prompt longer than the context, text without a tokenizer. */
-int dsi_submit(struct dsi_engine *e, const struct dsi_request *req, uint64_t *id,
+int dsi_submit(struct dsi_engine *e,
+               const struct dsi_request *req,
+               uint64_t *id,
                struct dsi_err *err);
 
 /* Ask to stop a request; its result comes with DSI_FINISH_CANCELLED on the completions that
@@ -162,44 +185,44 @@ int dsi_cancel(struct dsi_engine *e, uint64_t id);
 
 enum dsi_finish {
     DSI_FINISH_NONE = 0,
-    DSI_FINISH_STOP = 1,      /* EOS, a stop token id or a stop string */
-    DSI_FINISH_LENGTH = 2,    /* max_tokens or the context */
+    DSI_FINISH_STOP = 1,   /* EOS, a stop token id or a stop string */
+    DSI_FINISH_LENGTH = 2, /* max_tokens or the context */
     DSI_FINISH_CANCELLED = 3,
-    DSI_FINISH_ERROR = 4,     /* the request failed: see dsi_result.status */
+    DSI_FINISH_ERROR = 4, /* the request failed: see dsi_result.status */
 };
 const char *dsi_finish_str(int finish); /* "stop", "length", "cancelled", "error" */
 
 struct dsi_completion {
     int index;
-    int finish;                 /* enum dsi_finish */
-    char *stop_str;             /* the stop string that matched, or NULL */
-    int32_t stop_token;         /* the EOS / stop token id that matched, or -1 */
-    int32_t *tokens;            /* [n_tokens] generated ids; a matched EOS / stop id included */
+    int finish;         /* enum dsi_finish */
+    char *stop_str;     /* the stop string that matched, or NULL */
+    int32_t stop_token; /* the EOS / stop token id that matched, or -1 */
+    int32_t *tokens;    /* [n_tokens] generated ids; a matched EOS / stop id included */
     int n_tokens;
-    char *text;                 /* NUL-terminated output text: special tokens skipped, cut before
-                                   a matched stop string; NULL without a tokenizer */
+    char *text; /* NUL-terminated output text: special tokens skipped, cut before
+                   a matched stop string; NULL without a tokenizer */
     size_t text_len;
-    float *logprobs;            /* [n_tokens] log-softmax of the model's logits, or NULL */
-    int32_t *top_ids;           /* [n_tokens, n_top], largest first, or NULL */
-    float *top_logprobs;        /* [n_tokens, n_top] */
+    float *logprobs;     /* [n_tokens] log-softmax of the model's logits, or NULL */
+    int32_t *top_ids;    /* [n_tokens, n_top], largest first, or NULL */
+    float *top_logprobs; /* [n_tokens, n_top] */
     int n_top;
-    double t_first, t_last;     /* seconds after submission: first and last token */
+    double t_first, t_last; /* seconds after submission: first and last token */
     int n_preemptions;
 };
 
 /* Everything a result points to is owned by the result (dsi_result_free). */
 struct dsi_result {
     uint64_t id, tag;
-    int status;                 /* 0, or the DSI_ERR_* that failed the request */
-    char error[512];            /* the message when status != 0 */
+    int status;      /* 0, or the DSI_ERR_* that failed the request */
+    char error[512]; /* the message when status != 0 */
     int n_prompt_tokens;
-    int n_completion_tokens;    /* over all completions */
-    uint64_t seed;              /* the seed used (the request's or the random one) */
+    int n_completion_tokens; /* over all completions */
+    uint64_t seed;           /* the seed used (the request's or the random one) */
     int n;
-    struct dsi_completion *c;   /* [n] */
-    double t_queue;             /* seconds from submission to the first scheduled step */
-    double t_first_token;       /* seconds from submission to the first token (TTFT) */
-    double t_total;             /* seconds from submission to the end */
+    struct dsi_completion *c; /* [n] */
+    double t_queue;           /* seconds from submission to the first scheduled step */
+    double t_first_token;     /* seconds from submission to the first token (TTFT) */
+    double t_total;           /* seconds from submission to the end */
 };
 /* Free a result and everything it points to. NULL is a no-op. */
 void dsi_result_free(struct dsi_result *r);
@@ -213,11 +236,11 @@ struct dsi_event {
     int kind;
     uint64_t id, tag;
     /* TOKENS (borrowed, valid until the next dsi_poll on this engine) */
-    int index;              /* completion */
+    int index; /* completion */
     const int32_t *tokens;
     int n_tokens;
-    const char *text;       /* new text, valid UTF-8; text that may start a stop string is held
-                               back until decided */
+    const char *text; /* new text, valid UTF-8; text that may start a stop string is held
+                         back until decided */
     size_t text_len;
     /* DONE: owned by the caller from now on (dsi_result_free) */
     struct dsi_result *result;
@@ -230,12 +253,12 @@ int dsi_poll(struct dsi_engine *e, struct dsi_event *ev, int max_events, int tim
 
 struct dsi_batch_stats {
     int64_t steps, rows, prefill_rows, decode_rows, preemptions;
-    int64_t generated_tokens;   /* tokens sampled and kept */
-    int n_waiting, n_running;   /* sequences (completions) */
-    int n_inflight;             /* requests submitted and not yet delivered as DONE */
+    int64_t generated_tokens; /* tokens sampled and kept */
+    int n_waiting, n_running; /* sequences (completions) */
+    int n_inflight;           /* requests submitted and not yet delivered as DONE */
     int64_t pages_free, pages_total, page_tokens;
-    int64_t kv_bytes;           /* backend memory of the cache pool (slots + pages) */
-    int64_t max_positions;      /* longest sequence (prompt + output) the pool holds */
+    int64_t kv_bytes;      /* backend memory of the cache pool (slots + pages) */
+    int64_t max_positions; /* longest sequence (prompt + output) the pool holds */
     int max_seqs;
     bool has_tokenizer;
 };
@@ -243,8 +266,8 @@ void dsi_batch_get_stats(struct dsi_engine *e, struct dsi_batch_stats *st);
 
 /* Tokenize text with the engine's tokenizer (special tokens parsed; thread-safe). *ids is
  * malloc'd (caller frees). DSI_ERR_UNSUPPORTED without a tokenizer. */
-int dsi_batch_tokenize(struct dsi_engine *e, const char *text, size_t len, int32_t **ids,
-                       int *n, struct dsi_err *err);
+int dsi_batch_tokenize(
+    struct dsi_engine *e, const char *text, size_t len, int32_t **ids, int *n, struct dsi_err *err);
 
 /* ---- JSONL requests and results (src/run/jsonl.c; `dsinfer run`, usable by a server) ----
  * A request is one JSON object with OpenAI / vLLM names: the prompt as "prompt" (a string or
@@ -258,8 +281,7 @@ struct dsi_jsonl_req;
 
 /* Parse one line. *out is set whenever the line was a JSON object, even when a field is bad
  * (so an error line can echo the ids); free it with dsi_jsonl_req_free. */
-int dsi_jsonl_parse(struct dsi_jsonl_req **out, const char *line, size_t len,
-                    struct dsi_err *err);
+int dsi_jsonl_parse(struct dsi_jsonl_req **out, const char *line, size_t len, struct dsi_err *err);
 void dsi_jsonl_req_free(struct dsi_jsonl_req *r);
 /* The parsed request (points into r: valid until dsi_jsonl_req_free). */
 const struct dsi_request *dsi_jsonl_request(const struct dsi_jsonl_req *r);

@@ -31,11 +31,16 @@ int main(int argc, char **argv) {
     const char *only = NULL;
     int list = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--list")) list = 1;
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-        else if (!strcmp(argv[i], "--slow")) ctx.slow = 1;
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) ctx.seed = (unsigned)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--root") && i + 1 < argc) ctx.root = argv[++i];
+        if (!strcmp(argv[i], "--list"))
+            list = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--slow"))
+            ctx.slow = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            ctx.seed = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--root") && i + 1 < argc)
+            ctx.root = argv[++i];
         else {
             fprintf(stderr, "usage: dsinfer-test [--list] [--only GLOB] [--slow] [--seed N] "
                             "[--root DIR]\n");
@@ -60,8 +65,10 @@ int main(int argc, char **argv) {
         fflush(stderr);
         int rc = g_tests[i].fn(&ctx);
         fprintf(stderr, "%s\n", rc == 0 ? "ok" : "FAILED");
-        if (rc == 0) passed++;
-        else failed++;
+        if (rc == 0)
+            passed++;
+        else
+            failed++;
     }
     if (!list) {
         char cmd[4200];

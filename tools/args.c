@@ -36,8 +36,10 @@ int args_parse_ids(const char *s, int32_t **out) {
         errno = 0;
         long long x = strtoll(p, &end, 10);
         if (end == p || errno || x < 0 || x > INT32_MAX) {
-            fprintf(stderr, "dsinfer: --prompt-ids: '%s' is not a list of non-negative ids like "
-                            "1,2,3\n", s);
+            fprintf(stderr,
+                    "dsinfer: --prompt-ids: '%s' is not a list of non-negative ids like "
+                    "1,2,3\n",
+                    s);
             free(v);
             return -1;
         }
@@ -51,7 +53,8 @@ int args_parse_ids(const char *s, int32_t **out) {
         }
         v[n++] = (int32_t)x;
         p = end;
-        while (*p == ',' || *p == ' ') p++;
+        while (*p == ',' || *p == ' ')
+            p++;
     }
     if (!n) {
         fprintf(stderr, "dsinfer: --prompt-ids: empty list\n");
@@ -62,8 +65,8 @@ int args_parse_ids(const char *s, int32_t **out) {
     return n;
 }
 
-int args_int(const char *cmd, const char *opt, const char *v, long long lo, long long hi,
-             long long *out) {
+int args_int(
+    const char *cmd, const char *opt, const char *v, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;

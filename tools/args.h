@@ -12,8 +12,8 @@ const char *args_default_model(void);
 /* Parse "1,2,3" into a malloc'd array; returns count or -1 with a message on stderr. */
 int args_parse_ids(const char *s, int32_t **out);
 /* Parse an integer/float option value or print "dsinfer CMD: OPT: want ..." and return -1. */
-int args_int(const char *cmd, const char *opt, const char *v, long long lo, long long hi,
-             long long *out);
+int args_int(
+    const char *cmd, const char *opt, const char *v, long long lo, long long hi, long long *out);
 int args_float(const char *cmd, const char *opt, const char *v, double *out);
 
 #endif

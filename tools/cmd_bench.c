@@ -13,13 +13,15 @@ static int count_token(int32_t t, void *user) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dsinfer bench [model] [-m DIR] [--threads N] [--backend cpu|cuda] [--prompt N] [--decode N]\n"
-               "       dsinfer bench tokenize [options]\n"
-               "       dsinfer bench sweep [options]   serving throughput vs latency over concurrency "
-               "(CSV + SVG)\n"
-               "       dsinfer bench layer [options]   (CUDA: decode step time vs the roofline)\n"
-               "model: prefill tokens/s of a random prompt of N tokens and greedy decode "
-               "tokens/s.\n");
+    fprintf(f,
+            "usage: dsinfer bench [model] [-m DIR] [--threads N] [--backend cpu|cuda] [--prompt N] "
+            "[--decode N]\n"
+            "       dsinfer bench tokenize [options]\n"
+            "       dsinfer bench sweep [options]   serving throughput vs latency over concurrency "
+            "(CSV + SVG)\n"
+            "       dsinfer bench layer [options]   (CUDA: decode step time vs the roofline)\n"
+            "model: prefill tokens/s of a random prompt of N tokens and greedy decode "
+            "tokens/s.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -34,9 +36,12 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "model")) continue;
-        else if (!strcmp(a, "-m") && v) dir = argv[++i];
-        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
+        } else if (!strcmp(a, "model"))
+            continue;
+        else if (!strcmp(a, "-m") && v)
+            dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v)
+            backend = argv[++i];
         else if (!strcmp(a, "--threads") && v) {
             if (args_int("bench", a, argv[++i], 0, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--prompt") && v) {
@@ -49,7 +54,9 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
-    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads,
+    struct dsi_engine_opts o = {.backend = backend,
+                                .model_dir = dir,
+                                .n_threads = (int)threads,
                                 .max_rows = (int)DSI_MIN(n_prompt, 512),
                                 .max_ctx = n_prompt + n_decode + 1};
     struct dsi_engine *e = NULL;
@@ -75,7 +82,8 @@ int cmd_bench(int argc, char **argv) {
     if (!rc && dsi_engine_generate(e, p, (int)n_prompt, (int)n_decode, &s, count_token, &got, &err))
         rc = 1;
     double t2 = dsi_time_s();
-    if (rc) fprintf(stderr, "dsinfer bench: %s\n", err.msg);
+    if (rc)
+        fprintf(stderr, "dsinfer bench: %s\n", err.msg);
     else {
         double prefill = t1 - t0, decode = (t2 - t1) - prefill;
         printf("model %s threads %lld\n", dir, threads);

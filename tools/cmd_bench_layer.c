@@ -56,22 +56,34 @@ static int64_t tbytes(const struct dsi_tensor *t) {
 
 /* Bytes of the layer's weights outside the routed experts. */
 static int64_t layer_bytes(const struct dsi_layer_w *L) {
-    const struct dsi_tensor *ts[] = {
-        &L->hc_attn.fn, &L->hc_attn.base, &L->hc_attn.scale, &L->hc_ffn.fn, &L->hc_ffn.base,
-        &L->hc_ffn.scale, &L->attn_norm, &L->ffn_norm, &L->attn_sink, &L->wq_a, &L->q_norm,
-        &L->wq_b, &L->wkv, &L->kv_norm, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
-        &L->comp.ape, &L->comp.norm, &L->idx_wq_b, &L->idx_weights_proj, &L->idx_comp.wkv,
-        &L->idx_comp.wgate, &L->idx_comp.ape, &L->idx_comp.norm, &L->gate_w, &L->gate_bias,
-        &L->sh_w1, &L->sh_w2, &L->sh_w3};
+    const struct dsi_tensor *ts[] = {&L->hc_attn.fn,    &L->hc_attn.base,
+                                     &L->hc_attn.scale, &L->hc_ffn.fn,
+                                     &L->hc_ffn.base,   &L->hc_ffn.scale,
+                                     &L->attn_norm,     &L->ffn_norm,
+                                     &L->attn_sink,     &L->wq_a,
+                                     &L->q_norm,        &L->wq_b,
+                                     &L->wkv,           &L->kv_norm,
+                                     &L->wo_a,          &L->wo_b,
+                                     &L->comp.wkv,      &L->comp.wgate,
+                                     &L->comp.ape,      &L->comp.norm,
+                                     &L->idx_wq_b,      &L->idx_weights_proj,
+                                     &L->idx_comp.wkv,  &L->idx_comp.wgate,
+                                     &L->idx_comp.ape,  &L->idx_comp.norm,
+                                     &L->gate_w,        &L->gate_bias,
+                                     &L->sh_w1,         &L->sh_w2,
+                                     &L->sh_w3};
     int64_t b = 0;
-    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) b += tbytes(ts[i]);
-    for (int i = 0; i < L->n_scales; i++) b += tbytes(&L->scales[i]);
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        b += tbytes(ts[i]);
+    for (int i = 0; i < L->n_scales; i++)
+        b += tbytes(&L->scales[i]);
     return b;
 }
 
 static int64_t expert_bytes(const struct dsi_layer_w *L) {
     int64_t b = tbytes(&L->ew1[0]) + tbytes(&L->ew2[0]) + tbytes(&L->ew3[0]);
-    for (int i = 0; i < 3; i++) b += tbytes(&L->escales[i]);
+    for (int i = 0; i < 3; i++)
+        b += tbytes(&L->escales[i]);
     return b;
 }
 
@@ -112,7 +124,8 @@ static void usage(FILE *f) {
 /* Copy bandwidth through the backend's copy op: GB/s counting bytes read + written. */
 static double copy_bw(struct dsi_backend *be, struct dsi_err *err) {
     int64_t dim = 1 << 20, rows = 256; /* 1 GiB each way */
-    float *a = be->ops->alloc(be, (size_t)(dim * rows * 4)), *b = be->ops->alloc(be, (size_t)(dim * rows * 4));
+    float *a = be->ops->alloc(be, (size_t)(dim * rows * 4)),
+          *b = be->ops->alloc(be, (size_t)(dim * rows * 4));
     double best = 0;
     if (a && b) {
         struct dsi_copy_args ca = {a, b, rows, dim, dim, dim};
@@ -156,7 +169,8 @@ int cmd_bench_layer(int argc, char **argv) {
         } else if (!strcmp(a, "--batch") && v) {
             nb = parse_list(argv[++i], batches, 32);
             if (nb < 1) {
-                fprintf(stderr, "dsinfer bench layer: --batch: want a list like 1,2,4, got '%s'\n", v);
+                fprintf(stderr, "dsinfer bench layer: --batch: want a list like 1,2,4, got '%s'\n",
+                        v);
                 return 2;
             }
         } else if (!strcmp(a, "--ctx") && v) {
@@ -176,7 +190,8 @@ int cmd_bench_layer(int argc, char **argv) {
         return 2;
     }
     int max_b = 1;
-    for (int i = 0; i < nb; i++) max_b = DSI_MAX(max_b, batches[i]);
+    for (int i = 0; i < nb; i++)
+        max_b = DSI_MAX(max_b, batches[i]);
     struct dsi_err err = {0};
     struct dsi_model *m = NULL;
     struct dsi_backend *be = NULL;
@@ -204,13 +219,15 @@ int cmd_bench_layer(int argc, char **argv) {
     if (dsi_fwd_new(&f, m, be, kv, max_b, num, &err)) goto fail;
     double bw = copy_bw(be, &err);
     int64_t wbytes = 0, ebytes = 0;
-    for (int il = 0; il < c->num_hidden_layers; il++) wbytes += layer_bytes(&m->layers[il]);
+    for (int il = 0; il < c->num_hidden_layers; il++)
+        wbytes += layer_bytes(&m->layers[il]);
     ebytes = expert_bytes(&m->layers[0]);
     printf("# dsinfer bench layer: %s, %d layers, backend %s, ctx %lld, numerics %s\n", dir,
            c->num_hidden_layers, be->name, (long long)ctx, num ? "reference" : "plain");
-    printf("# load+import %.1f s; copy bandwidth %.0f GB/s (read+write); non-expert weights %.1f MB "
-           "per step, %.1f MB per expert\n",
-           t_load, bw, (double)wbytes / 1e6, (double)ebytes / 1e6);
+    printf(
+        "# load+import %.1f s; copy bandwidth %.0f GB/s (read+write); non-expert weights %.1f MB "
+        "per step, %.1f MB per expert\n",
+        t_load, bw, (double)wbytes / 1e6, (double)ebytes / 1e6);
     printf("%6s %10s %10s %10s %10s %9s %10s %8s\n", "batch", "step_ms", "layer_ms", "tok/s",
            "MB/step", "GB/s", "roof_ms", "ratio");
     tok = malloc(sizeof(int32_t) * (size_t)max_b);
@@ -252,13 +269,15 @@ int cmd_bench_layer(int argc, char **argv) {
         int E = c->n_routed_experts, K = c->num_experts_per_tok;
         double hit = E * (1.0 - pow(1.0 - (double)K / E, B));
         double bytes = (double)wbytes + hit * (double)ebytes * c->num_hidden_layers;
-        for (int il = 0; il < c->num_hidden_layers; il++) bytes += (double)B * (double)cache_bytes(c, il, ctx);
+        for (int il = 0; il < c->num_hidden_layers; il++)
+            bytes += (double)B * (double)cache_bytes(c, il, ctx);
         double roof = bw > 0 ? bytes / (bw * 1e9) : 0;
         printf("%6d %10.3f %10.3f %10.1f %10.1f %9.0f %10.3f %8.2f\n", B, t * 1e3,
                t * 1e3 / c->num_hidden_layers, B / t, bytes / 1e6, bytes / t / 1e9, roof * 1e3,
                roof > 0 ? t / roof : 0);
         fflush(stdout);
-        for (int r = 0; r < B; r++) dsi_kv_seq_free(kv, slot[r]);
+        for (int r = 0; r < B; r++)
+            dsi_kv_seq_free(kv, slot[r]);
     }
     rc = 0;
 fail:

@@ -34,8 +34,10 @@ int cmd_eval(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-m") && v) dir = argv[++i];
-        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
+        } else if (!strcmp(a, "-m") && v)
+            dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v)
+            backend = argv[++i];
         else if (!strcmp(a, "--window") && v) {
             if (args_int("eval", a, argv[++i], 3, 1 << 20, &window)) return 2;
         } else if (!strcmp(a, "--max-windows") && v) {
@@ -46,12 +48,14 @@ int cmd_eval(int argc, char **argv) {
             if (args_int("eval", a, argv[++i], 0, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--numerics") && v) {
             v = argv[++i];
-            if (!strcmp(v, "reference")) numerics = DSI_OPT_NUMERICS_REFERENCE;
+            if (!strcmp(v, "reference"))
+                numerics = DSI_OPT_NUMERICS_REFERENCE;
             else if (strcmp(v, "plain") != 0) {
                 fprintf(stderr, "dsinfer eval: --numerics: want plain or reference\n");
                 return 2;
             }
-        } else if (a[0] != '-' && !file) file = a;
+        } else if (a[0] != '-' && !file)
+            file = a;
         else {
             fprintf(stderr, "dsinfer eval: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -68,15 +72,18 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "dsinfer eval: %s\n", err.msg);
         return 1;
     }
-    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads,
-                                .max_rows = (int)(window * batch), .max_ctx = window,
-                                .max_seqs = (int)batch, .numerics = numerics};
+    struct dsi_engine_opts o = {.backend = backend,
+                                .model_dir = dir,
+                                .n_threads = (int)threads,
+                                .max_rows = (int)(window * batch),
+                                .max_ctx = window,
+                                .max_seqs = (int)batch,
+                                .numerics = numerics};
     struct dsi_engine *e = NULL;
     int rc = 1;
     int32_t *ids = NULL;
     size_t n = 0;
-    if (dsi_engine_open(&e, &o, &err) ||
-        dsi_engine_encode(e, text, len, false, &ids, &n, &err)) {
+    if (dsi_engine_open(&e, &o, &err) || dsi_engine_encode(e, text, len, false, &ids, &n, &err)) {
         fprintf(stderr, "dsinfer eval: %s\n", err.msg);
         goto out;
     }
@@ -120,9 +127,11 @@ int cmd_eval(int argc, char **argv) {
             for (int64_t t = 0; t + 1 < lens[b]; t++) {
                 const float *row = lg + (lo + t) * V;
                 float mx = row[0];
-                for (int64_t v = 1; v < V; v++) mx = fmaxf(mx, row[v]);
+                for (int64_t v = 1; v < V; v++)
+                    mx = fmaxf(mx, row[v]);
                 double z = 0;
-                for (int64_t v = 0; v < V; v++) z += exp((double)(row[v] - mx));
+                for (int64_t v = 0; v < V; v++)
+                    z += exp((double)(row[v] - mx));
                 nll += log(z) - (double)(row[ps[b][t + 1]] - mx);
                 count++;
                 if (have_mtp && t + 2 < lens[b]) { /* MTP row t predicts token t+2 */

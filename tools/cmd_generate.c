@@ -53,12 +53,18 @@ int cmd_generate(int argc, char **argv) {
             usage(stdout);
             free(ids);
             return 0;
-        } else if (!strcmp(a, "-m") && v) dir = argv[++i];
-        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
-        else if (!strcmp(a, "-p") && v) text = argv[++i];
-        else if (!strcmp(a, "--chat")) chat = 1;
-        else if (!strcmp(a, "--think")) think = 1;
-        else if (!strcmp(a, "--ids")) want_ids = 1;
+        } else if (!strcmp(a, "-m") && v)
+            dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v)
+            backend = argv[++i];
+        else if (!strcmp(a, "-p") && v)
+            text = argv[++i];
+        else if (!strcmp(a, "--chat"))
+            chat = 1;
+        else if (!strcmp(a, "--think"))
+            think = 1;
+        else if (!strcmp(a, "--ids"))
+            want_ids = 1;
         else if (!strcmp(a, "--prompt-ids") && v) {
             free(ids);
             if ((n_ids = args_parse_ids(argv[++i], &ids)) < 0) return 1;
@@ -91,8 +97,11 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "dsinfer generate: --chat/--think need a text prompt\n");
         goto out;
     }
-    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads,
-                                .max_ctx = 4096, .max_seqs = 1};
+    struct dsi_engine_opts o = {.backend = backend,
+                                .model_dir = dir,
+                                .n_threads = (int)threads,
+                                .max_ctx = 4096,
+                                .max_seqs = 1};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     if (dsi_engine_open(&e, &o, &err)) {
@@ -108,8 +117,8 @@ int cmd_generate(int argc, char **argv) {
         }
         size_t n = 0;
         int32_t *enc = NULL;
-        int erc = dsi_engine_encode(e, chat ? prompt : text, strlen(chat ? prompt : text), chat != 0,
-                                    &enc, &n, &err);
+        int erc = dsi_engine_encode(e, chat ? prompt : text, strlen(chat ? prompt : text),
+                                    chat != 0, &enc, &n, &err);
         free(prompt);
         if (erc) {
             fprintf(stderr, "dsinfer generate: prompt: %s\n", err.msg);
@@ -119,7 +128,8 @@ int cmd_generate(int argc, char **argv) {
         ids = malloc(sizeof(int32_t) * (n + 1));
         n_ids = 0;
         if (!chat) ids[n_ids++] = dsi_engine_bos_id(e);
-        for (size_t i = 0; i < n; i++) ids[n_ids++] = enc[i];
+        for (size_t i = 0; i < n; i++)
+            ids[n_ids++] = enc[i];
         free(enc);
     }
     if (dsi_engine_has_tokenizer(e) && !want_ids && dsi_text_stream_new(&pr.ts, e, &err)) {

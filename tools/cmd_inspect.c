@@ -15,7 +15,8 @@ int cmd_inspect(int argc, char **argv) {
                    "validates every tensor's name, dtype and shape.\n");
             return 0;
         }
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) dir = argv[++i];
+        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            dir = argv[++i];
         else {
             fprintf(stderr, "dsinfer inspect: unknown or incomplete option '%s'\n", argv[i]);
             return 2;

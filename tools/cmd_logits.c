@@ -29,10 +29,14 @@ int cmd_logits(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-m") && v) dir = argv[++i];
-        else if (!strcmp(a, "--backend") && v) backend = argv[++i];
-        else if (!strcmp(a, "--out") && v) outp = argv[++i];
-        else if (!strcmp(a, "--mtp-out") && v) mtpp = argv[++i];
+        } else if (!strcmp(a, "-m") && v)
+            dir = argv[++i];
+        else if (!strcmp(a, "--backend") && v)
+            backend = argv[++i];
+        else if (!strcmp(a, "--out") && v)
+            outp = argv[++i];
+        else if (!strcmp(a, "--mtp-out") && v)
+            mtpp = argv[++i];
         else if (!strcmp(a, "--prompt-ids") && v) {
             if (n_prompts == 64) {
                 fprintf(stderr, "dsinfer logits: at most 64 prompts\n");
@@ -47,10 +51,13 @@ int cmd_logits(int argc, char **argv) {
             if (args_int("logits", a, argv[++i], 0, 1024, &threads)) goto out;
         } else if (!strcmp(a, "--numerics") && v) {
             v = argv[++i];
-            if (!strcmp(v, "plain")) numerics = DSI_OPT_NUMERICS_PLAIN;
-            else if (!strcmp(v, "reference")) numerics = DSI_OPT_NUMERICS_REFERENCE;
+            if (!strcmp(v, "plain"))
+                numerics = DSI_OPT_NUMERICS_PLAIN;
+            else if (!strcmp(v, "reference"))
+                numerics = DSI_OPT_NUMERICS_REFERENCE;
             else {
-                fprintf(stderr, "dsinfer logits: --numerics: want plain or reference, got '%s'\n", v);
+                fprintf(stderr, "dsinfer logits: --numerics: want plain or reference, got '%s'\n",
+                        v);
                 goto out;
             }
         } else {
@@ -70,8 +77,12 @@ int cmd_logits(int argc, char **argv) {
         max_len = DSI_MAX(max_len, lens[p]);
     }
     int rows = (int)(chunk > 0 ? chunk * n_prompts : total);
-    struct dsi_engine_opts o = {.backend = backend, .model_dir = dir, .n_threads = (int)threads, .max_rows = rows,
-                                .max_ctx = max_len, .numerics = numerics};
+    struct dsi_engine_opts o = {.backend = backend,
+                                .model_dir = dir,
+                                .n_threads = (int)threads,
+                                .max_rows = rows,
+                                .max_ctx = max_len,
+                                .numerics = numerics};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     if (dsi_engine_open(&e, &o, &err)) {
@@ -91,7 +102,8 @@ int cmd_logits(int argc, char **argv) {
         if (!f || fwrite(lg, sizeof(float), (size_t)(total * V), f) != (size_t)(total * V) ||
             fclose(f) != 0)
             fprintf(stderr, "dsinfer logits: %s: cannot write\n", outp);
-        else rc = 0;
+        else
+            rc = 0;
         if (!rc && mt) {
             size_t nm = (size_t)((total - n_prompts) * V);
             f = fopen(mtpp, "wb");
@@ -105,6 +117,7 @@ int cmd_logits(int argc, char **argv) {
     free(mt);
     dsi_engine_close(e);
 out:
-    for (int p = 0; p < n_prompts; p++) free(prompts[p]);
+    for (int p = 0; p < n_prompts; p++)
+        free(prompts[p]);
     return rc;
 }

@@ -21,7 +21,7 @@ struct dsi_gemm_args {
     int64_t row0, n_out;
     const float *x; /* [n, ldx], K = w->ne[0] used */
     int64_t n, ldx;
-    float *y;       /* [n, ldy] */
+    float *y; /* [n, ldy] */
     int64_t ldy;
     bool round_bf16;
 };
@@ -65,7 +65,6 @@ struct dsi_copy_args {
     int64_t n, dim, lds, ldd;
 };
 
-
 /* y = x * rsqrt(mean(x^2) + eps) (* w), per row, or per group of `dim` when a row holds
  * n_groups groups (per-head norm). w may be NULL. May alias. */
 struct dsi_rms_norm_args {
@@ -80,11 +79,11 @@ struct dsi_rms_norm_args {
 /* Interleaved RoPE on the last rope_dim values of every head: pair i is (x[w-rd+2i],
  * x[w-rd+2i+1]) rotated by +-pos*freq[i] (angle as an fp32 product). */
 struct dsi_rope_args {
-    float *x;       /* [n, n_heads, head_stride] row r at x + r*ldx */
+    float *x; /* [n, n_heads, head_stride] row r at x + r*ldx */
     int64_t n, ldx, n_heads, head_stride;
     int width, rope_dim;
-    const int32_t *pos;  /* [n] */
-    const float *freq;   /* [rope_dim/2] */
+    const int32_t *pos; /* [n] */
+    const float *freq;  /* [rope_dim/2] */
     bool inverse, round_bf16;
 };
 
@@ -124,30 +123,30 @@ struct dsi_hc_head_args {
  * page_tokens positions (a page holds page_tokens / ratio entries of a layer); a sequence's
  * page table maps position / page_tokens to a page id shared by all layers. */
 struct dsi_step {
-    int n;                      /* rows */
-    const int32_t *tokens;      /* [n] */
-    const int32_t *pos;         /* [n] absolute positions */
-    const int32_t *slot;        /* [n] sequence slot of each row */
-    const int32_t *row0;        /* [n] first row of the row's sequence in this step */
-    const int32_t *page_table;  /* [max_seqs, max_pages] */
+    int n;                     /* rows */
+    const int32_t *tokens;     /* [n] */
+    const int32_t *pos;        /* [n] absolute positions */
+    const int32_t *slot;       /* [n] sequence slot of each row */
+    const int32_t *row0;       /* [n] first row of the row's sequence in this step */
+    const int32_t *page_table; /* [max_seqs, max_pages] */
     int max_pages, page_tokens;
     int ring_cap, window;
 };
 
 /* Cache storage of one layer (backend memory, owned by the cache pool). */
 struct dsi_layer_cache {
-    float *ring;                /* [max_seqs, ring_cap, head_dim] */
-    float *slot_a, *slot_b;     /* [max_seqs, n_slots, comp_width] compressor token slots */
-    float *entries;             /* [n_pages, page_tokens / ratio, head_dim] */
-    float *islot_a, *islot_b;   /* [max_seqs, n_slots, 2 * index_head_dim] (CSA) */
-    float *ikeys;               /* [n_pages, page_tokens / ratio, index_head_dim] (CSA) */
+    float *ring;              /* [max_seqs, ring_cap, head_dim] */
+    float *slot_a, *slot_b;   /* [max_seqs, n_slots, comp_width] compressor token slots */
+    float *entries;           /* [n_pages, page_tokens / ratio, head_dim] */
+    float *islot_a, *islot_b; /* [max_seqs, n_slots, 2 * index_head_dim] (CSA) */
+    float *ikeys;             /* [n_pages, page_tokens / ratio, index_head_dim] (CSA) */
     int ratio, n_slots, comp_width;
 };
 
 /* ring[slot[r]][pos[r] % ring_cap] = kv[r] for every row. */
 struct dsi_kv_store_args {
     const struct dsi_step *st;
-    const float *kv;            /* [n, head_dim] */
+    const float *kv; /* [n, head_dim] */
     int64_t head_dim;
     float *ring;
 };
@@ -155,7 +154,7 @@ struct dsi_kv_store_args {
 /* Compressor token rows: b[r] += ape[pos[r] % ratio] for every row (in place). */
 struct dsi_comp_ape_args {
     const struct dsi_step *st;
-    float *b;                   /* [n, width] */
+    float *b; /* [n, width] */
     int64_t width;
     const struct dsi_tensor *ape; /* [ratio, width] */
     int ratio;
@@ -168,21 +167,21 @@ struct dsi_comp_ape_args {
  * (dims [w, 2w)) of window i; otherwise the `ratio` tokens of window i. out[e] = entry. */
 struct dsi_compress_args {
     const struct dsi_step *st;
-    const int32_t *emit_rows;   /* [n_emit] */
+    const int32_t *emit_rows; /* [n_emit] */
     int n_emit;
-    const float *a, *b;         /* [n, slot_w] this step's rows (b with ape added) */
+    const float *a, *b;           /* [n, slot_w] this step's rows (b with ape added) */
     const float *slot_a, *slot_b; /* [max_seqs, n_slots, slot_w] */
-    int n_slots, ratio, width;  /* width: entry width w; slot_w = (overlap ? 2 : 1) * w */
+    int n_slots, ratio, width;    /* width: entry width w; slot_w = (overlap ? 2 : 1) * w */
     bool overlap;
-    float *out;                 /* [n_emit, width] */
+    float *out; /* [n_emit, width] */
 };
 
 /* Write the last n_slots rows of each sequence in this step into its token slots
  * (rows with store[r] != 0): slot_x[slot][pos % n_slots] = x[r]. */
 struct dsi_comp_store_args {
     const struct dsi_step *st;
-    const uint8_t *store;       /* [n] */
-    const float *a, *b;         /* [n, slot_w] */
+    const uint8_t *store; /* [n] */
+    const float *a, *b;   /* [n, slot_w] */
     float *slot_a, *slot_b;
     int n_slots;
     int64_t slot_w;
@@ -194,9 +193,9 @@ struct dsi_entry_store_args {
     const struct dsi_step *st;
     const int32_t *emit_rows, *emit_entry; /* [n_emit] */
     int n_emit, ratio;
-    const float *src;           /* [n_emit, width] */
+    const float *src; /* [n_emit, width] */
     int64_t width;
-    float *pool;                /* [n_pages, page_tokens / ratio, width] */
+    float *pool; /* [n_pages, page_tokens / ratio, width] */
 };
 
 /* Attention with sinks (spec 4.5): row r attends to its window (positions
@@ -205,13 +204,13 @@ struct dsi_entry_store_args {
  * out[r, h] = sum_j softmax_j(q.k_j * scale | sink_h) k_j (K = V). */
 struct dsi_attn_args {
     const struct dsi_step *st;
-    const float *q;              /* [n, n_heads, head_dim] */
-    float *out;                  /* [n, n_heads, head_dim] */
+    const float *q; /* [n, n_heads, head_dim] */
+    float *out;     /* [n, n_heads, head_dim] */
     int64_t n_heads, head_dim;
-    const float *ring;           /* [max_seqs, ring_cap, head_dim] */
-    const float *entries;        /* paged pool or NULL */
+    const float *ring;    /* [max_seqs, ring_cap, head_dim] */
+    const float *entries; /* paged pool or NULL */
     int ratio;
-    const int32_t *sel, *n_sel;  /* [n, topk], [n] or NULL */
+    const int32_t *sel, *n_sel; /* [n, topk], [n] or NULL */
     int topk;
     const struct dsi_tensor *sinks; /* [n_heads] */
     float scale;
@@ -223,21 +222,21 @@ struct dsi_attn_args {
  * (ties: lower index first), written in ascending index order. */
 struct dsi_indexer_args {
     const struct dsi_step *st;
-    const float *q;             /* [n, n_heads, head_dim] */
-    const float *w;             /* [n, n_heads] */
+    const float *q; /* [n, n_heads, head_dim] */
+    const float *w; /* [n, n_heads] */
     int64_t n_heads, head_dim;
-    const float *keys;          /* paged pool [n_pages, page_tokens / ratio, head_dim] */
+    const float *keys; /* paged pool [n_pages, page_tokens / ratio, head_dim] */
     int ratio;
     float score_scale, w_scale;
     int topk;
-    int32_t *sel;               /* [n, topk] */
-    int32_t *n_sel;             /* [n] */
+    int32_t *sel;   /* [n, topk] */
+    int32_t *n_sel; /* [n] */
 };
 
 /* dst[i] = src[idx[i]] (rows of dim floats). */
 struct dsi_gather_args {
     const float *src;
-    const int32_t *idx;         /* [n] */
+    const int32_t *idx; /* [n] */
     float *dst;
     int64_t n, dim;
 };
@@ -245,39 +244,39 @@ struct dsi_gather_args {
 /* MoE routing (spec 4.8): scores = sqrtsoftplus(logits); selection by tid2eid (hash) or
  * top-k of scores + bias; weights normalised and scaled. */
 struct dsi_moe_route_args {
-    const float *logits;              /* [n, n_experts] */
+    const float *logits; /* [n, n_experts] */
     int64_t n, n_experts;
     int topk;
     const struct dsi_tensor *bias;    /* [n_experts] or NULL */
     const struct dsi_tensor *tid2eid; /* [vocab, topk] or NULL */
     const int32_t *tokens;            /* [n] */
     float route_scale;
-    float eps;                        /* added to the normalising sum */
-    int32_t *idx;                     /* [n, topk] */
-    float *weight;                    /* [n, topk] */
+    float eps;     /* added to the normalising sum */
+    int32_t *idx;  /* [n, topk] */
+    float *weight; /* [n, topk] */
 };
 
 /* Routed experts + shared expert: y[r] = sum_k W2_e (w_rk * swiglu(W1_e x, W3_e x)) + shared,
  * summed in slot order then shared last. */
 struct dsi_moe_args {
-    const float *x;            /* [n, D] */
+    const float *x; /* [n, D] */
     int64_t n, dim, inter;
     int topk;
-    const int32_t *idx;        /* [n, topk] */
-    const float *weight;       /* [n, topk] */
+    const int32_t *idx;                                         /* [n, topk] */
+    const float *weight;                                        /* [n, topk] */
     const struct dsi_tensor *const *w1, *const *w2, *const *w3; /* [n_experts] */
     const struct dsi_tensor *sw1, *sw2, *sw3;                   /* shared expert */
     int n_experts;
     float limit;
     bool act_quant, round_bf16; /* act_quant: x must already be quantised by the caller */
-    float *y;                  /* [n, D] */
-    float *work;               /* dsi_moe_work_floats(n, topk, D, inter) floats */
+    float *y;                   /* [n, D] */
+    float *work;                /* dsi_moe_work_floats(n, topk, D, inter) floats */
 };
 int64_t dsi_moe_work_floats(int64_t n, int64_t topk, int64_t dim, int64_t inter);
 
 struct dsi_backend_ops {
     /* ---- memory: backend memory is what ops read and write ---- */
-    void *(*alloc)(struct dsi_backend *, size_t bytes);        /* zeroed; NULL on failure */
+    void *(*alloc)(struct dsi_backend *, size_t bytes); /* zeroed; NULL on failure */
     void (*mfree)(struct dsi_backend *, void *p);
     void (*upload)(struct dsi_backend *, void *dst, const void *src, size_t bytes);
     void (*download)(struct dsi_backend *, void *dst, const void *src, size_t bytes);

@@ -32,12 +32,17 @@ struct dsi_tensor {
 static inline int64_t dsi_tensor_row_bytes(const struct dsi_tensor *t) {
     switch (t->type) {
     case DSI_TYPE_F32:
-    case DSI_TYPE_I32: return t->ne[0] * 4;
+    case DSI_TYPE_I32:
+        return t->ne[0] * 4;
     case DSI_TYPE_BF16:
-    case DSI_TYPE_F16: return t->ne[0] * 2;
-    case DSI_TYPE_FP4_E2M1: return t->ne[0] / 2;
-    case DSI_TYPE_I64: return t->ne[0] * 8;
-    default: return t->ne[0];
+    case DSI_TYPE_F16:
+        return t->ne[0] * 2;
+    case DSI_TYPE_FP4_E2M1:
+        return t->ne[0] / 2;
+    case DSI_TYPE_I64:
+        return t->ne[0] * 8;
+    default:
+        return t->ne[0];
     }
 }
 

@@ -17,8 +17,11 @@ int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n) {
     return (n + kv->page_tokens - 1) / kv->page_tokens;
 }
 
-int dsi_kv_new(struct dsi_kv **out, const struct dsi_config *cfg, struct dsi_backend *be,
-               const struct dsi_kv_opts *o, struct dsi_err *err) {
+int dsi_kv_new(struct dsi_kv **out,
+               const struct dsi_config *cfg,
+               struct dsi_backend *be,
+               const struct dsi_kv_opts *o,
+               struct dsi_err *err) {
     *out = NULL;
     if (o->max_seqs < 1 || o->max_ctx < 1 || o->max_rows < 1)
         return dsi_errf(err, DSI_ERR_INVALID, "kv: max_seqs, max_ctx and max_rows must be >= 1");
@@ -70,7 +73,8 @@ int dsi_kv_new(struct dsi_kv **out, const struct dsi_config *cfg, struct dsi_bac
                         "positions)",
                         (long long)b, o->max_seqs, (long long)o->max_ctx);
     }
-    for (int64_t i = 0; i < kv->n_pages; i++) kv->free_pages[i] = (int32_t)(kv->n_pages - 1 - i);
+    for (int64_t i = 0; i < kv->n_pages; i++)
+        kv->free_pages[i] = (int32_t)(kv->n_pages - 1 - i);
     kv->n_free = kv->n_pages;
     *out = kv;
     return DSI_OK;
@@ -127,7 +131,8 @@ int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n, struct dsi_err *err) 
                         (long long)kv->n_free);
     int32_t *row = kv->pt_host + (int64_t)slot * kv->max_pages;
     int first = s->n_pages;
-    while (need--) row[s->n_pages++] = kv->free_pages[--kv->n_free];
+    while (need--)
+        row[s->n_pages++] = kv->free_pages[--kv->n_free];
     kv->be->ops->upload(kv->be, kv->pt_dev + (int64_t)slot * kv->max_pages + first, row + first,
                         sizeof(int32_t) * (size_t)(s->n_pages - first));
     return DSI_OK;

@@ -36,11 +36,14 @@ struct dsi_kv {
     int32_t *pt_dev;                /* backend copy */
     int32_t *free_pages;            /* stack of free page ids */
     int64_t n_free;
-    struct dsi_kv_seq_info *seqs;   /* [max_seqs] */
+    struct dsi_kv_seq_info *seqs; /* [max_seqs] */
 };
 
-int dsi_kv_new(struct dsi_kv **out, const struct dsi_config *cfg, struct dsi_backend *be,
-               const struct dsi_kv_opts *opts, struct dsi_err *err);
+int dsi_kv_new(struct dsi_kv **out,
+               const struct dsi_config *cfg,
+               struct dsi_backend *be,
+               const struct dsi_kv_opts *opts,
+               struct dsi_err *err);
 void dsi_kv_free(struct dsi_kv *kv);
 /* Take a free sequence slot (state reset: position 0). DSI_ERR_BUSY when none is free. */
 int dsi_kv_seq_new(struct dsi_kv *kv, int *slot, struct dsi_err *err);

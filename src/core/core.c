@@ -20,18 +20,30 @@ int dsi_errf(struct dsi_err *err, int code, const char *fmt, ...) {
 
 const char *dsi_status_str(int code) {
     switch (code) {
-    case DSI_OK: return "ok";
-    case DSI_ERR_IO: return "i/o error";
-    case DSI_ERR_FORMAT: return "format error";
-    case DSI_ERR_CONFIG: return "config error";
-    case DSI_ERR_NOMEM: return "out of memory";
-    case DSI_ERR_INVALID: return "invalid argument";
-    case DSI_ERR_UNSUPPORTED: return "unsupported";
-    case DSI_ERR_CONTEXT_FULL: return "context full";
-    case DSI_ERR_BUSY: return "busy";
-    case DSI_ERR_CANCELLED: return "cancelled";
-    case DSI_ERR_DEVICE: return "device error";
-    default: return "unknown error";
+    case DSI_OK:
+        return "ok";
+    case DSI_ERR_IO:
+        return "i/o error";
+    case DSI_ERR_FORMAT:
+        return "format error";
+    case DSI_ERR_CONFIG:
+        return "config error";
+    case DSI_ERR_NOMEM:
+        return "out of memory";
+    case DSI_ERR_INVALID:
+        return "invalid argument";
+    case DSI_ERR_UNSUPPORTED:
+        return "unsupported";
+    case DSI_ERR_CONTEXT_FULL:
+        return "context full";
+    case DSI_ERR_BUSY:
+        return "busy";
+    case DSI_ERR_CANCELLED:
+        return "cancelled";
+    case DSI_ERR_DEVICE:
+        return "device error";
+    default:
+        return "unknown error";
     }
 }
 

@@ -40,7 +40,8 @@ static void *worker(void *arg) {
     uint64_t seen = 0;
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (p->gen == seen && !p->quit) pthread_cond_wait(&p->cv_work, &p->mu);
+        while (p->gen == seen && !p->quit)
+            pthread_cond_wait(&p->cv_work, &p->mu);
         if (p->quit) break;
         seen = p->gen;
         pthread_mutex_unlock(&p->mu);
@@ -86,7 +87,8 @@ void dsi_pool_free(struct dsi_pool *p) {
     p->quit = 1;
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    for (int i = 1; i < p->n; i++)
+        pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv_work);
     pthread_cond_destroy(&p->cv_done);
@@ -117,6 +119,7 @@ void dsi_pool_run(struct dsi_pool *p, int64_t n, int64_t grain, dsi_pool_fn fn, 
     pthread_mutex_unlock(&p->mu);
     run_part(p, 0);
     pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+    while (p->pending > 0)
+        pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }

@@ -13,12 +13,13 @@ struct field_ctx {
 };
 
 /* Each getter records the first error and leaves the default in place. */
-static void get_int(struct field_ctx *c, const char *key, int *dst, bool required, int64_t lo,
-                    int64_t hi) {
+static void
+get_int(struct field_ctx *c, const char *key, int *dst, bool required, int64_t lo, int64_t hi) {
     if (c->rc) return;
     json_t *v = json_object_get(c->root, key);
     if (!v || json_is_null(v)) {
-        if (required) c->rc = dsi_errf(c->err, DSI_ERR_CONFIG, "%s: missing field %s", c->file, key);
+        if (required)
+            c->rc = dsi_errf(c->err, DSI_ERR_CONFIG, "%s: missing field %s", c->file, key);
         return;
     }
     if (!json_is_integer(v)) {
@@ -41,14 +42,16 @@ static void get_i64(struct field_ctx *c, json_t *obj, const char *key, int64_t *
     if (!json_is_integer(v) || json_integer_value(v) < 0)
         c->rc = dsi_errf(c->err, DSI_ERR_CONFIG, "%s: field %s: want a non-negative integer",
                          c->file, key);
-    else *dst = json_integer_value(v);
+    else
+        *dst = json_integer_value(v);
 }
 
 static void get_num(struct field_ctx *c, json_t *obj, const char *key, double *dst, bool required) {
     if (c->rc) return;
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
-        if (required) c->rc = dsi_errf(c->err, DSI_ERR_CONFIG, "%s: missing field %s", c->file, key);
+        if (required)
+            c->rc = dsi_errf(c->err, DSI_ERR_CONFIG, "%s: missing field %s", c->file, key);
         return;
     }
     if (!json_is_number(v)) {
@@ -132,9 +135,12 @@ static void parse_schedule(struct field_ctx *c, struct dsi_config *cfg) {
         }
         for (int i = 0; i < n_main; i++) {
             const char *s = json_string_value(json_array_get(lt, (size_t)i));
-            if (s && !strcmp(s, "sliding_attention")) cfg->layers[i].ratio = 0;
-            else if (s && !strcmp(s, "compressed_sparse_attention")) cfg->layers[i].ratio = csa;
-            else if (s && !strcmp(s, "heavily_compressed_attention")) cfg->layers[i].ratio = hca;
+            if (s && !strcmp(s, "sliding_attention"))
+                cfg->layers[i].ratio = 0;
+            else if (s && !strcmp(s, "compressed_sparse_attention"))
+                cfg->layers[i].ratio = csa;
+            else if (s && !strcmp(s, "heavily_compressed_attention"))
+                cfg->layers[i].ratio = hca;
             else {
                 c->rc = dsi_errf(c->err, DSI_ERR_CONFIG,
                                  "%s: layer_types[%d]: want sliding_attention, "
@@ -143,7 +149,8 @@ static void parse_schedule(struct field_ctx *c, struct dsi_config *cfg) {
                 return;
             }
         }
-        for (int i = n_main; i < n; i++) cfg->layers[i].ratio = 0;
+        for (int i = n_main; i < n; i++)
+            cfg->layers[i].ratio = 0;
     } else {
         c->rc = dsi_errf(c->err, DSI_ERR_CONFIG,
                          "%s: missing field compress_ratios (or layer_types)", c->file);
@@ -152,8 +159,7 @@ static void parse_schedule(struct field_ctx *c, struct dsi_config *cfg) {
     json_t *mt = json_object_get(c->root, "mlp_layer_types");
     if (!json_object_get(c->root, "num_hash_layers") && json_is_array(mt)) {
         int nh = 0;
-        while (nh < (int)json_array_size(mt) &&
-               json_string_value(json_array_get(mt, (size_t)nh)) &&
+        while (nh < (int)json_array_size(mt) && json_string_value(json_array_get(mt, (size_t)nh)) &&
                !strcmp(json_string_value(json_array_get(mt, (size_t)nh)), "hash_moe"))
             nh++;
         cfg->num_hash_layers = nh;
@@ -214,8 +220,8 @@ static int validate(struct dsi_config *cfg, const char *file, struct dsi_err *er
     return DSI_OK;
 }
 
-int dsi_config_parse(struct dsi_config *cfg, const char *json, size_t len, const char *name,
-                     struct dsi_err *err) {
+int dsi_config_parse(
+    struct dsi_config *cfg, const char *json, size_t len, const char *name, struct dsi_err *err) {
     memset(cfg, 0, sizeof(*cfg));
     json_error_t je;
     json_t *root = json_loadb(json, len, 0, &je);
@@ -229,8 +235,10 @@ int dsi_config_parse(struct dsi_config *cfg, const char *json, size_t len, const
     }
     json_t *mt = json_object_get(root, "model_type");
     if (!json_is_string(mt) || strcmp(json_string_value(mt), "deepseek_v4") != 0) {
-        c.rc = dsi_errf(err, DSI_ERR_UNSUPPORTED, "%s: model_type %s%s%s is not supported, want "
-                        "deepseek_v4", name, json_is_string(mt) ? "\"" : "",
+        c.rc = dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                        "%s: model_type %s%s%s is not supported, want "
+                        "deepseek_v4",
+                        name, json_is_string(mt) ? "\"" : "",
                         json_is_string(mt) ? json_string_value(mt) : "(missing)",
                         json_is_string(mt) ? "\"" : "");
         goto out;

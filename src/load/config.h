@@ -11,10 +11,10 @@
 enum dsi_attn_kind { DSI_ATTN_WINDOW = 0, DSI_ATTN_CSA, DSI_ATTN_HCA };
 
 struct dsi_layer_info {
-    int ratio;          /* 0 window only, 4 CSA (overlap + indexer), other >= 2 HCA */
-    int kind;           /* enum dsi_attn_kind */
-    bool hash_routed;   /* routes by tid2eid */
-    int rope;           /* 0: rope_theta plain; 1: compress_rope_theta + YaRN */
+    int ratio;        /* 0 window only, 4 CSA (overlap + indexer), other >= 2 HCA */
+    int kind;         /* enum dsi_attn_kind */
+    bool hash_routed; /* routes by tid2eid */
+    int rope;         /* 0: rope_theta plain; 1: compress_rope_theta + YaRN */
 };
 
 struct dsi_config {
@@ -49,7 +49,7 @@ struct dsi_config {
  * the message names the file and field and what was expected. */
 int dsi_config_load(struct dsi_config *cfg, const char *dir, struct dsi_err *err);
 /* Same from a JSON text (used by tests and the fuzzer); name is used in messages. */
-int dsi_config_parse(struct dsi_config *cfg, const char *json, size_t len, const char *name,
-                     struct dsi_err *err);
+int dsi_config_parse(
+    struct dsi_config *cfg, const char *json, size_t len, const char *name, struct dsi_err *err);
 
 #endif

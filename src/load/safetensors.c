@@ -13,17 +13,17 @@ static const struct {
     const char *name;
     size_t size;
 } g_dtypes[DSI_DT_COUNT] = {
-    [DSI_DT_BF16] = {"BF16", 2},   [DSI_DT_F32] = {"F32", 4},
-    [DSI_DT_F16] = {"F16", 2},     [DSI_DT_F8_E4M3] = {"F8_E4M3", 1},
-    [DSI_DT_F8_E8M0] = {"F8_E8M0", 1}, [DSI_DT_I8] = {"I8", 1},
-    [DSI_DT_U8] = {"U8", 1},       [DSI_DT_I32] = {"I32", 4},
-    [DSI_DT_I64] = {"I64", 8},
+    [DSI_DT_BF16] = {"BF16", 2},       [DSI_DT_F32] = {"F32", 4},         [DSI_DT_F16] = {"F16", 2},
+    [DSI_DT_F8_E4M3] = {"F8_E4M3", 1}, [DSI_DT_F8_E8M0] = {"F8_E8M0", 1}, [DSI_DT_I8] = {"I8", 1},
+    [DSI_DT_U8] = {"U8", 1},           [DSI_DT_I32] = {"I32", 4},         [DSI_DT_I64] = {"I64", 8},
 };
 
 const char *dsi_dtype_name(enum dsi_dtype t) {
     return (unsigned)t < DSI_DT_COUNT ? g_dtypes[t].name : "?";
 }
-size_t dsi_dtype_size(enum dsi_dtype t) { return (unsigned)t < DSI_DT_COUNT ? g_dtypes[t].size : 0; }
+size_t dsi_dtype_size(enum dsi_dtype t) {
+    return (unsigned)t < DSI_DT_COUNT ? g_dtypes[t].size : 0;
+}
 
 static int dtype_parse(const char *s) {
     for (int i = 0; i < DSI_DT_COUNT; i++)
@@ -36,8 +36,13 @@ static const char *shard_name(const struct dsi_st *st, int shard) {
                                                                         : "<buffer>";
 }
 
-static int parse_one(struct dsi_st *st, int shard, const char *name, json_t *v, const uint8_t *data,
-                     size_t data_size, struct dsi_err *err) {
+static int parse_one(struct dsi_st *st,
+                     int shard,
+                     const char *name,
+                     json_t *v,
+                     const uint8_t *data,
+                     size_t data_size,
+                     struct dsi_err *err) {
     const char *file = shard_name(st, shard);
     if (!json_is_object(v))
         return dsi_errf(err, DSI_ERR_FORMAT, "%s: tensor %s: header entry is not an object", file,
@@ -78,10 +83,9 @@ static int parse_one(struct dsi_st *st, int shard, const char *name, json_t *v, 
     uint64_t b = (uint64_t)json_integer_value(jb), e = (uint64_t)json_integer_value(je);
     uint64_t want = (uint64_t)t.n_elem * g_dtypes[dt].size;
     if (e - b != want)
-        return dsi_errf(err, DSI_ERR_FORMAT,
-                        "%s: tensor %s: data is %llu bytes, shape and dtype %s need %llu", file,
-                        name, (unsigned long long)(e - b), g_dtypes[dt].name,
-                        (unsigned long long)want);
+        return dsi_errf(
+            err, DSI_ERR_FORMAT, "%s: tensor %s: data is %llu bytes, shape and dtype %s need %llu",
+            file, name, (unsigned long long)(e - b), g_dtypes[dt].name, (unsigned long long)want);
     if (e > data_size)
         return dsi_errf(err, DSI_ERR_FORMAT,
                         "%s: tensor %s: data ends at byte %llu, past the end of the file's data "
@@ -111,14 +115,15 @@ static int cmp_range(const void *a, const void *b) {
     return px < py ? -1 : px > py;
 }
 
-int dsi_st_parse_header(struct dsi_st *st, int shard, const uint8_t *buf, size_t size,
-                        struct dsi_err *err) {
+int dsi_st_parse_header(
+    struct dsi_st *st, int shard, const uint8_t *buf, size_t size, struct dsi_err *err) {
     const char *file = shard_name(st, shard);
     if (size < 8)
         return dsi_errf(err, DSI_ERR_FORMAT, "%s: %zu bytes, too short for a safetensors header",
                         file, size);
     uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = (hl << 8) | buf[i];
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | buf[i];
     if (hl > size - 8 || hl > ((uint64_t)100 << 20))
         return dsi_errf(err, DSI_ERR_FORMAT,
                         "%s: header length %llu exceeds the file (%zu bytes; truncated shard?)",
@@ -151,7 +156,8 @@ int dsi_st_parse_header(struct dsi_st *st, int shard, const uint8_t *buf, size_t
             rc = dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
             goto out_root;
         }
-        for (int i = 0; i < n; i++) v2[i] = &st->tensors[first + i];
+        for (int i = 0; i < n; i++)
+            v2[i] = &st->tensors[first + i];
         qsort(v2, (size_t)n, sizeof(*v2), cmp_range);
         for (int i = 1; i < n && !rc; i++) {
             const uint8_t *end_prev = (const uint8_t *)v2[i - 1]->data + v2[i - 1]->n_bytes;
@@ -180,15 +186,18 @@ const struct dsi_st_tensor *dsi_st_find(const struct dsi_st *st, const char *nam
         int mid = (lo + hi) / 2;
         int c = strcmp(st->tensors[mid].name, name);
         if (!c) return &st->tensors[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }
 
 size_t dsi_st_total_bytes(const struct dsi_st *st) {
     size_t s = 0;
-    for (int i = 0; i < st->n_tensors; i++) s += st->tensors[i].n_bytes;
+    for (int i = 0; i < st->n_tensors; i++)
+        s += st->tensors[i].n_bytes;
     return s;
 }
 
@@ -240,8 +249,8 @@ int dsi_st_open(struct dsi_st **out, const char *dir, struct dsi_err *err) {
         json_error_t je;
         index = json_load_file(path, 0, &je);
         if (!index) {
-            rc = dsi_errf(err, DSI_ERR_FORMAT, "%s: %s (line %d column %d)", path, je.text,
-                          je.line, je.column);
+            rc = dsi_errf(err, DSI_ERR_FORMAT, "%s: %s (line %d column %d)", path, je.text, je.line,
+                          je.column);
             goto fail;
         }
         json_t *wm = json_object_get(index, "weight_map");
@@ -263,7 +272,8 @@ int dsi_st_open(struct dsi_st **out, const char *dir, struct dsi_err *err) {
             }
             const char *f = json_string_value(v);
             int seen = 0;
-            for (int i = 0; i < n_files && !seen; i++) seen = !strcmp(files[i], f);
+            for (int i = 0; i < n_files && !seen; i++)
+                seen = !strcmp(files[i], f);
             if (!seen) files[n_files++] = f;
         }
         st->shards = dsi_calloc((size_t)n_files, sizeof(*st->shards));
@@ -318,7 +328,8 @@ fail:
 
 void dsi_st_close(struct dsi_st *st) {
     if (!st) return;
-    for (int i = 0; i < st->n_tensors; i++) free(st->tensors[i].name);
+    for (int i = 0; i < st->n_tensors; i++)
+        free(st->tensors[i].name);
     free(st->tensors);
     for (int i = 0; i < st->n_shards; i++) {
         if (st->shards[i].map) munmap(st->shards[i].map, st->shards[i].size);

@@ -29,14 +29,14 @@ const char *dsi_dtype_name(enum dsi_dtype t);
 size_t dsi_dtype_size(enum dsi_dtype t);
 
 struct dsi_st_tensor {
-    char *name;       /* owned by the dsi_st */
+    char *name; /* owned by the dsi_st */
     enum dsi_dtype dtype;
     int n_dims;
     int64_t shape[4]; /* outermost first, as in the file */
     int64_t n_elem;
     const void *data; /* into the shard's mmap */
     size_t n_bytes;
-    int shard;        /* index into dsi_st.shards */
+    int shard; /* index into dsi_st.shards */
 };
 
 struct dsi_st_shard {
@@ -55,8 +55,8 @@ struct dsi_st {
 /* Open a model directory (index + shards, or model.safetensors). */
 int dsi_st_open(struct dsi_st **out, const char *dir, struct dsi_err *err);
 /* Parse one shard file and append its tensors (used by dsi_st_open and the fuzzer). */
-int dsi_st_parse_header(struct dsi_st *st, int shard, const uint8_t *buf, size_t size,
-                        struct dsi_err *err);
+int dsi_st_parse_header(
+    struct dsi_st *st, int shard, const uint8_t *buf, size_t size, struct dsi_err *err);
 void dsi_st_close(struct dsi_st *st);
 /* Binary search by name; NULL if absent. Call dsi_st_sort first if tensors were appended. */
 const struct dsi_st_tensor *dsi_st_find(const struct dsi_st *st, const char *name);

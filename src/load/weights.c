@@ -12,8 +12,8 @@ enum kind { K_VEC, K_MAT, K_LINEAR, K_EXPERT, K_INT };
 
 struct binder {
     struct dsi_model *m;
-    char **names;     /* normalised name per st tensor, sorted order kept in `order` */
-    int *order;       /* st tensor indices sorted by normalised name */
+    char **names; /* normalised name per st tensor, sorted order kept in `order` */
+    int *order;   /* st tensor indices sorted by normalised name */
     bool *used;
     int n;
     char missing[400];
@@ -23,7 +23,8 @@ struct binder {
 };
 
 static void normalise(const char *in, char *out, size_t cap) {
-    static const char *from[] = {".self_attn.", ".mlp.", "weight_scale_inv", "e_score_correction_bias"};
+    static const char *from[] = {".self_attn.", ".mlp.", "weight_scale_inv",
+                                 "e_score_correction_bias"};
     static const char *to[] = {".attn.", ".ffn.", "scale", "bias"};
     if (!strncmp(in, "model.", 6)) in += 6;
     size_t o = 0;
@@ -57,8 +58,10 @@ static const struct dsi_st_tensor *lookup(struct binder *b, const char *name, in
             *which = b->order[mid];
             return &b->m->st->tensors[b->order[mid]];
         }
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }
@@ -69,14 +72,22 @@ static bool is_float(enum dsi_dtype d) {
 
 static enum dsi_type to_type(enum dsi_dtype d) {
     switch (d) {
-    case DSI_DT_F32: return DSI_TYPE_F32;
-    case DSI_DT_BF16: return DSI_TYPE_BF16;
-    case DSI_DT_F16: return DSI_TYPE_F16;
-    case DSI_DT_F8_E4M3: return DSI_TYPE_F8_E4M3;
-    case DSI_DT_I8: return DSI_TYPE_FP4_E2M1;
-    case DSI_DT_F8_E8M0: return DSI_TYPE_E8M0;
-    case DSI_DT_I32: return DSI_TYPE_I32;
-    default: return DSI_TYPE_I64;
+    case DSI_DT_F32:
+        return DSI_TYPE_F32;
+    case DSI_DT_BF16:
+        return DSI_TYPE_BF16;
+    case DSI_DT_F16:
+        return DSI_TYPE_F16;
+    case DSI_DT_F8_E4M3:
+        return DSI_TYPE_F8_E4M3;
+    case DSI_DT_I8:
+        return DSI_TYPE_FP4_E2M1;
+    case DSI_DT_F8_E8M0:
+        return DSI_TYPE_E8M0;
+    case DSI_DT_I32:
+        return DSI_TYPE_I32;
+    default:
+        return DSI_TYPE_I64;
     }
 }
 
@@ -101,8 +112,13 @@ static void note_missing(struct binder *b, const char *name) {
 
 /* Bind `name` (rows x cols; rows = 0 for a vector of cols) into *dst. Scale tensors go into
  * the caller's scale array. */
-static void bind(struct binder *b, struct dsi_tensor *dst, const char *name, enum kind k,
-                 int64_t rows, int64_t cols, struct dsi_tensor *scale_slot) {
+static void bind(struct binder *b,
+                 struct dsi_tensor *dst,
+                 const char *name,
+                 enum kind k,
+                 int64_t rows,
+                 int64_t cols,
+                 struct dsi_tensor *scale_slot) {
     if (b->rc) return;
     int wi;
     const struct dsi_st_tensor *t = lookup(b, name, &wi);
@@ -124,13 +140,19 @@ static void bind(struct binder *b, struct dsi_tensor *dst, const char *name, enu
     bool ok_dtype;
     switch (k) {
     case K_VEC:
-    case K_MAT: ok_dtype = is_float(t->dtype); break;
-    case K_LINEAR: ok_dtype = is_float(t->dtype) || t->dtype == DSI_DT_F8_E4M3; break;
+    case K_MAT:
+        ok_dtype = is_float(t->dtype);
+        break;
+    case K_LINEAR:
+        ok_dtype = is_float(t->dtype) || t->dtype == DSI_DT_F8_E4M3;
+        break;
     case K_EXPERT:
         ok_dtype = is_float(t->dtype) || t->dtype == DSI_DT_F8_E4M3 || t->dtype == DSI_DT_I8;
         if (t->dtype == DSI_DT_I8) want_cols = cols / 2;
         break;
-    default: ok_dtype = t->dtype == DSI_DT_I64 || t->dtype == DSI_DT_I32; break;
+    default:
+        ok_dtype = t->dtype == DSI_DT_I64 || t->dtype == DSI_DT_I32;
+        break;
     }
     if (!ok_dtype) {
         b->rc = dsi_errf(b->err, DSI_ERR_FORMAT, "%s: tensor %s: dtype %s is not valid here", file,
@@ -146,7 +168,10 @@ static void bind(struct binder *b, struct dsi_tensor *dst, const char *name, enu
     }
     bool quant = t->dtype == DSI_DT_F8_E4M3 || t->dtype == DSI_DT_I8;
     char sname[512];
-    snprintf(sname, sizeof(sname), "%.*s.scale", (int)(strlen(name) - (strlen(name) > 7 && !strcmp(name + strlen(name) - 7, ".weight") ? 7 : 0)), name);
+    snprintf(sname, sizeof(sname), "%.*s.scale",
+             (int)(strlen(name) -
+                   (strlen(name) > 7 && !strcmp(name + strlen(name) - 7, ".weight") ? 7 : 0)),
+             name);
     int si;
     const struct dsi_st_tensor *s = lookup(b, sname, &si);
     if (!quant) {
@@ -193,8 +218,12 @@ static void bind(struct binder *b, struct dsi_tensor *dst, const char *name, enu
 
 #define NM(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
 
-static void bind_hc(struct binder *b, struct dsi_hc_w *hc, const char *prefix, const char *site,
-                    int n_mix, int64_t hc_dim) {
+static void bind_hc(struct binder *b,
+                    struct dsi_hc_w *hc,
+                    const char *prefix,
+                    const char *site,
+                    int n_mix,
+                    int64_t hc_dim) {
     char nm[256];
     bind(b, &hc->fn, NM("%s%s_fn", prefix, site), K_MAT, n_mix, hc_dim, NULL);
     bind(b, &hc->base, NM("%s%s_base", prefix, site), K_VEC, 0, n_mix, NULL);
@@ -202,8 +231,13 @@ static void bind_hc(struct binder *b, struct dsi_hc_w *hc, const char *prefix, c
          NULL);
 }
 
-static void bind_comp(struct binder *b, struct dsi_compressor_w *c, const char *prefix, int ratio,
-                      int width, int coff, int D) {
+static void bind_comp(struct binder *b,
+                      struct dsi_compressor_w *c,
+                      const char *prefix,
+                      int ratio,
+                      int width,
+                      int coff,
+                      int D) {
     char nm[256];
     bind(b, &c->ape, NM("%s.ape", prefix), K_MAT, ratio, (int64_t)coff * width, NULL);
     bind(b, &c->wkv, NM("%s.wkv.weight", prefix), K_MAT, (int64_t)coff * width, D, NULL);
@@ -221,8 +255,10 @@ static void bind_layer(struct binder *b, int il) {
     struct dsi_layer_w *L = &b->m->layers[il];
     bool mtp = il >= c->num_hidden_layers;
     char p[64], nm[256];
-    if (mtp) snprintf(p, sizeof(p), "mtp.%d.", il - c->num_hidden_layers);
-    else snprintf(p, sizeof(p), "layers.%d.", il);
+    if (mtp)
+        snprintf(p, sizeof(p), "mtp.%d.", il - c->num_hidden_layers);
+    else
+        snprintf(p, sizeof(p), "layers.%d.", il);
     int D = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim;
     const struct dsi_layer_info *li = &c->layers[il];
     bind_hc(b, &L->hc_attn, p, "hc_attn", c->hc_mix, c->hc_dim);
@@ -261,7 +297,8 @@ static void bind_layer(struct binder *b, int il) {
     if (L->has_tid2eid)
         bind(b, &L->tid2eid, NM("%sffn.gate.tid2eid", p), K_INT, c->vocab_size,
              c->num_experts_per_tok, NULL);
-    else bind(b, &L->gate_bias, NM("%sffn.gate.bias", p), K_VEC, 0, E, NULL);
+    else
+        bind(b, &L->gate_bias, NM("%sffn.gate.bias", p), K_VEC, 0, E, NULL);
     bind(b, &L->sh_w1, NM("%sffn.shared_experts.w1.weight", p), K_LINEAR, I, D, next_scale(L));
     bind(b, &L->sh_w3, NM("%sffn.shared_experts.w3.weight", p), K_LINEAR, I, D, next_scale(L));
     bind(b, &L->sh_w2, NM("%sffn.shared_experts.w2.weight", p), K_LINEAR, D, I, next_scale(L));
@@ -287,15 +324,17 @@ static void bind_layer(struct binder *b, int il) {
 }
 
 /* Hash tables must name valid, distinct experts: checked once at load. */
-static int check_tid2eid(const struct dsi_model *m, const struct dsi_layer_w *L, int il,
-                         struct dsi_err *err) {
+static int
+check_tid2eid(const struct dsi_model *m, const struct dsi_layer_w *L, int il, struct dsi_err *err) {
     const struct dsi_config *c = &m->cfg;
     int K = c->num_experts_per_tok;
     for (int64_t t = 0; t < c->vocab_size; t++)
         for (int k = 0; k < K; k++) {
             int64_t v;
-            const uint8_t *p = (const uint8_t *)L->tid2eid.data + (t * K + k) * (L->tid2eid.type == DSI_TYPE_I64 ? 8 : 4);
-            if (L->tid2eid.type == DSI_TYPE_I64) memcpy(&v, p, 8);
+            const uint8_t *p = (const uint8_t *)L->tid2eid.data +
+                               (t * K + k) * (L->tid2eid.type == DSI_TYPE_I64 ? 8 : 4);
+            if (L->tid2eid.type == DSI_TYPE_I64)
+                memcpy(&v, p, 8);
             else {
                 int32_t v32;
                 memcpy(&v32, p, 4);
@@ -378,9 +417,11 @@ int dsi_model_load(struct dsi_model **out, const char *dir, struct dsi_err *err)
     g_sort_binder = NULL;
     for (int i = 1; i < b.n; i++)
         if (!strcmp(b.names[b.order[i - 1]], b.names[b.order[i]])) {
-            rc = dsi_errf(err, DSI_ERR_FORMAT, "%s: tensors %s and %s have the same name after "
-                          "alias renaming", dir, m->st->tensors[b.order[i - 1]].name,
-                          m->st->tensors[b.order[i]].name);
+            rc =
+                dsi_errf(err, DSI_ERR_FORMAT,
+                         "%s: tensors %s and %s have the same name after "
+                         "alias renaming",
+                         dir, m->st->tensors[b.order[i - 1]].name, m->st->tensors[b.order[i]].name);
             goto out_binder;
         }
     int D = c->hidden_size;
@@ -388,7 +429,8 @@ int dsi_model_load(struct dsi_model **out, const char *dir, struct dsi_err *err)
     bind(&b, &m->head, "head.weight", K_LINEAR, c->vocab_size, D, &m->top_scales[0]);
     bind(&b, &m->norm, "norm.weight", K_VEC, 0, D, NULL);
     bind_hc(&b, &m->hc_head, "", "hc_head", c->hc_mult, c->hc_dim);
-    for (int il = 0; il < c->n_layers_total && !b.rc; il++) bind_layer(&b, il);
+    for (int il = 0; il < c->n_layers_total && !b.rc; il++)
+        bind_layer(&b, il);
     if (!b.rc) { /* missing and unexpected tensors, reported together */
         int n_unexp = 0;
         char list[400] = "";
@@ -423,10 +465,12 @@ int dsi_model_load(struct dsi_model **out, const char *dir, struct dsi_err *err)
         dsi_rope_freqs(c, 1, m->freq[1]);
         for (int i = 0; i < m->st->n_tensors; i++)
             if (m->st->tensors[i].dtype != DSI_DT_F8_E8M0)
-                m->n_params += m->st->tensors[i].n_elem * (m->st->tensors[i].dtype == DSI_DT_I8 ? 2 : 1);
+                m->n_params +=
+                    m->st->tensors[i].n_elem * (m->st->tensors[i].dtype == DSI_DT_I8 ? 2 : 1);
     }
 out_binder:
-    for (int i = 0; i < b.n && b.names; i++) free(b.names[i]);
+    for (int i = 0; i < b.n && b.names; i++)
+        free(b.names[i]);
     free(b.names);
     free(b.order);
     free(b.used);
@@ -464,7 +508,9 @@ static int import_one(struct dsi_backend *be, struct dsi_tensor *t, struct dsi_e
     size_t bytes = (size_t)(dsi_tensor_row_bytes(t) * t->ne[1] * (t->ne[2] ? t->ne[2] : 1) *
                             (t->ne[3] ? t->ne[3] : 1));
     const void *p = be->ops->import(be, t->data, bytes);
-    if (!p) return dsi_errf(err, DSI_ERR_NOMEM, "%s: cannot place %zu bytes of weights", be->name, bytes);
+    if (!p)
+        return dsi_errf(err, DSI_ERR_NOMEM, "%s: cannot place %zu bytes of weights", be->name,
+                        bytes);
     t->data = p;
     return DSI_OK;
 }
@@ -486,20 +532,24 @@ int dsi_model_import(struct dsi_model *m, struct dsi_backend *be, struct dsi_err
         m->freq_dev[t] = p;
     }
     struct dsi_tensor *top[] = {&m->embed, &m->head, &m->norm, &m->top_scales[0]};
-    for (size_t i = 0; i < 4 && !rc; i++) rc = import_one(be, top[i], err);
+    for (size_t i = 0; i < 4 && !rc; i++)
+        rc = import_one(be, top[i], err);
     if (!rc) rc = import_hc(be, &m->hc_head, err);
     for (int il = 0; il < c->n_layers_total && !rc; il++) {
         struct dsi_layer_w *L = &m->layers[il];
-        struct dsi_tensor *ts[] = {&L->attn_norm, &L->ffn_norm, &L->attn_sink, &L->wq_a,
-                                   &L->q_norm, &L->wq_b, &L->wkv, &L->kv_norm, &L->wo_a, &L->wo_b,
-                                   &L->comp.wkv, &L->comp.wgate, &L->comp.ape, &L->comp.norm,
-                                   &L->idx_wq_b, &L->idx_weights_proj, &L->idx_comp.wkv,
-                                   &L->idx_comp.wgate, &L->idx_comp.ape, &L->idx_comp.norm,
-                                   &L->gate_w, &L->gate_bias, &L->tid2eid, &L->sh_w1, &L->sh_w2,
-                                   &L->sh_w3, &L->e_proj, &L->h_proj, &L->enorm, &L->hnorm,
-                                   &L->norm};
-        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]) && !rc; i++) rc = import_one(be, ts[i], err);
-        for (int i = 0; i < L->n_scales && !rc; i++) rc = import_one(be, &L->scales[i], err);
+        struct dsi_tensor *ts[] = {
+            &L->attn_norm,    &L->ffn_norm,       &L->attn_sink,    &L->wq_a,
+            &L->q_norm,       &L->wq_b,           &L->wkv,          &L->kv_norm,
+            &L->wo_a,         &L->wo_b,           &L->comp.wkv,     &L->comp.wgate,
+            &L->comp.ape,     &L->comp.norm,      &L->idx_wq_b,     &L->idx_weights_proj,
+            &L->idx_comp.wkv, &L->idx_comp.wgate, &L->idx_comp.ape, &L->idx_comp.norm,
+            &L->gate_w,       &L->gate_bias,      &L->tid2eid,      &L->sh_w1,
+            &L->sh_w2,        &L->sh_w3,          &L->e_proj,       &L->h_proj,
+            &L->enorm,        &L->hnorm,          &L->norm};
+        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]) && !rc; i++)
+            rc = import_one(be, ts[i], err);
+        for (int i = 0; i < L->n_scales && !rc; i++)
+            rc = import_one(be, &L->scales[i], err);
         for (int e = 0; e < c->n_routed_experts && !rc; e++) {
             rc = import_one(be, &L->ew1[e], err);
             if (!rc) rc = import_one(be, &L->ew2[e], err);

@@ -25,14 +25,14 @@ struct dsi_layer_w {
     struct dsi_hc_w hc_attn, hc_ffn;
     struct dsi_tensor attn_norm, ffn_norm, attn_sink;
     struct dsi_tensor wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b;
-    struct dsi_compressor_w comp;     /* ratio > 0 */
+    struct dsi_compressor_w comp; /* ratio > 0 */
     struct dsi_tensor idx_wq_b, idx_weights_proj;
     struct dsi_compressor_w idx_comp; /* CSA only */
     struct dsi_tensor gate_w, gate_bias, tid2eid;
     bool has_bias, has_tid2eid;
     struct dsi_tensor sh_w1, sh_w2, sh_w3;
-    struct dsi_tensor *ew1, *ew2, *ew3;                /* [n_routed_experts] */
-    const struct dsi_tensor **pw1, **pw2, **pw3;       /* pointer arrays for the moe op */
+    struct dsi_tensor *ew1, *ew2, *ew3;          /* [n_routed_experts] */
+    const struct dsi_tensor **pw1, **pw2, **pw3; /* pointer arrays for the moe op */
     /* MTP only */
     struct dsi_tensor e_proj, h_proj, enorm, hnorm, norm;
     struct dsi_hc_w hc_head;

@@ -32,8 +32,8 @@ struct dsi_fwd {
     struct dsi_backend *be;
     struct dsi_kv *kv;
     int max_rows;
-    bool R; /* reference numerics */
-    struct dsi_step st;                          /* arrays below, in backend memory */
+    bool R;             /* reference numerics */
+    struct dsi_step st; /* arrays below, in backend memory */
     int32_t *d_tokens, *d_pos, *d_slot, *d_row0, *d_idx;
     struct ratio_class rc[MAX_RATIO_CLASSES];
     int n_rc;
@@ -65,8 +65,12 @@ static struct ratio_class *class_of(struct dsi_fwd *f, int ratio) {
     return NULL;
 }
 
-int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_backend *be,
-                struct dsi_kv *kv, int max_rows, enum dsi_numerics numerics,
+int dsi_fwd_new(struct dsi_fwd **out,
+                const struct dsi_model *m,
+                struct dsi_backend *be,
+                struct dsi_kv *kv,
+                int max_rows,
+                enum dsi_numerics numerics,
                 struct dsi_err *err) {
     *out = NULL;
     const struct dsi_config *c = &m->cfg;
@@ -132,8 +136,8 @@ int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_back
     f->glog = dbuf(f, n * c->n_routed_experts, 4, &ok);
     f->moe_w = dbuf(f, n * c->num_experts_per_tok, 4, &ok);
     f->moe_idx = dbuf(f, n * c->num_experts_per_tok, 4, &ok);
-    f->moe_work = dbuf(f, dsi_moe_work_floats(n, c->num_experts_per_tok, D,
-                                              c->moe_intermediate_size), 4, &ok);
+    f->moe_work = dbuf(
+        f, dsi_moe_work_floats(n, c->num_experts_per_tok, D, c->moe_intermediate_size), 4, &ok);
     f->ent = dbuf(f, n * c->head_dim, 4, &ok);
     f->ient = dbuf(f, n * c->index_head_dim, 4, &ok);
     f->logits = dbuf(f, n * c->vocab_size, 4, &ok);
@@ -143,14 +147,19 @@ int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_back
         dsi_fwd_free(f);
         return dsi_errf(err, DSI_ERR_NOMEM, "forward: out of memory for %d rows", max_rows);
     }
-    f->st = (struct dsi_step){.tokens = f->d_tokens, .pos = f->d_pos, .slot = f->d_slot,
-                              .row0 = f->d_row0, .page_table = kv->pt_dev,
-                              .max_pages = kv->max_pages, .page_tokens = kv->page_tokens,
-                              .ring_cap = kv->ring_cap, .window = c->sliding_window};
+    f->st = (struct dsi_step){.tokens = f->d_tokens,
+                              .pos = f->d_pos,
+                              .slot = f->d_slot,
+                              .row0 = f->d_row0,
+                              .page_table = kv->pt_dev,
+                              .max_pages = kv->max_pages,
+                              .page_tokens = kv->page_tokens,
+                              .ring_cap = kv->ring_cap,
+                              .window = c->sliding_window};
     /* Per-thread scratch: a decoded weight row or a flattened stream row; attention scores
      * and key pointers; indexer scores. */
-    int64_t kmax = DSI_MAX(DSI_MAX(widest, c->hc_dim),
-                           DSI_MAX(c->group_in_dim, c->moe_intermediate_size));
+    int64_t kmax =
+        DSI_MAX(DSI_MAX(widest, c->hc_dim), DSI_MAX(c->group_in_dim, c->moe_intermediate_size));
     int64_t keys = c->sliding_window + DSI_MAX((int64_t)c->index_topk, kv->max_ctx);
     int64_t need = DSI_MAX(kmax * 4, keys * 16);
     int rc = be->ops->reserve(be, need, err);
@@ -164,10 +173,11 @@ int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_back
 
 void dsi_fwd_free(struct dsi_fwd *f) {
     if (!f) return;
-    void *dev[] = {f->d_tokens, f->d_pos, f->d_slot, f->d_row0, f->d_idx, f->X, f->X2, f->y,
-                   f->x, f->xq, f->post, f->comb, f->f, f->qa, f->qaq, f->q, f->kv_rows, f->o,
-                   f->z, f->ca, f->cb, f->ia, f->ib, f->qI, f->wI, f->glog, f->moe_w,
-                   f->moe_idx, f->moe_work, f->ent, f->ient, f->logits, f->sel, f->n_sel};
+    void *dev[] = {f->d_tokens, f->d_pos, f->d_slot,  f->d_row0, f->d_idx, f->X,     f->X2,
+                   f->y,        f->x,     f->xq,      f->post,   f->comb,  f->f,     f->qa,
+                   f->qaq,      f->q,     f->kv_rows, f->o,      f->z,     f->ca,    f->cb,
+                   f->ia,       f->ib,    f->qI,      f->wI,     f->glog,  f->moe_w, f->moe_idx,
+                   f->moe_work, f->ent,   f->ient,    f->logits, f->sel,   f->n_sel};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         if (dev[i]) f->be->ops->mfree(f->be, dev[i]);
     for (int i = 0; i < f->n_rc; i++) {
@@ -175,18 +185,31 @@ void dsi_fwd_free(struct dsi_fwd *f) {
         for (size_t j = 0; j < 4; j++)
             if (k[j]) f->be->ops->mfree(f->be, k[j]);
     }
-    void *host[] = {f->h_row0, f->h_emit_rows, f->h_emit_entry, f->h_emit_pos, f->h_idx,
-                    f->h_store};
-    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) free(host[i]);
+    void *host[] = {f->h_row0,     f->h_emit_rows, f->h_emit_entry,
+                    f->h_emit_pos, f->h_idx,       f->h_store};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+        free(host[i]);
     free(f);
 }
 
 /* ---- helpers over the op table --------------------------------------------------------------- */
 
-static void gemm(struct dsi_fwd *f, const struct dsi_tensor *w, const float *x, int64_t n,
-                 int64_t ldx, float *y, int64_t ldy, bool round) {
-    struct dsi_gemm_args a = {.w = w, .n_out = w->ne[1], .x = x, .n = n, .ldx = ldx, .y = y,
-                              .ldy = ldy, .round_bf16 = round};
+static void gemm(struct dsi_fwd *f,
+                 const struct dsi_tensor *w,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round) {
+    struct dsi_gemm_args a = {.w = w,
+                              .n_out = w->ne[1],
+                              .x = x,
+                              .n = n,
+                              .ldx = ldx,
+                              .y = y,
+                              .ldy = ldy,
+                              .round_bf16 = round};
     f->be->ops->gemm(f->be, &a);
 }
 
@@ -198,19 +221,45 @@ static const float *act(struct dsi_fwd *f, const float *x, int64_t n, int64_t di
     return xq;
 }
 
-static void rms(struct dsi_fwd *f, const float *x, float *y, int64_t n, int64_t dim,
+static void rms(struct dsi_fwd *f,
+                const float *x,
+                float *y,
+                int64_t n,
+                int64_t dim,
                 const struct dsi_tensor *w) {
-    struct dsi_rms_norm_args a = {.x = x, .y = y, .n = n, .n_groups = 1, .dim = dim, .ldx = dim,
-                                  .ldy = dim, .w = w, .eps = (float)f->c->rms_norm_eps,
+    struct dsi_rms_norm_args a = {.x = x,
+                                  .y = y,
+                                  .n = n,
+                                  .n_groups = 1,
+                                  .dim = dim,
+                                  .ldx = dim,
+                                  .ldy = dim,
+                                  .w = w,
+                                  .eps = (float)f->c->rms_norm_eps,
                                   .round_bf16 = f->R};
     f->be->ops->rms_norm(f->be, &a);
 }
 
-static void rope(struct dsi_fwd *f, float *x, int64_t n, int64_t ldx, int64_t heads,
-                 int64_t width, const int32_t *pos, int table, bool inverse) {
-    struct dsi_rope_args a = {.x = x, .n = n, .ldx = ldx, .n_heads = heads, .head_stride = width,
-                              .width = (int)width, .rope_dim = f->c->qk_rope_head_dim, .pos = pos,
-                              .freq = f->m->freq_dev[table], .inverse = inverse, .round_bf16 = f->R};
+static void rope(struct dsi_fwd *f,
+                 float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 int64_t heads,
+                 int64_t width,
+                 const int32_t *pos,
+                 int table,
+                 bool inverse) {
+    struct dsi_rope_args a = {.x = x,
+                              .n = n,
+                              .ldx = ldx,
+                              .n_heads = heads,
+                              .head_stride = width,
+                              .width = (int)width,
+                              .rope_dim = f->c->qk_rope_head_dim,
+                              .pos = pos,
+                              .freq = f->m->freq_dev[table],
+                              .inverse = inverse,
+                              .round_bf16 = f->R};
     f->be->ops->rope(f->be, &a);
 }
 
@@ -220,30 +269,53 @@ static void kv_quant(struct dsi_fwd *f, float *x, int64_t n, int64_t ld) {
     f->be->ops->act_quant(f->be, &a);
 }
 
-/* ---- compressors (spec 4.6) -------------------------------------------------------------------- */
+/* ---- compressors (spec 4.6) --------------------------------------------------------------------
+ */
 
 /* Pool the entries completed this step, finish them (RMSNorm(norm) with its input
  * bf16-rounded in reference numerics, RoPE at i*ratio, [QAT]) and store them in the pages;
  * then keep the step's last tokens in the slots. a/b: [n, slot_w] rows (b gets ape here). */
-static void compressor(struct dsi_fwd *f, const struct dsi_compressor_w *w, struct ratio_class *k,
-                       float *a, float *b, int64_t width, bool overlap, float *slot_a,
-                       float *slot_b, float *pool, float *tmp, bool index_key) {
+static void compressor(struct dsi_fwd *f,
+                       const struct dsi_compressor_w *w,
+                       struct ratio_class *k,
+                       float *a,
+                       float *b,
+                       int64_t width,
+                       bool overlap,
+                       float *slot_a,
+                       float *slot_b,
+                       float *pool,
+                       float *tmp,
+                       bool index_key) {
     struct dsi_backend *be = f->be;
     int64_t slot_w = (overlap ? 2 : 1) * width;
     struct dsi_comp_ape_args ap = {&f->st, b, slot_w, &w->ape, k->ratio};
     be->ops->comp_ape(be, &ap);
     if (k->n_emit) {
-        struct dsi_compress_args ca = {&f->st, k->emit_rows, k->n_emit, a, b, slot_a, slot_b,
-                                       k->n_slots, k->ratio, (int)width, overlap, tmp};
+        struct dsi_compress_args ca = {&f->st, k->emit_rows, k->n_emit, a,          b,       slot_a,
+                                       slot_b, k->n_slots,   k->ratio,  (int)width, overlap, tmp};
         be->ops->compress(be, &ca);
-        struct dsi_rms_norm_args nr = {.x = tmp, .y = tmp, .n = k->n_emit, .n_groups = 1,
-                                       .dim = width, .ldx = width, .ldy = width, .w = &w->norm,
-                                       .eps = (float)f->c->rms_norm_eps, .round_bf16 = f->R};
+        struct dsi_rms_norm_args nr = {.x = tmp,
+                                       .y = tmp,
+                                       .n = k->n_emit,
+                                       .n_groups = 1,
+                                       .dim = width,
+                                       .ldx = width,
+                                       .ldy = width,
+                                       .w = &w->norm,
+                                       .eps = (float)f->c->rms_norm_eps,
+                                       .round_bf16 = f->R};
         be->ops->rms_norm(be, &nr);
-        struct dsi_rope_args ra = {.x = tmp, .n = k->n_emit, .ldx = width, .n_heads = 1,
-                                   .head_stride = width, .width = (int)width,
-                                   .rope_dim = f->c->qk_rope_head_dim, .pos = k->emit_pos,
-                                   .freq = f->m->freq_dev[1], .round_bf16 = f->R};
+        struct dsi_rope_args ra = {.x = tmp,
+                                   .n = k->n_emit,
+                                   .ldx = width,
+                                   .n_heads = 1,
+                                   .head_stride = width,
+                                   .width = (int)width,
+                                   .rope_dim = f->c->qk_rope_head_dim,
+                                   .pos = k->emit_pos,
+                                   .freq = f->m->freq_dev[1],
+                                   .round_bf16 = f->R};
         be->ops->rope(be, &ra);
         if (f->R && index_key) {
             struct dsi_hadamard_q4_args h = {tmp, k->n_emit, 1, width, width};
@@ -252,15 +324,16 @@ static void compressor(struct dsi_fwd *f, const struct dsi_compressor_w *w, stru
             struct dsi_act_quant_args q = {tmp, tmp, k->n_emit, f->c->nope_dim, width, width, 64};
             be->ops->act_quant(be, &q);
         }
-        struct dsi_entry_store_args es = {&f->st, k->emit_rows, k->emit_entry, k->n_emit,
-                                          k->ratio, tmp, width, pool};
+        struct dsi_entry_store_args es = {&f->st,   k->emit_rows, k->emit_entry, k->n_emit,
+                                          k->ratio, tmp,          width,         pool};
         be->ops->entry_store(be, &es);
     }
     struct dsi_comp_store_args cs = {&f->st, k->store, a, b, slot_a, slot_b, k->n_slots, slot_w};
     be->ops->comp_store(be, &cs);
 }
 
-/* ---- attention (spec 4.5) ------------------------------------------------------------------------ */
+/* ---- attention (spec 4.5)
+ * ------------------------------------------------------------------------ */
 
 static void attention(struct dsi_fwd *f, int il) {
     const struct dsi_config *c = f->c;
@@ -279,9 +352,16 @@ static void attention(struct dsi_fwd *f, int il) {
     rms(f, f->qa, f->qa, n, ql, &L->q_norm);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
     gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R);
-    struct dsi_rms_norm_args qn = {.x = f->q, .y = f->q, .n = n, .n_groups = H, .dim = hd,
-                                   .ldx = HD, .ldy = HD, .w = NULL,
-                                   .eps = (float)c->rms_norm_eps, .round_bf16 = f->R};
+    struct dsi_rms_norm_args qn = {.x = f->q,
+                                   .y = f->q,
+                                   .n = n,
+                                   .n_groups = H,
+                                   .dim = hd,
+                                   .ldx = HD,
+                                   .ldy = HD,
+                                   .w = NULL,
+                                   .eps = (float)c->rms_norm_eps,
+                                   .round_bf16 = f->R};
     be->ops->rms_norm(be, &qn);
     rope(f, f->q, n, HD, H, hd, pos, tab, false);
     gemm(f, &L->wkv, xq, n, D, f->kv_rows, hd, f->R);
@@ -298,8 +378,8 @@ static void attention(struct dsi_fwd *f, int il) {
         int64_t cw = (csa ? 2 : 1) * hd;
         gemm(f, &L->comp.wkv, f->x, n, D, f->ca, cw, false);
         gemm(f, &L->comp.wgate, f->x, n, D, f->cb, cw, false);
-        compressor(f, &L->comp, k, f->ca, f->cb, hd, csa, S->slot_a, S->slot_b, S->entries,
-                   f->ent, false);
+        compressor(f, &L->comp, k, f->ca, f->cb, hd, csa, S->slot_a, S->slot_b, S->entries, f->ent,
+                   false);
         if (csa) {
             gemm(f, &L->idx_comp.wkv, f->x, n, D, f->ia, 2 * ihd, false);
             gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false);
@@ -312,78 +392,130 @@ static void attention(struct dsi_fwd *f, int il) {
                 be->ops->hadamard_q4(be, &h);
             }
             gemm(f, &L->idx_weights_proj, f->x, n, D, f->wI, nih, f->R);
-            struct dsi_indexer_args ia = {.st = &f->st, .q = f->qI, .w = f->wI, .n_heads = nih,
-                                          .head_dim = ihd, .keys = S->ikeys, .ratio = ratio,
+            struct dsi_indexer_args ia = {.st = &f->st,
+                                          .q = f->qI,
+                                          .w = f->wI,
+                                          .n_heads = nih,
+                                          .head_dim = ihd,
+                                          .keys = S->ikeys,
+                                          .ratio = ratio,
                                           .score_scale = 1.0f / sqrtf((float)ihd),
                                           .w_scale = 1.0f / sqrtf((float)nih),
-                                          .topk = c->index_topk, .sel = f->sel,
+                                          .topk = c->index_topk,
+                                          .sel = f->sel,
                                           .n_sel = f->n_sel};
             be->ops->indexer(be, &ia);
         }
     }
-    struct dsi_attn_args aa = {.st = &f->st, .q = f->q, .out = f->o, .n_heads = H, .head_dim = hd,
-                               .ring = S->ring, .entries = ratio ? S->entries : NULL,
-                               .ratio = ratio, .sel = csa ? f->sel : NULL,
-                               .n_sel = csa ? f->n_sel : NULL, .topk = c->index_topk,
-                               .sinks = &L->attn_sink, .scale = 1.0f / sqrtf((float)hd),
-                               .round_probs = f->R, .round_bf16 = f->R};
+    struct dsi_attn_args aa = {.st = &f->st,
+                               .q = f->q,
+                               .out = f->o,
+                               .n_heads = H,
+                               .head_dim = hd,
+                               .ring = S->ring,
+                               .entries = ratio ? S->entries : NULL,
+                               .ratio = ratio,
+                               .sel = csa ? f->sel : NULL,
+                               .n_sel = csa ? f->n_sel : NULL,
+                               .topk = c->index_topk,
+                               .sinks = &L->attn_sink,
+                               .scale = 1.0f / sqrtf((float)hd),
+                               .round_probs = f->R,
+                               .round_bf16 = f->R};
     be->ops->attn(be, &aa);
     rope(f, f->o, n, HD, H, hd, pos, tab, true);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
     for (int g = 0; g < c->o_groups; g++) {
-        struct dsi_gemm_args ga = {.w = &L->wo_a, .row0 = (int64_t)g * c->o_lora_rank,
-                                   .n_out = c->o_lora_rank, .x = f->o + g * c->group_in_dim,
-                                   .n = n, .ldx = HD, .y = f->z + g * c->o_lora_rank,
-                                   .ldy = c->wo_b_in, .round_bf16 = f->R};
+        struct dsi_gemm_args ga = {.w = &L->wo_a,
+                                   .row0 = (int64_t)g * c->o_lora_rank,
+                                   .n_out = c->o_lora_rank,
+                                   .x = f->o + g * c->group_in_dim,
+                                   .n = n,
+                                   .ldx = HD,
+                                   .y = f->z + g * c->o_lora_rank,
+                                   .ldy = c->wo_b_in,
+                                   .round_bf16 = f->R};
         be->ops->gemm(be, &ga);
     }
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
     gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R);
 }
 
-/* ---- MoE (spec 4.8) -------------------------------------------------------------------------------- */
+/* ---- MoE (spec 4.8)
+ * -------------------------------------------------------------------------------- */
 
 static void moe(struct dsi_fwd *f, int il) {
     const struct dsi_config *c = f->c;
     const struct dsi_layer_w *L = &f->m->layers[il];
     int64_t n = f->st.n, D = c->hidden_size;
     gemm(f, &L->gate_w, f->x, n, D, f->glog, c->n_routed_experts, false);
-    struct dsi_moe_route_args ra = {.logits = f->glog, .n = n, .n_experts = c->n_routed_experts,
+    struct dsi_moe_route_args ra = {.logits = f->glog,
+                                    .n = n,
+                                    .n_experts = c->n_routed_experts,
                                     .topk = c->num_experts_per_tok,
                                     .bias = L->has_bias ? &L->gate_bias : NULL,
                                     .tid2eid = L->has_tid2eid ? &L->tid2eid : NULL,
                                     .tokens = f->st.tokens,
                                     .route_scale = (float)c->routed_scaling_factor,
-                                    .eps = f->R ? 0.0f : 1e-20f, .idx = f->moe_idx,
+                                    .eps = f->R ? 0.0f : 1e-20f,
+                                    .idx = f->moe_idx,
                                     .weight = f->moe_w};
     f->be->ops->moe_route(f->be, &ra);
     const float *xq = act(f, f->x, n, D, f->xq);
-    struct dsi_moe_args ma = {.x = xq, .n = n, .dim = D, .inter = c->moe_intermediate_size,
-                              .topk = c->num_experts_per_tok, .idx = f->moe_idx,
-                              .weight = f->moe_w, .w1 = L->pw1, .w2 = L->pw2, .w3 = L->pw3,
-                              .sw1 = &L->sh_w1, .sw2 = &L->sh_w2, .sw3 = &L->sh_w3,
-                              .n_experts = c->n_routed_experts, .limit = (float)c->swiglu_limit,
-                              .act_quant = f->R, .round_bf16 = f->R, .y = f->f,
+    struct dsi_moe_args ma = {.x = xq,
+                              .n = n,
+                              .dim = D,
+                              .inter = c->moe_intermediate_size,
+                              .topk = c->num_experts_per_tok,
+                              .idx = f->moe_idx,
+                              .weight = f->moe_w,
+                              .w1 = L->pw1,
+                              .w2 = L->pw2,
+                              .w3 = L->pw3,
+                              .sw1 = &L->sh_w1,
+                              .sw2 = &L->sh_w2,
+                              .sw3 = &L->sh_w3,
+                              .n_experts = c->n_routed_experts,
+                              .limit = (float)c->swiglu_limit,
+                              .act_quant = f->R,
+                              .round_bf16 = f->R,
+                              .y = f->f,
                               .work = f->moe_work};
     f->be->ops->moe(f->be, &ma);
 }
 
-/* ---- one block ----------------------------------------------------------------------------------- */
+/* ---- one block
+ * ----------------------------------------------------------------------------------- */
 
 static void hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n) {
     const struct dsi_config *c = f->c;
-    struct dsi_hc_pre_args a = {.X = f->X, .n = n, .hc = c->hc_mult, .dim = c->hidden_size,
-                                .fn = &hc->fn, .base = &hc->base, .scale = &hc->scale,
-                                .iters = c->hc_sinkhorn_iters, .norm_eps = (float)c->rms_norm_eps,
-                                .hc_eps = (float)c->hc_eps, .y = f->y, .post = f->post,
-                                .comb = f->comb, .round_bf16 = f->R};
+    struct dsi_hc_pre_args a = {.X = f->X,
+                                .n = n,
+                                .hc = c->hc_mult,
+                                .dim = c->hidden_size,
+                                .fn = &hc->fn,
+                                .base = &hc->base,
+                                .scale = &hc->scale,
+                                .iters = c->hc_sinkhorn_iters,
+                                .norm_eps = (float)c->rms_norm_eps,
+                                .hc_eps = (float)c->hc_eps,
+                                .y = f->y,
+                                .post = f->post,
+                                .comb = f->comb,
+                                .round_bf16 = f->R};
     f->be->ops->hc_pre(f->be, &a);
 }
 
 static void hc_merge(struct dsi_fwd *f, int64_t n) {
     const struct dsi_config *c = f->c;
-    struct dsi_hc_post_args a = {.f = f->f, .X = f->X, .post = f->post, .comb = f->comb,
-                                 .Xo = f->X2, .n = n, .hc = c->hc_mult, .dim = c->hidden_size,
+    struct dsi_hc_post_args a = {.f = f->f,
+                                 .X = f->X,
+                                 .post = f->post,
+                                 .comb = f->comb,
+                                 .Xo = f->X2,
+                                 .n = n,
+                                 .hc = c->hc_mult,
+                                 .dim = c->hidden_size,
                                  .round_bf16 = f->R};
     f->be->ops->hc_post(f->be, &a);
     float *t = f->X;
@@ -405,8 +537,11 @@ static void block(struct dsi_fwd *f, int il) {
 }
 
 /* Final collapse + norm + head for the rows that want logits; logits go to host memory. */
-static void head(struct dsi_fwd *f, const struct dsi_batch *b, const struct dsi_hc_w *hc,
-                 const struct dsi_tensor *norm, float *logits) {
+static void head(struct dsi_fwd *f,
+                 const struct dsi_batch *b,
+                 const struct dsi_hc_w *hc,
+                 const struct dsi_tensor *norm,
+                 float *logits) {
     const struct dsi_config *c = f->c;
     int64_t D = c->hidden_size, m = 0;
     for (int r = 0; r < b->n; r++)
@@ -415,17 +550,25 @@ static void head(struct dsi_fwd *f, const struct dsi_batch *b, const struct dsi_
     f->be->ops->upload(f->be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)m);
     struct dsi_gather_args g = {f->X, f->d_idx, f->X2, m, c->hc_dim};
     f->be->ops->gather(f->be, &g);
-    struct dsi_hc_head_args a = {.X = f->X2, .n = m, .hc = c->hc_mult, .dim = D, .fn = &hc->fn,
-                                 .base = &hc->base, .scale = &hc->scale,
-                                 .norm_eps = (float)c->rms_norm_eps, .hc_eps = (float)c->hc_eps,
-                                 .y = f->y, .round_bf16 = f->R};
+    struct dsi_hc_head_args a = {.X = f->X2,
+                                 .n = m,
+                                 .hc = c->hc_mult,
+                                 .dim = D,
+                                 .fn = &hc->fn,
+                                 .base = &hc->base,
+                                 .scale = &hc->scale,
+                                 .norm_eps = (float)c->rms_norm_eps,
+                                 .hc_eps = (float)c->hc_eps,
+                                 .y = f->y,
+                                 .round_bf16 = f->R};
     f->be->ops->hc_head(f->be, &a);
     rms(f, f->y, f->x, m, D, norm);
     gemm(f, &f->m->head, f->x, m, D, f->logits, c->vocab_size, false);
     f->be->ops->download(f->be, logits, f->logits, sizeof(float) * (size_t)(m * c->vocab_size));
 }
 
-/* ---- the step's batch description ----------------------------------------------------------------- */
+/* ---- the step's batch description
+ * ----------------------------------------------------------------- */
 
 /* Validate the batch and upload its description: rows of a sequence contiguous, in order,
  * continuing the sequence, within its reserved pages and the ring's room. */
@@ -440,12 +583,12 @@ static int prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, struc
             return dsi_errf(err, DSI_ERR_INVALID, "batch row %d: slot %d is not an open sequence",
                             r, s);
         if (b->tokens[r] < 0 || b->tokens[r] >= c->vocab_size)
-            return dsi_errf(err, DSI_ERR_INVALID, "batch row %d: token id %d out of range 0..%d",
-                            r, b->tokens[r], c->vocab_size - 1);
+            return dsi_errf(err, DSI_ERR_INVALID, "batch row %d: token id %d out of range 0..%d", r,
+                            b->tokens[r], c->vocab_size - 1);
         bool first = r == 0 || b->slot[r - 1] != s;
         f->h_row0[r] = first ? r : f->h_row0[r - 1];
-        int64_t want = first ? (mtp ? kv->seqs[s].mtp_n_past : kv->seqs[s].n_past)
-                             : b->pos[r - 1] + 1;
+        int64_t want =
+            first ? (mtp ? kv->seqs[s].mtp_n_past : kv->seqs[s].n_past) : b->pos[r - 1] + 1;
         if (first)
             for (int q = 0; q < r; q++)
                 if (b->slot[q] == s)
@@ -454,7 +597,8 @@ static int prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, struc
         if (b->pos[r] != want)
             return dsi_errf(err, DSI_ERR_INVALID,
                             "batch row %d: position %d, want %lld (rows of a sequence continue "
-                            "it in order)", r, b->pos[r], (long long)want);
+                            "it in order)",
+                            r, b->pos[r], (long long)want);
         if (b->pos[r] >= (int64_t)kv->seqs[s].n_pages * kv->page_tokens)
             return dsi_errf(err, DSI_ERR_CONTEXT_FULL,
                             "batch row %d: position %d has no cache page reserved", r, b->pos[r]);
@@ -503,14 +647,18 @@ static void advance(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp) {
     }
 }
 
-int dsi_forward(struct dsi_fwd *f, const struct dsi_batch *b, float *logits, float *streams,
+int dsi_forward(struct dsi_fwd *f,
+                const struct dsi_batch *b,
+                float *logits,
+                float *streams,
                 struct dsi_err *err) {
     int rc = prepare(f, b, false, err);
     if (rc) return rc;
     const struct dsi_config *c = f->c;
     struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n, c->hc_mult, f->X};
     f->be->ops->embed(f->be, &ea);
-    for (int il = 0; il < c->num_hidden_layers; il++) block(f, il);
+    for (int il = 0; il < c->num_hidden_layers; il++)
+        block(f, il);
     advance(f, b, false);
     if (streams)
         f->be->ops->download(f->be, streams, f->X, sizeof(float) * (size_t)(b->n * c->hc_dim));
@@ -518,8 +666,11 @@ int dsi_forward(struct dsi_fwd *f, const struct dsi_batch *b, float *logits, flo
     return f->be->ops->sync(f->be, err);
 }
 
-int dsi_mtp_forward(struct dsi_fwd *f, const struct dsi_batch *b, const float *streams,
-                    float *logits, struct dsi_err *err) {
+int dsi_mtp_forward(struct dsi_fwd *f,
+                    const struct dsi_batch *b,
+                    const float *streams,
+                    float *logits,
+                    struct dsi_err *err) {
     const struct dsi_config *c = f->c;
     if (c->num_nextn_predict_layers < 1)
         return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no MTP layer");

@@ -22,22 +22,33 @@ struct dsi_batch {
 struct dsi_fwd;
 
 /* Borrows m, be and kv (they must outlive the forward). */
-int dsi_fwd_new(struct dsi_fwd **out, const struct dsi_model *m, struct dsi_backend *be,
-                struct dsi_kv *kv, int max_rows, enum dsi_numerics numerics, struct dsi_err *err);
+int dsi_fwd_new(struct dsi_fwd **out,
+                const struct dsi_model *m,
+                struct dsi_backend *be,
+                struct dsi_kv *kv,
+                int max_rows,
+                enum dsi_numerics numerics,
+                struct dsi_err *err);
 void dsi_fwd_free(struct dsi_fwd *f);
 
 /* Run the main model. Rows of one sequence must be contiguous, in position order and continue
  * it (pos == n_past, n_past + 1, ...), with pages reserved for them (dsi_kv_reserve).
  * logits (host memory): [rows wanting logits, vocab_size] in row order.
- * streams (optional, host memory): [n, hc_mult * hidden_size] final residual streams before hc_head (the
- * MTP layer's input). Advances each sequence's n_past. */
-int dsi_forward(struct dsi_fwd *f, const struct dsi_batch *b, float *logits, float *streams,
+ * streams (optional, host memory): [n, hc_mult * hidden_size] final residual streams before hc_head
+ * (the MTP layer's input). Advances each sequence's n_past. */
+int dsi_forward(struct dsi_fwd *f,
+                const struct dsi_batch *b,
+                float *logits,
+                float *streams,
                 struct dsi_err *err);
 
 /* Run the MTP layer: row r takes the main model's streams at position pos[r] and the token
  * tokens[r] = the token at pos[r] + 1; logits predict the token at pos[r] + 2. Rows of a
  * sequence continue its MTP positions (mtp_n_past). */
-int dsi_mtp_forward(struct dsi_fwd *f, const struct dsi_batch *b, const float *streams,
-                    float *logits, struct dsi_err *err);
+int dsi_mtp_forward(struct dsi_fwd *f,
+                    const struct dsi_batch *b,
+                    const float *streams,
+                    float *logits,
+                    struct dsi_err *err);
 
 #endif

@@ -13,16 +13,16 @@
 
 #include <string.h>
 
-
-
-static int open_backend(struct dsi_backend **be, const struct dsi_engine_opts *o,
-                        struct dsi_err *err) {
-    if (!o->backend || !strcmp(o->backend, "cpu")) return dsi_backend_cpu_new(be, o->n_threads, err);
+static int
+open_backend(struct dsi_backend **be, const struct dsi_engine_opts *o, struct dsi_err *err) {
+    if (!o->backend || !strcmp(o->backend, "cpu"))
+        return dsi_backend_cpu_new(be, o->n_threads, err);
     if (!strcmp(o->backend, "cuda")) {
 #ifdef DSI_CUDA
         return dsi_backend_cuda_new(be, 0, err);
 #else
-        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "backend cuda: this build has no CUDA (make CUDA=1)");
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                        "backend cuda: this build has no CUDA (make CUDA=1)");
 #endif
     }
     return dsi_errf(err, DSI_ERR_INVALID, "backend %s: want cpu or cuda", o->backend);
@@ -34,8 +34,8 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     if (!e) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
     e->max_rows = o->max_rows > 0 ? o->max_rows : 256;
     e->max_ctx = o->max_ctx > 0 ? o->max_ctx : 4096;
-    e->numerics = o->numerics == DSI_OPT_NUMERICS_REFERENCE ? DSI_NUMERICS_REFERENCE
-                                                            : DSI_NUMERICS_PLAIN;
+    e->numerics =
+        o->numerics == DSI_OPT_NUMERICS_REFERENCE ? DSI_NUMERICS_REFERENCE : DSI_NUMERICS_PLAIN;
     int rc = dsi_model_load(&e->m, o->model_dir, err);
     if (!rc) rc = open_backend(&e->be, o, err);
     if (!rc) rc = dsi_model_import(e->m, e->be, err);
@@ -44,7 +44,8 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     snprintf(tp, sizeof(tp), "%s/tokenizer.json", o->model_dir);
     if (!rc && stat(tp, &sb) == 0) rc = dsi_bpe_open(&e->tok, o->model_dir, err);
     struct dsi_kv_opts ko = {.max_seqs = o->max_seqs > 0 ? o->max_seqs : 16,
-                             .max_ctx = e->max_ctx, .max_rows = e->max_rows};
+                             .max_ctx = e->max_ctx,
+                             .max_rows = e->max_rows};
     if (!rc) rc = dsi_kv_new(&e->kv, &e->m->cfg, e->be, &ko, err);
     if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, e->be, e->kv, e->max_rows, e->numerics, err);
     if (rc) {
@@ -71,8 +72,13 @@ void dsi_engine_close(struct dsi_engine *e) {
 
 bool dsi_engine_has_tokenizer(const struct dsi_engine *e) { return e->tok != NULL; }
 
-int dsi_engine_encode(const struct dsi_engine *e, const char *text, size_t len,
-                      bool parse_special, int32_t **ids, size_t *n, struct dsi_err *err) {
+int dsi_engine_encode(const struct dsi_engine *e,
+                      const char *text,
+                      size_t len,
+                      bool parse_special,
+                      int32_t **ids,
+                      size_t *n,
+                      struct dsi_err *err) {
     if (!e->tok) return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no tokenizer.json");
     return dsi_bpe_encode(e->tok, text, len, parse_special, ids, n, err);
 }
@@ -86,7 +92,8 @@ struct dsi_text_stream {
     struct dsi_bpe_stream *s;
 };
 
-int dsi_text_stream_new(struct dsi_text_stream **out, const struct dsi_engine *e,
+int dsi_text_stream_new(struct dsi_text_stream **out,
+                        const struct dsi_engine *e,
                         struct dsi_err *err) {
     *out = NULL;
     if (!e->tok) return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no tokenizer.json");
@@ -107,8 +114,8 @@ void dsi_text_stream_free(struct dsi_text_stream *s) {
     free(s);
 }
 
-int dsi_text_stream_feed(struct dsi_text_stream *s, int32_t id, const char **text, size_t *len,
-                         struct dsi_err *err) {
+int dsi_text_stream_feed(
+    struct dsi_text_stream *s, int32_t id, const char **text, size_t *len, struct dsi_err *err) {
     return dsi_bpe_stream_feed(s->s, id, text, len, err);
 }
 
@@ -119,22 +126,28 @@ void dsi_text_stream_flush(struct dsi_text_stream *s, const char **text, size_t 
 int dsi_engine_vocab_size(const struct dsi_engine *e) { return e->m->cfg.vocab_size; }
 int dsi_engine_eos_id(const struct dsi_engine *e) { return e->m->cfg.eos_token_id; }
 
-void dsi_engine_sampling_defaults(const struct dsi_engine *e, float *temperature, float *top_p,
+void dsi_engine_sampling_defaults(const struct dsi_engine *e,
+                                  float *temperature,
+                                  float *top_p,
                                   int *top_k) {
     *temperature = (float)e->m->cfg.gen_temperature;
     *top_p = (float)e->m->cfg.gen_top_p;
     *top_k = e->m->cfg.gen_top_k;
 }
 
-int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts,
-                             const int *lens, int n_prompts, int chunk, float *out,
-                             float *mtp_out, struct dsi_err *err) {
+int dsi_engine_prompt_logits(struct dsi_engine *e,
+                             const int32_t *const *prompts,
+                             const int *lens,
+                             int n_prompts,
+                             int chunk,
+                             float *out,
+                             float *mtp_out,
+                             struct dsi_err *err) {
     const struct dsi_config *c = &e->m->cfg;
     int64_t V = c->vocab_size, HC = c->hc_dim;
     int rc = DSI_OK;
     if (n_prompts < 1 || n_prompts > e->kv->max_seqs)
-        return dsi_errf(err, DSI_ERR_INVALID, "%d prompts, want 1..%d", n_prompts,
-                        e->kv->max_seqs);
+        return dsi_errf(err, DSI_ERR_INVALID, "%d prompts, want 1..%d", n_prompts, e->kv->max_seqs);
     if (chunk <= 0) chunk = e->max_rows;
     if ((int64_t)chunk * n_prompts > e->max_rows) chunk = e->max_rows / n_prompts;
     if (chunk < 1)
@@ -148,8 +161,8 @@ int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts
         for (int i = 0; i < lens[p]; i++)
             if (prompts[p][i] < 0 || prompts[p][i] >= V)
                 return dsi_errf(err, DSI_ERR_INVALID,
-                                "prompt %d: token id %d at position %d is out of range 0..%lld",
-                                p, prompts[p][i], i, (long long)V - 1);
+                                "prompt %d: token id %d at position %d is out of range 0..%lld", p,
+                                prompts[p][i], i, (long long)V - 1);
     }
     int *slots = dsi_calloc((size_t)n_prompts, sizeof(int));
     int32_t *tok = dsi_malloc(sizeof(int32_t) * (size_t)e->max_rows);
@@ -159,17 +172,18 @@ int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts
     float *lg = dsi_malloc(sizeof(float) * (size_t)(e->max_rows * V));
     float *st = mtp_out ? dsi_malloc(sizeof(float) * (size_t)(e->max_rows * HC)) : NULL;
     int64_t total = 0;
-    for (int p = 0; p < n_prompts; p++) total += lens[p];
+    for (int p = 0; p < n_prompts; p++)
+        total += lens[p];
     /* streams of every position, kept for the MTP pass */
     float *all_st = mtp_out ? dsi_malloc(sizeof(float) * (size_t)(total * HC)) : NULL;
     int64_t *off = dsi_calloc((size_t)n_prompts + 1, sizeof(int64_t));
     int n_open = 0;
-    if (!slots || !tok || !pos || !slot || !owner || !lg || (mtp_out && (!st || !all_st)) ||
-        !off) {
+    if (!slots || !tok || !pos || !slot || !owner || !lg || (mtp_out && (!st || !all_st)) || !off) {
         rc = dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (int p = 0; p < n_prompts; p++) off[p + 1] = off[p] + lens[p];
+    for (int p = 0; p < n_prompts; p++)
+        off[p + 1] = off[p] + lens[p];
     for (int p = 0; p < n_prompts && !rc; p++) {
         rc = dsi_kv_seq_new(e->kv, &slots[p], err);
         if (!rc) n_open++;
@@ -200,7 +214,8 @@ int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts
                      : dsi_forward(e->fwd, &b, lg, st, err);
             for (int r = 0; r < n && !rc; r++) {
                 int p = owner[r];
-                float *dst = mtp ? mtp_out + (off[p] - p + pos[r]) * V : out + (off[p] + pos[r]) * V;
+                float *dst =
+                    mtp ? mtp_out + (off[p] - p + pos[r]) * V : out + (off[p] + pos[r]) * V;
                 memcpy(dst, lg + r * V, sizeof(float) * (size_t)V);
                 if (all_st && !mtp)
                     memcpy(all_st + (off[p] + pos[r]) * HC, st + r * HC,
@@ -209,7 +224,8 @@ int dsi_engine_prompt_logits(struct dsi_engine *e, const int32_t *const *prompts
         }
     }
 out:
-    for (int p = 0; p < n_open; p++) dsi_kv_seq_free(e->kv, slots[p]);
+    for (int p = 0; p < n_open; p++)
+        dsi_kv_seq_free(e->kv, slots[p]);
     free(slots);
     free(tok);
     free(pos);
@@ -222,21 +238,26 @@ out:
     return rc;
 }
 
-int dsi_engine_generate(struct dsi_engine *e, const int32_t *prompt, int len, int n_new,
-                        const struct dsi_sampling *s, dsi_token_fn fn, void *user,
+int dsi_engine_generate(struct dsi_engine *e,
+                        const int32_t *prompt,
+                        int len,
+                        int n_new,
+                        const struct dsi_sampling *s,
+                        dsi_token_fn fn,
+                        void *user,
                         struct dsi_err *err) {
     const struct dsi_config *c = &e->m->cfg;
     int64_t V = c->vocab_size;
     if (len < 1) return dsi_errf(err, DSI_ERR_INVALID, "empty prompt");
     if (len + n_new > e->max_ctx)
         return dsi_errf(err, DSI_ERR_CONTEXT_FULL,
-                        "prompt (%d tokens) + %d new tokens exceed the context of %lld", len,
-                        n_new, (long long)e->max_ctx);
+                        "prompt (%d tokens) + %d new tokens exceed the context of %lld", len, n_new,
+                        (long long)e->max_ctx);
     for (int i = 0; i < len; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return dsi_errf(err, DSI_ERR_INVALID,
-                            "prompt token id %d at position %d is out of range 0..%lld",
-                            prompt[i], i, (long long)V - 1);
+                            "prompt token id %d at position %d is out of range 0..%lld", prompt[i],
+                            i, (long long)V - 1);
     int seq = 0;
     int rc = dsi_kv_seq_new(e->kv, &seq, err);
     if (rc) return rc;
@@ -287,8 +308,11 @@ out:
 }
 
 /* One user turn through the DeepSeek-V4 chat encoder (src/tok/chat.c, spec 9). */
-int dsi_engine_chat_prompt(const struct dsi_engine *e, const char *user_text, bool think,
-                           char **out, struct dsi_err *err) {
+int dsi_engine_chat_prompt(const struct dsi_engine *e,
+                           const char *user_text,
+                           bool think,
+                           char **out,
+                           struct dsi_err *err) {
     (void)e;
     return dsi_chat_render_prompt(NULL, user_text,
                                   think ? DSI_CHAT_MODE_THINKING : DSI_CHAT_MODE_CHAT,

@@ -10,20 +10,25 @@ int dsi_inspect(const char *dir, void *file, struct dsi_err *err) {
     int rc = dsi_config_load(&cfg, dir, err);
     if (rc) return rc;
     fprintf(f, "model: %s\n", dir);
-    fprintf(f, "config: vocab %d, hidden %d, layers %d (+%d MTP), heads %d x %d (rope %d), "
-               "q_lora %d, o_groups %d x %d, window %d\n",
+    fprintf(f,
+            "config: vocab %d, hidden %d, layers %d (+%d MTP), heads %d x %d (rope %d), "
+            "q_lora %d, o_groups %d x %d, window %d\n",
             cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_nextn_predict_layers,
             cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.q_lora_rank,
             cfg.o_groups, cfg.o_lora_rank, cfg.sliding_window);
-    fprintf(f, "        experts %d (top-%d, inter %d, %d hash layers, scale %.3g), indexer %d x %d "
-               "top-%d, mHC %d streams %d iters\n",
+    fprintf(f,
+            "        experts %d (top-%d, inter %d, %d hash layers, scale %.3g), indexer %d x %d "
+            "top-%d, mHC %d streams %d iters\n",
             cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
             cfg.num_hash_layers, cfg.routed_scaling_factor, cfg.index_n_heads, cfg.index_head_dim,
             cfg.index_topk, cfg.hc_mult, cfg.hc_sinkhorn_iters);
     fprintf(f, "layers:");
     for (int i = 0; i < cfg.n_layers_total; i++) {
         const struct dsi_layer_info *l = &cfg.layers[i];
-        fprintf(f, " %d:%s%s%s", i, l->kind == DSI_ATTN_WINDOW ? "win" : l->kind == DSI_ATTN_CSA ? "csa" : "hca",
+        fprintf(f, " %d:%s%s%s", i,
+                l->kind == DSI_ATTN_WINDOW ? "win"
+                : l->kind == DSI_ATTN_CSA  ? "csa"
+                                           : "hca",
                 l->hash_routed ? "/hash" : "", i >= cfg.num_hidden_layers ? "(mtp)" : "");
     }
     fprintf(f, "\n");

@@ -73,22 +73,26 @@ static int golden_load(struct test_ctx *t, const char *name, struct golden *g) {
 }
 
 static void golden_free(struct golden *g) {
-    for (int p = 0; p < g->n_prompts; p++) free(g->prompts[p]);
+    for (int p = 0; p < g->n_prompts; p++)
+        free(g->prompts[p]);
     free(g->logits);
     free(g->mtp);
 }
 
 /* Run the prompts as one batch stream; out has total rows (mtp: total - n_prompts rows). */
-static int run(const struct golden *g, int chunk, int threads, int numerics, float *out,
-               float *mtp) {
-    struct dsi_engine_opts o = {.model_dir = g->model, .n_threads = threads,
-                                .max_rows = 1024, .max_ctx = 1024, .numerics = numerics};
+static int
+run(const struct golden *g, int chunk, int threads, int numerics, float *out, float *mtp) {
+    struct dsi_engine_opts o = {.model_dir = g->model,
+                                .n_threads = threads,
+                                .max_rows = 1024,
+                                .max_ctx = 1024,
+                                .numerics = numerics};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     int rc = dsi_engine_open(&e, &o, &err);
     if (!rc)
-        rc = dsi_engine_prompt_logits(e, (const int32_t *const *)g->prompts, g->lens,
-                                      g->n_prompts, chunk, out, mtp, &err);
+        rc = dsi_engine_prompt_logits(e, (const int32_t *const *)g->prompts, g->lens, g->n_prompts,
+                                      chunk, out, mtp, &err);
     if (rc) fprintf(stderr, "  engine: %s\n", err.msg);
     dsi_engine_close(e);
     return rc;
@@ -140,9 +144,11 @@ static int check_case(struct test_ctx *t, const char *name) {
                      "%s: chunk %d differs from the whole-prompt logits", name, chunks[i]);
     }
     TEST_ASSERT(run(&g, 0, 1, DSI_OPT_NUMERICS_PLAIN, other, NULL) == 0);
-    TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0, "%s: 1 thread differs", name);
+    TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0, "%s: 1 thread differs",
+                 name);
     TEST_ASSERT(run(&g, 0, 3, DSI_OPT_NUMERICS_PLAIN, other, NULL) == 0);
-    TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0, "%s: 3 threads differ", name);
+    TEST_ASSERTF(memcmp(other, whole, sizeof(float) * (size_t)n) == 0, "%s: 3 threads differ",
+                 name);
     /* Reference numerics: chunk-invariant, and near plain (the [QAT] steps are small). */
     float *ref = malloc(sizeof(float) * (size_t)n);
     TEST_ASSERT(ref && run(&g, 0, 0, DSI_OPT_NUMERICS_REFERENCE, ref, NULL) == 0);

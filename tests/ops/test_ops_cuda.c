@@ -54,7 +54,8 @@ struct rng {
 };
 
 static struct rng rng_of(const struct test_ctx *t, uint64_t salt) {
-    struct rng r = {((uint64_t)t->seed + 1) * 0x9e3779b97f4a7c15ull ^ (salt * 0xbf58476d1ce4e5b9ull)};
+    struct rng r = {((uint64_t)t->seed + 1) * 0x9e3779b97f4a7c15ull ^
+                    (salt * 0xbf58476d1ce4e5b9ull)};
     if (!r.s) r.s = 1;
     return r;
 }
@@ -77,11 +78,13 @@ static float rnorm(struct rng *r) {
 
 static float *fnorm(struct rng *r, int64_t n, float sd) {
     float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    for (int64_t i = 0; i < n; i++) x[i] = rnorm(r) * sd;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rnorm(r) * sd;
     return x;
 }
 
-/* ---- device helpers ---------------------------------------------------------------------------- */
+/* ---- device helpers ----------------------------------------------------------------------------
+ */
 
 static void *dput(const void *h, size_t bytes) {
     void *d = g_gpu->ops->alloc(g_gpu, bytes ? bytes : 4);
@@ -128,9 +131,11 @@ static int same(const char *what, const void *got, const void *want, size_t byte
     for (size_t i = 0; i < bytes / 4; i++)
         if (memcmp(g + i, w + i, 4)) {
             int64_t nd = 0;
-            for (size_t j = i; j < bytes / 4; j++) nd += memcmp(g + j, w + j, 4) != 0;
-            fprintf(stderr, "\n  %s: element %zu differs: got %.9g want %.9g (%lld of %zu differ)\n",
-                    what, i, (double)g[i], (double)w[i], (long long)nd, bytes / 4);
+            for (size_t j = i; j < bytes / 4; j++)
+                nd += memcmp(g + j, w + j, 4) != 0;
+            fprintf(stderr,
+                    "\n  %s: element %zu differs: got %.9g want %.9g (%lld of %zu differ)\n", what,
+                    i, (double)g[i], (double)w[i], (long long)nd, bytes / 4);
             return 0;
         }
     fprintf(stderr, "\n  %s: bytes differ\n", what);
@@ -153,7 +158,9 @@ static int close_to(const char *what, const float *got, const float *want, int64
     for (int64_t i = 0; i < n; i++)
         if (!isnan(want[i])) mw = fmax(mw, fabs((double)want[i]));
     double rel = md / (mw > 0 ? mw : 1);
-    if (nd) fprintf(stderr, "[%s: %lld/%lld differ, rel %.2e] ", what, (long long)nd, (long long)n, rel);
+    if (nd)
+        fprintf(stderr, "[%s: %lld/%lld differ, rel %.2e] ", what, (long long)nd, (long long)n,
+                rel);
     if (bad >= 0) {
         fprintf(stderr, "\n  %s: element %lld: got %g want %g\n", what, (long long)bad,
                 (double)got[bad], (double)want[bad]);
@@ -166,7 +173,8 @@ static int close_to(const char *what, const float *got, const float *want, int64
     return 1;
 }
 
-/* ---- weights ----------------------------------------------------------------------------------- */
+/* ---- weights -----------------------------------------------------------------------------------
+ */
 
 struct wt {
     struct dsi_tensor h, d, hs, ds;
@@ -179,12 +187,15 @@ static uint16_t f16_bits(struct rng *r) {
 }
 
 static int64_t row_bytes_of(enum dsi_type t, int64_t K) {
-    return t == DSI_TYPE_F32 ? 4 * K : t == DSI_TYPE_BF16 || t == DSI_TYPE_F16 ? 2 * K
-                                     : t == DSI_TYPE_FP4_E2M1 ? K / 2 : K;
+    return t == DSI_TYPE_F32                         ? 4 * K
+           : t == DSI_TYPE_BF16 || t == DSI_TYPE_F16 ? 2 * K
+           : t == DSI_TYPE_FP4_E2M1                  ? K / 2
+                                                     : K;
 }
 
 /* A [rows, K] weight of `type` with random contents (values ~ sd for float types). */
-static void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t rows, int64_t K, float sd) {
+static void
+wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t rows, int64_t K, float sd) {
     memset(w, 0, sizeof(*w));
     int64_t rb = row_bytes_of(type, K), bytes = rb * rows;
     uint8_t *p = malloc((size_t)bytes);
@@ -209,7 +220,8 @@ static void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t row
             }
             case DSI_TYPE_F8_E4M3: {
                 uint8_t v;
-                do v = (uint8_t)rnext(r);
+                do
+                    v = (uint8_t)rnext(r);
                 while ((v & 0x7f) == 0x7f);
                 q[k] = v;
                 break;
@@ -226,7 +238,8 @@ static void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t row
         int64_t sr = (rows + sb0 - 1) / sb0, sc = (K + sb1 - 1) / sb1;
         uint8_t *s = malloc((size_t)(sr * sc));
         for (int64_t i = 0; i < sr * sc; i++)
-            s[i] = (uint8_t)(type == DSI_TYPE_F8_E4M3 ? 120 + rint_below(r, 4) : 124 + rint_below(r, 4));
+            s[i] = (uint8_t)(type == DSI_TYPE_F8_E4M3 ? 120 + rint_below(r, 4)
+                                                      : 124 + rint_below(r, 4));
         w->hscale = s;
         w->hs = (struct dsi_tensor){.type = DSI_TYPE_E8M0, .ne = {sc, sr, 1, 1}, .data = s};
         w->h.scale = &w->hs;
@@ -252,7 +265,8 @@ static void vec_make(struct wt *w, const float *v, int64_t n, enum dsi_type type
     int64_t rb = row_bytes_of(type, n);
     uint8_t *p = malloc((size_t)rb);
     for (int64_t i = 0; i < n; i++) {
-        if (type == DSI_TYPE_F32) memcpy(p + 4 * i, &v[i], 4);
+        if (type == DSI_TYPE_F32)
+            memcpy(p + 4 * i, &v[i], 4);
         else {
             uint16_t b = dsi_f32_to_bf16(v[i]);
             memcpy(p + 2 * i, &b, 2);
@@ -264,7 +278,8 @@ static void vec_make(struct wt *w, const float *v, int64_t n, enum dsi_type type
     w->d.data = g_gpu->ops->import(g_gpu, p, (size_t)rb);
 }
 
-/* ---- GEMM ------------------------------------------------------------------------------------- */
+/* ---- GEMM -------------------------------------------------------------------------------------
+ */
 
 struct gemm_case {
     enum dsi_type type;
@@ -280,8 +295,15 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
     float *yc = hpoison(gc->n * ldy), *yg = hpoison(gc->n * ldy);
     float *dx = dput(x, sizeof(float) * (size_t)(gc->n * ldx));
     float *dy = dpoison(sizeof(float) * (size_t)(gc->n * ldy));
-    struct dsi_gemm_args a = {.w = &w.h, .row0 = gc->row0, .n_out = gc->n_out, .x = x, .n = gc->n,
-                              .ldx = ldx, .y = yc, .ldy = ldy, .round_bf16 = gc->round};
+    struct dsi_gemm_args a = {.w = &w.h,
+                              .row0 = gc->row0,
+                              .n_out = gc->n_out,
+                              .x = x,
+                              .n = gc->n,
+                              .ldx = ldx,
+                              .y = yc,
+                              .ldy = ldy,
+                              .round_bf16 = gc->round};
     g_cpu->ops->gemm(g_cpu, &a);
     a.w = &w.d;
     a.x = dx;
@@ -348,7 +370,8 @@ int test_cuda_gemm(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- act_quant, hadamard_q4 ------------------------------------------------------------------- */
+/* ---- act_quant, hadamard_q4 -------------------------------------------------------------------
+ */
 
 int test_cuda_act_quant(struct test_ctx *t) {
     NEED_GPU();
@@ -357,8 +380,10 @@ int test_cuda_act_quant(struct test_ctx *t) {
         int64_t n, dim, ldx, ldy;
         int block;
         bool inplace;
-    } cs[] = {{5, 4096, 4096, 4096, 128, false}, {7, 448, 512, 512, 64, true},
-              {1, 1024, 1024, 2048, 0, false},   {33, 2048, 2048, 2048, 128, true}};
+    } cs[] = {{5, 4096, 4096, 4096, 128, false},
+              {7, 448, 512, 512, 64, true},
+              {1, 1024, 1024, 2048, 0, false},
+              {33, 2048, 2048, 2048, 128, true}};
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t nx = cs[c].n * cs[c].ldx, ny = cs[c].inplace ? nx : cs[c].n * cs[c].ldy;
         float *x = fnorm(&r, nx, 1.0f);
@@ -377,8 +402,13 @@ int test_cuda_act_quant(struct test_ctx *t) {
         float *yg = malloc(sizeof(float) * (size_t)ny);
         float *dx = dput(x, sizeof(float) * (size_t)nx);
         float *dy = cs[c].inplace ? dx : dpoison(sizeof(float) * (size_t)ny);
-        struct dsi_act_quant_args a = {cs[c].inplace ? yc : x, yc, cs[c].n, cs[c].dim, cs[c].ldx,
-                                       cs[c].inplace ? cs[c].ldx : cs[c].ldy, cs[c].block};
+        struct dsi_act_quant_args a = {cs[c].inplace ? yc : x,
+                                       yc,
+                                       cs[c].n,
+                                       cs[c].dim,
+                                       cs[c].ldx,
+                                       cs[c].inplace ? cs[c].ldx : cs[c].ldy,
+                                       cs[c].block};
         g_cpu->ops->act_quant(g_cpu, &a);
         a.x = dx;
         a.y = dy;
@@ -419,7 +449,8 @@ int test_cuda_hadamard_q4(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- embed, add, copy, gather --------------------------------------------------------------------- */
+/* ---- embed, add, copy, gather
+ * --------------------------------------------------------------------- */
 
 int test_cuda_small_ops(struct test_ctx *t) {
     NEED_GPU();
@@ -505,7 +536,8 @@ int test_cuda_small_ops(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- rms_norm, rope ---------------------------------------------------------------------------------- */
+/* ---- rms_norm, rope
+ * ---------------------------------------------------------------------------------- */
 
 int test_cuda_rms_norm(struct test_ctx *t) {
     NEED_GPU();
@@ -528,7 +560,8 @@ int test_cuda_rms_norm(struct test_ctx *t) {
         int64_t nx = cs[c].n * cs[c].ldx, ny = cs[c].inplace ? nx : cs[c].n * cs[c].ldy;
         float *x = fnorm(&r, nx, 3.0f);
         float *wv = fnorm(&r, cs[c].dim, 0.1f);
-        for (int64_t i = 0; i < cs[c].dim; i++) wv[i] += 1.0f;
+        for (int64_t i = 0; i < cs[c].dim; i++)
+            wv[i] += 1.0f;
         struct wt w;
         if (cs[c].wtype >= 0) vec_make(&w, wv, cs[c].dim, (enum dsi_type)cs[c].wtype);
         float *yc = cs[c].inplace ? malloc(sizeof(float) * (size_t)nx) : hpoison(ny);
@@ -536,10 +569,15 @@ int test_cuda_rms_norm(struct test_ctx *t) {
         float *yg = malloc(sizeof(float) * (size_t)ny);
         float *dx = dput(x, sizeof(float) * (size_t)nx);
         float *dy = cs[c].inplace ? dx : dpoison(sizeof(float) * (size_t)ny);
-        struct dsi_rms_norm_args a = {.x = cs[c].inplace ? yc : x, .y = yc, .n = cs[c].n,
-                                      .n_groups = cs[c].groups, .dim = cs[c].dim,
-                                      .ldx = cs[c].ldx, .ldy = cs[c].inplace ? cs[c].ldx : cs[c].ldy,
-                                      .w = cs[c].wtype >= 0 ? &w.h : NULL, .eps = 1e-6f,
+        struct dsi_rms_norm_args a = {.x = cs[c].inplace ? yc : x,
+                                      .y = yc,
+                                      .n = cs[c].n,
+                                      .n_groups = cs[c].groups,
+                                      .dim = cs[c].dim,
+                                      .ldx = cs[c].ldx,
+                                      .ldy = cs[c].inplace ? cs[c].ldx : cs[c].ldy,
+                                      .w = cs[c].wtype >= 0 ? &w.h : NULL,
+                                      .eps = 1e-6f,
                                       .round_bf16 = cs[c].round};
         g_cpu->ops->rms_norm(g_cpu, &a);
         a.x = dx;
@@ -564,7 +602,8 @@ int test_cuda_rope(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 6);
     float freq[32];
-    for (int i = 0; i < 32; i++) freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / 64.0f);
+    for (int i = 0; i < 32; i++)
+        freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / 64.0f);
     float *dfreq = dput(freq, sizeof(freq));
     struct {
         int64_t n, heads, stride, ldx;
@@ -583,9 +622,16 @@ int test_cuda_rope(struct test_ctx *t) {
             pos[i] = i == 0 ? 0 : i % 2 ? rint_below(&r, 1 << 20) : rint_below(&r, 5000);
         float *dx = dput(x, sizeof(float) * (size_t)nx);
         int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)cs[c].n);
-        struct dsi_rope_args a = {.x = x, .n = cs[c].n, .ldx = cs[c].ldx, .n_heads = cs[c].heads,
-                                  .head_stride = cs[c].stride, .width = cs[c].width, .rope_dim = 64,
-                                  .pos = pos, .freq = freq, .inverse = cs[c].inverse,
+        struct dsi_rope_args a = {.x = x,
+                                  .n = cs[c].n,
+                                  .ldx = cs[c].ldx,
+                                  .n_heads = cs[c].heads,
+                                  .head_stride = cs[c].stride,
+                                  .width = cs[c].width,
+                                  .rope_dim = 64,
+                                  .pos = pos,
+                                  .freq = freq,
+                                  .inverse = cs[c].inverse,
                                   .round_bf16 = cs[c].round};
         g_cpu->ops->rope(g_cpu, &a);
         a.x = dx;
@@ -605,7 +651,8 @@ int test_cuda_rope(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- mHC -------------------------------------------------------------------------------------------- */
+/* ---- mHC
+ * -------------------------------------------------------------------------------------------- */
 
 int test_cuda_hc(struct test_ctx *t) {
     NEED_GPU();
@@ -618,7 +665,8 @@ int test_cuda_hc(struct test_ctx *t) {
                 struct wt fn, base, scale, hfn, hbase, hscale;
                 wt_make(&fn, &r, DSI_TYPE_F32, mix, len, 1.0f / sqrtf((float)len));
                 float *bv = fnorm(&r, mix, 0.5f), sv[3];
-                for (int i = 0; i < 3; i++) sv[i] = 1.0f + 0.1f * rnorm(&r);
+                for (int i = 0; i < 3; i++)
+                    sv[i] = 1.0f + 0.1f * rnorm(&r);
                 vec_make(&base, bv, mix, DSI_TYPE_F32);
                 vec_make(&scale, sv, 3, DSI_TYPE_F32);
                 float *X = fnorm(&r, n * len, 1.0f);
@@ -628,10 +676,20 @@ int test_cuda_hc(struct test_ctx *t) {
                 float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
                       *dp = dpoison(sizeof(float) * (size_t)(n * hc)),
                       *dc = dpoison(sizeof(float) * (size_t)(n * hc * hc));
-                struct dsi_hc_pre_args a = {.X = X, .n = n, .hc = hc, .dim = D, .fn = &fn.h,
-                                            .base = &base.h, .scale = &scale.h, .iters = 20,
-                                            .norm_eps = 1e-6f, .hc_eps = 1e-6f, .y = yc,
-                                            .post = pc, .comb = cc, .round_bf16 = rnd == 1};
+                struct dsi_hc_pre_args a = {.X = X,
+                                            .n = n,
+                                            .hc = hc,
+                                            .dim = D,
+                                            .fn = &fn.h,
+                                            .base = &base.h,
+                                            .scale = &scale.h,
+                                            .iters = 20,
+                                            .norm_eps = 1e-6f,
+                                            .hc_eps = 1e-6f,
+                                            .y = yc,
+                                            .post = pc,
+                                            .comb = cc,
+                                            .round_bf16 = rnd == 1};
                 g_cpu->ops->hc_pre(g_cpu, &a);
                 a.X = dX;
                 a.fn = &fn.d;
@@ -667,9 +725,16 @@ int test_cuda_hc(struct test_ctx *t) {
                 float *hb = fnorm(&r, hc, 0.5f), hs = 1.0f + 0.1f * rnorm(&r);
                 vec_make(&hbase, hb, hc, DSI_TYPE_F32);
                 vec_make(&hscale, &hs, 1, DSI_TYPE_F32);
-                struct dsi_hc_head_args ha = {.X = X, .n = n, .hc = hc, .dim = D, .fn = &hfn.h,
-                                              .base = &hbase.h, .scale = &hscale.h,
-                                              .norm_eps = 1e-6f, .hc_eps = 1e-6f, .y = yc,
+                struct dsi_hc_head_args ha = {.X = X,
+                                              .n = n,
+                                              .hc = hc,
+                                              .dim = D,
+                                              .fn = &hfn.h,
+                                              .base = &hbase.h,
+                                              .scale = &hscale.h,
+                                              .norm_eps = 1e-6f,
+                                              .hc_eps = 1e-6f,
+                                              .y = yc,
                                               .round_bf16 = rnd == 1};
                 g_cpu->ops->hc_head(g_cpu, &ha);
                 ha.X = dX;
@@ -711,7 +776,8 @@ int test_cuda_hc(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- a step over cached sequences ----------------------------------------------------------------- */
+/* ---- a step over cached sequences
+ * ----------------------------------------------------------------- */
 
 struct scen {
     int n, S, MP, PT, ring_cap, window;
@@ -721,8 +787,15 @@ struct scen {
 };
 
 /* Sequences q = 0..nseq-1 in slots slot_of[q] with rows at positions start[q] .. +len[q]-1. */
-static void scen_make(struct scen *s, struct rng *r, int window, int PT, int MP, int S,
-                      const int *start, const int *len, int nseq) {
+static void scen_make(struct scen *s,
+                      struct rng *r,
+                      int window,
+                      int PT,
+                      int MP,
+                      int S,
+                      const int *start,
+                      const int *len,
+                      int nseq) {
     memset(s, 0, sizeof(*s));
     int n = 0, maxlen = 1;
     for (int q = 0; q < nseq; q++) {
@@ -740,7 +813,8 @@ static void scen_make(struct scen *s, struct rng *r, int window, int PT, int MP,
     s->slot = malloc(sizeof(int32_t) * (size_t)n);
     s->row0 = malloc(sizeof(int32_t) * (size_t)n);
     s->pt = malloc(sizeof(int32_t) * (size_t)(S * MP));
-    for (int i = 0; i < S * MP; i++) s->pt[i] = i;
+    for (int i = 0; i < S * MP; i++)
+        s->pt[i] = i;
     for (int i = S * MP - 1; i > 0; i--) { /* random page assignment */
         int j = rint_below(r, i + 1), tmp = s->pt[i];
         s->pt[i] = s->pt[j];
@@ -761,9 +835,10 @@ static void scen_make(struct scen *s, struct rng *r, int window, int PT, int MP,
     s->d_slot = dput(s->slot, sizeof(int32_t) * (size_t)n);
     s->d_row0 = dput(s->row0, sizeof(int32_t) * (size_t)n);
     s->d_pt = dput(s->pt, sizeof(int32_t) * (size_t)(S * MP));
-    s->hst = (struct dsi_step){n, s->tokens, s->pos, s->slot, s->row0, s->pt, MP, PT, s->ring_cap, window};
-    s->dst = (struct dsi_step){n, s->d_tokens, s->d_pos, s->d_slot, s->d_row0, s->d_pt, MP, PT,
-                               s->ring_cap, window};
+    s->hst = (struct dsi_step){n,     s->tokens, s->pos, s->slot,     s->row0,
+                               s->pt, MP,        PT,     s->ring_cap, window};
+    s->dst = (struct dsi_step){n,       s->d_tokens, s->d_pos, s->d_slot,   s->d_row0,
+                               s->d_pt, MP,          PT,       s->ring_cap, window};
 }
 
 static void scen_free(struct scen *s) {
@@ -792,7 +867,8 @@ int test_cuda_cache_ops(struct test_ctx *t) {
     int64_t hd = 512, nring = (int64_t)s.S * s.ring_cap * hd;
     float *ring = fnorm(&r, nring, 1), *ringg = malloc(sizeof(float) * (size_t)nring);
     float *kv = fnorm(&r, n * hd, 1);
-    float *dring = dput(ring, sizeof(float) * (size_t)nring), *dkv = dput(kv, sizeof(float) * (size_t)(n * hd));
+    float *dring = dput(ring, sizeof(float) * (size_t)nring),
+          *dkv = dput(kv, sizeof(float) * (size_t)(n * hd));
     struct dsi_kv_store_args ks = {&s.hst, kv, hd, ring};
     g_cpu->ops->kv_store(g_cpu, &ks);
     ks = (struct dsi_kv_store_args){&s.dst, dkv, hd, dring};
@@ -813,13 +889,16 @@ int test_cuda_cache_ops(struct test_ctx *t) {
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int R = cs[c].ratio, W = cs[c].width, n_slots = cs[c].overlap ? 2 * R : R;
         int64_t sw = (cs[c].overlap ? 2 : 1) * (int64_t)W, nsl = (int64_t)s.S * n_slots * sw;
-        float *a = fnorm(&r, n * sw, 1), *b = fnorm(&r, n * sw, 1), *bg = malloc(sizeof(float) * (size_t)(n * sw));
+        float *a = fnorm(&r, n * sw, 1), *b = fnorm(&r, n * sw, 1),
+              *bg = malloc(sizeof(float) * (size_t)(n * sw));
         float *sa = fnorm(&r, nsl, 1), *sb = fnorm(&r, nsl, 1);
         float *apev = fnorm(&r, (int64_t)R * sw, 0.5f);
         struct wt ape;
         vec_make(&ape, apev, (int64_t)R * sw, DSI_TYPE_F32);
-        float *da = dput(a, sizeof(float) * (size_t)(n * sw)), *db = dput(b, sizeof(float) * (size_t)(n * sw));
-        float *dsa = dput(sa, sizeof(float) * (size_t)nsl), *dsb = dput(sb, sizeof(float) * (size_t)nsl);
+        float *da = dput(a, sizeof(float) * (size_t)(n * sw)),
+              *db = dput(b, sizeof(float) * (size_t)(n * sw));
+        float *dsa = dput(sa, sizeof(float) * (size_t)nsl),
+              *dsb = dput(sb, sizeof(float) * (size_t)nsl);
         struct dsi_comp_ape_args ap = {&s.hst, b, sw, &ape.h, R};
         g_cpu->ops->comp_ape(g_cpu, &ap);
         ap = (struct dsi_comp_ape_args){&s.dst, db, sw, &ape.d, R};
@@ -833,7 +912,8 @@ int test_cuda_cache_ops(struct test_ctx *t) {
         int ne = 0;
         for (int i = 0; i < n; i++) {
             int last = i;
-            while (last + 1 < n && s.slot[last + 1] == s.slot[i]) last++;
+            while (last + 1 < n && s.slot[last + 1] == s.slot[i])
+                last++;
             store[i] = s.pos[i] > s.pos[last] - n_slots;
             if ((s.pos[i] + 1) % R == 0) {
                 emit[ne] = i;
@@ -841,13 +921,16 @@ int test_cuda_cache_ops(struct test_ctx *t) {
             }
         }
         TEST_ASSERT(ne > 0);
-        int32_t *demit = dput(emit, sizeof(int32_t) * (size_t)ne), *dentry = dput(entry, sizeof(int32_t) * (size_t)ne);
+        int32_t *demit = dput(emit, sizeof(int32_t) * (size_t)ne),
+                *dentry = dput(entry, sizeof(int32_t) * (size_t)ne);
         uint8_t *dstore = dput(store, (size_t)n);
         float *oc = hpoison((int64_t)ne * W), *og = hpoison((int64_t)ne * W);
         float *dout = dpoison(sizeof(float) * (size_t)ne * (size_t)W);
-        struct dsi_compress_args ca = {&s.hst, emit, ne, a, b, sa, sb, n_slots, R, W, cs[c].overlap, oc};
+        struct dsi_compress_args ca = {&s.hst, emit,          ne, a, b, sa, sb, n_slots, R,
+                                       W,      cs[c].overlap, oc};
         g_cpu->ops->compress(g_cpu, &ca);
-        ca = (struct dsi_compress_args){&s.dst, demit, ne, da, db, dsa, dsb, n_slots, R, W, cs[c].overlap, dout};
+        ca = (struct dsi_compress_args){&s.dst, demit,         ne,  da, db, dsa, dsb, n_slots, R,
+                                        W,      cs[c].overlap, dout};
         g_gpu->ops->compress(g_gpu, &ca);
         TEST_ASSERT(gsync("compress") == 0);
         dget(og, dout, sizeof(float) * (size_t)ne * (size_t)W);
@@ -865,7 +948,8 @@ int test_cuda_cache_ops(struct test_ctx *t) {
         dget(poolg, dpool, sizeof(float) * (size_t)npool);
         TEST_ASSERT(same("entry_store", poolg, pool, sizeof(float) * (size_t)npool));
         /* comp_store */
-        float *sag = malloc(sizeof(float) * (size_t)nsl), *sbg = malloc(sizeof(float) * (size_t)nsl);
+        float *sag = malloc(sizeof(float) * (size_t)nsl),
+              *sbg = malloc(sizeof(float) * (size_t)nsl);
         struct dsi_comp_store_args cst = {&s.hst, store, a, b, sa, sb, n_slots, sw};
         g_cpu->ops->comp_store(g_cpu, &cst);
         cst = (struct dsi_comp_store_args){&s.dst, dstore, da, db, dsa, dsb, n_slots, sw};
@@ -903,7 +987,8 @@ int test_cuda_cache_ops(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- attention ------------------------------------------------------------------------------------ */
+/* ---- attention
+ * ------------------------------------------------------------------------------------ */
 
 struct attn_case {
     int H, hd, window, ratio, topk;
@@ -954,10 +1039,20 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     int64_t no = (int64_t)n * H * hd;
     float *oc = hpoison(no), *og = hpoison(no);
     float *dout = dpoison(sizeof(float) * (size_t)no);
-    struct dsi_attn_args a = {.st = &s.hst, .q = q, .out = oc, .n_heads = H, .head_dim = hd,
-                              .ring = ring, .entries = ent, .ratio = ac->ratio, .sel = sel,
-                              .n_sel = nsel, .topk = ac->topk, .sinks = &sinks.h,
-                              .scale = 1.0f / sqrtf((float)hd), .round_probs = ac->reference,
+    struct dsi_attn_args a = {.st = &s.hst,
+                              .q = q,
+                              .out = oc,
+                              .n_heads = H,
+                              .head_dim = hd,
+                              .ring = ring,
+                              .entries = ent,
+                              .ratio = ac->ratio,
+                              .sel = sel,
+                              .n_sel = nsel,
+                              .topk = ac->topk,
+                              .sinks = &sinks.h,
+                              .scale = 1.0f / sqrtf((float)hd),
+                              .round_probs = ac->reference,
                               .round_bf16 = ac->reference};
     g_cpu->ops->attn(g_cpu, &a);
     a.st = &s.dst;
@@ -1012,10 +1107,11 @@ int test_cuda_attn(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- indexer -------------------------------------------------------------------------------------------- */
+/* ---- indexer
+ * -------------------------------------------------------------------------------------------- */
 
-static int run_indexer(struct rng *r, int H, int hd, int topk, int nseq, const int *start,
-                       const int *len) {
+static int
+run_indexer(struct rng *r, int H, int hd, int topk, int nseq, const int *start, const int *len) {
     int ratio = 4, PT = 256, maxpos = 0;
     for (int q = 0; q < nseq; q++)
         if (start[q] + len[q] > maxpos) maxpos = start[q] + len[q];
@@ -1028,26 +1124,40 @@ static int run_indexer(struct rng *r, int H, int hd, int topk, int nseq, const i
     /* ties: copy some entries onto the next entry of the same sequence */
     for (int q = 0; q < nseq; q++) {
         int row = 0;
-        for (int j = 0; j < q; j++) row += len[j];
+        for (int j = 0; j < q; j++)
+            row += len[j];
         int slot = s.slot[row];
         int vis = (start[q] + len[q]) / ratio;
         for (int i = 0; i + 1 < vis; i += 3) {
             int64_t a = ((int64_t)s.pt[slot * MP + i / per_page] * per_page + i % per_page) * hd;
-            int64_t b = ((int64_t)s.pt[slot * MP + (i + 1) / per_page] * per_page + (i + 1) % per_page) * hd;
+            int64_t b =
+                ((int64_t)s.pt[slot * MP + (i + 1) / per_page] * per_page + (i + 1) % per_page) *
+                hd;
             if (i % 2 == 0) memcpy(keys + b, keys + a, sizeof(float) * (size_t)hd);
         }
     }
     float *qv = fnorm(r, (int64_t)n * H * hd, 1), *w = fnorm(r, (int64_t)n * H, 1);
-    float *dk = dput(keys, sizeof(float) * (size_t)nk), *dqv = dput(qv, sizeof(float) * (size_t)n * H * hd),
+    float *dk = dput(keys, sizeof(float) * (size_t)nk),
+          *dqv = dput(qv, sizeof(float) * (size_t)n * H * hd),
           *dw = dput(w, sizeof(float) * (size_t)n * H);
-    int32_t *selc = malloc(sizeof(int32_t) * (size_t)n * topk), *selg = malloc(sizeof(int32_t) * (size_t)n * topk);
+    int32_t *selc = malloc(sizeof(int32_t) * (size_t)n * topk),
+            *selg = malloc(sizeof(int32_t) * (size_t)n * topk);
     int32_t *nc = malloc(sizeof(int32_t) * (size_t)n), *ng = malloc(sizeof(int32_t) * (size_t)n);
     memset(selc, 0xff, sizeof(int32_t) * (size_t)n * topk);
     memset(nc, 0xff, sizeof(int32_t) * (size_t)n);
-    int32_t *dsel = dpoison(sizeof(int32_t) * (size_t)n * topk), *dn = dpoison(sizeof(int32_t) * (size_t)n);
-    struct dsi_indexer_args a = {.st = &s.hst, .q = qv, .w = w, .n_heads = H, .head_dim = hd,
-                                 .keys = keys, .ratio = ratio, .score_scale = 1.0f / sqrtf((float)hd),
-                                 .w_scale = 1.0f / sqrtf((float)H), .topk = topk, .sel = selc,
+    int32_t *dsel = dpoison(sizeof(int32_t) * (size_t)n * topk),
+            *dn = dpoison(sizeof(int32_t) * (size_t)n);
+    struct dsi_indexer_args a = {.st = &s.hst,
+                                 .q = qv,
+                                 .w = w,
+                                 .n_heads = H,
+                                 .head_dim = hd,
+                                 .keys = keys,
+                                 .ratio = ratio,
+                                 .score_scale = 1.0f / sqrtf((float)hd),
+                                 .w_scale = 1.0f / sqrtf((float)H),
+                                 .topk = topk,
+                                 .sel = selc,
                                  .n_sel = nc};
     g_cpu->ops->indexer(g_cpu, &a);
     a.st = &s.dst;
@@ -1089,7 +1199,9 @@ int test_cuda_indexer(struct test_ctx *t) {
     return 0;
 }
 
-/* ---- MoE ------------------------------------------------------------------------------------------------ */
+/* ---- MoE
+ * ------------------------------------------------------------------------------------------------
+ */
 
 int test_cuda_moe_route(struct test_ctx *t) {
     NEED_GPU();
@@ -1109,28 +1221,38 @@ int test_cuda_moe_route(struct test_ctx *t) {
                 do {
                     e = rint_below(&r, (int)E);
                     dup = false;
-                    for (int j = 0; j < k; j++) dup = dup || t64[(int64_t)v * K + j] == e;
+                    for (int j = 0; j < k; j++)
+                        dup = dup || t64[(int64_t)v * K + j] == e;
                 } while (dup);
                 t64[(int64_t)v * K + k] = e;
                 t32[(int64_t)v * K + k] = e;
             }
-        struct dsi_tensor th = {.type = mode == 2 ? DSI_TYPE_I32 : DSI_TYPE_I64, .ne = {K, V, 1, 1},
+        struct dsi_tensor th = {.type = mode == 2 ? DSI_TYPE_I32 : DSI_TYPE_I64,
+                                .ne = {K, V, 1, 1},
                                 .data = mode == 2 ? (void *)t32 : (void *)t64};
         struct dsi_tensor td = th;
         td.data = g_gpu->ops->import(g_gpu, th.data, (size_t)(dsi_tensor_row_bytes(&th) * V));
         int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
-        for (int64_t i = 0; i < n; i++) tok[i] = rint_below(&r, V);
-        int32_t *ic = malloc(sizeof(int32_t) * (size_t)n * K), *ig = malloc(sizeof(int32_t) * (size_t)n * K);
+        for (int64_t i = 0; i < n; i++)
+            tok[i] = rint_below(&r, V);
+        int32_t *ic = malloc(sizeof(int32_t) * (size_t)n * K),
+                *ig = malloc(sizeof(int32_t) * (size_t)n * K);
         float *wc = hpoison(n * K), *wg = hpoison(n * K);
         float *dlg = dput(lg, sizeof(float) * (size_t)(n * E));
         int32_t *dtok = dput(tok, sizeof(int32_t) * (size_t)n);
         int32_t *di = dpoison(sizeof(int32_t) * (size_t)n * K);
         float *dwt = dpoison(sizeof(float) * (size_t)n * K);
-        struct dsi_moe_route_args a = {.logits = lg, .n = n, .n_experts = E, .topk = K,
+        struct dsi_moe_route_args a = {.logits = lg,
+                                       .n = n,
+                                       .n_experts = E,
+                                       .topk = K,
                                        .bias = mode == 0 ? &bias.h : NULL,
-                                       .tid2eid = mode ? &th : NULL, .tokens = tok,
-                                       .route_scale = 1.5f, .eps = mode == 1 ? 1e-20f : 0.0f,
-                                       .idx = ic, .weight = wc};
+                                       .tid2eid = mode ? &th : NULL,
+                                       .tokens = tok,
+                                       .route_scale = 1.5f,
+                                       .eps = mode == 1 ? 1e-20f : 0.0f,
+                                       .idx = ic,
+                                       .weight = wc};
         g_cpu->ops->moe_route(g_cpu, &a);
         a.logits = dlg;
         a.bias = mode == 0 ? &bias.d : NULL;
@@ -1172,9 +1294,12 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
     int E = mc->E, K = mc->K;
     int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
     struct wt *ew = calloc((size_t)E * 3, sizeof(struct wt)), sh[3];
-    const struct dsi_tensor **h1 = calloc((size_t)E, sizeof(void *)), **h2 = calloc((size_t)E, sizeof(void *)),
-                            **h3 = calloc((size_t)E, sizeof(void *)), **g1 = calloc((size_t)E, sizeof(void *)),
-                            **g2 = calloc((size_t)E, sizeof(void *)), **g3 = calloc((size_t)E, sizeof(void *));
+    const struct dsi_tensor **h1 = calloc((size_t)E, sizeof(void *)),
+                            **h2 = calloc((size_t)E, sizeof(void *)),
+                            **h3 = calloc((size_t)E, sizeof(void *)),
+                            **g1 = calloc((size_t)E, sizeof(void *)),
+                            **g2 = calloc((size_t)E, sizeof(void *)),
+                            **g3 = calloc((size_t)E, sizeof(void *));
     for (int e = 0; e < E; e++) {
         wt_make(&ew[3 * e], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
         wt_make(&ew[3 * e + 1], r, mc->rt, D, I, 1.0f / sqrtf((float)I));
@@ -1203,7 +1328,8 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
             do {
                 e = k == 0 ? 0 : rint_below(r, E);
                 dup = false;
-                for (int j = 0; j < k; j++) dup = dup || idx[i * K + j] == e;
+                for (int j = 0; j < k; j++)
+                    dup = dup || idx[i * K + j] == e;
             } while (dup);
             idx[i * K + k] = e;
             wt[i * K + k] = 0.2f + (float)runif(r);
@@ -1211,13 +1337,30 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
     int64_t wf = dsi_moe_work_floats(n, K, D, I);
     float *work = malloc(sizeof(float) * (size_t)wf);
     float *yc = hpoison(n * D), *yg = hpoison(n * D);
-    float *dx = dput(x, sizeof(float) * (size_t)(n * D)), *dwt = dput(wt, sizeof(float) * (size_t)nk);
+    float *dx = dput(x, sizeof(float) * (size_t)(n * D)),
+          *dwt = dput(wt, sizeof(float) * (size_t)nk);
     int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)nk);
-    float *dy = dpoison(sizeof(float) * (size_t)(n * D)), *dwork = dpoison(sizeof(float) * (size_t)wf);
-    struct dsi_moe_args a = {.x = x, .n = n, .dim = D, .inter = I, .topk = K, .idx = idx,
-                             .weight = wt, .w1 = h1, .w2 = h2, .w3 = h3, .sw1 = &sh[0].h,
-                             .sw2 = &sh[1].h, .sw3 = &sh[2].h, .n_experts = E, .limit = 10.0f,
-                             .act_quant = reference, .round_bf16 = reference, .y = yc, .work = work};
+    float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
+          *dwork = dpoison(sizeof(float) * (size_t)wf);
+    struct dsi_moe_args a = {.x = x,
+                             .n = n,
+                             .dim = D,
+                             .inter = I,
+                             .topk = K,
+                             .idx = idx,
+                             .weight = wt,
+                             .w1 = h1,
+                             .w2 = h2,
+                             .w3 = h3,
+                             .sw1 = &sh[0].h,
+                             .sw2 = &sh[1].h,
+                             .sw3 = &sh[2].h,
+                             .n_experts = E,
+                             .limit = 10.0f,
+                             .act_quant = reference,
+                             .round_bf16 = reference,
+                             .y = yc,
+                             .work = work};
     g_cpu->ops->moe(g_cpu, &a);
     a.x = dx;
     a.idx = didx;
@@ -1242,8 +1385,10 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
     dfree(didx);
     dfree(dy);
     dfree(dwork);
-    for (int e = 0; e < 3 * E; e++) wt_free(&ew[e]);
-    for (int i = 0; i < 3; i++) wt_free(&sh[i]);
+    for (int e = 0; e < 3 * E; e++)
+        wt_free(&ew[e]);
+    for (int i = 0; i < 3; i++)
+        wt_free(&sh[i]);
     free(ew);
     free(h1);
     free(h2);
@@ -1274,12 +1419,14 @@ int test_cuda_moe(struct test_ctx *t) {
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].D > 128) continue;
-        for (int ref = 0; ref < 2; ref++) TEST_ASSERTF(run_moe(&r, &cases[i], ref), "moe case %zu", i);
+        for (int ref = 0; ref < 2; ref++)
+            TEST_ASSERTF(run_moe(&r, &cases[i], ref), "moe case %zu", i);
     }
     return 0;
 }
 
-/* ---- the whole model: CUDA vs CPU ----------------------------------------------------------------- */
+/* ---- the whole model: CUDA vs CPU
+ * ----------------------------------------------------------------- */
 
 struct prompts {
     int n;
@@ -1288,8 +1435,8 @@ struct prompts {
     int64_t total;
 };
 
-static int load_prompts(struct test_ctx *t, const char *name, struct prompts *ps, char *model,
-                        size_t cap) {
+static int
+load_prompts(struct test_ctx *t, const char *name, struct prompts *ps, char *model, size_t cap) {
     memset(ps, 0, sizeof(*ps));
     char path[1200];
     snprintf(path, sizeof(path), "%s/%s/golden.json", test_path(t, "tests/golden"), name);
@@ -1302,7 +1449,8 @@ static int load_prompts(struct test_ctx *t, const char *name, struct prompts *ps
         json_t *p = json_array_get(a, i);
         int L = (int)json_array_size(p);
         ps->p[ps->n] = malloc(sizeof(int32_t) * (size_t)L);
-        for (int k = 0; k < L; k++) ps->p[ps->n][k] = (int32_t)json_integer_value(json_array_get(p, (size_t)k));
+        for (int k = 0; k < L; k++)
+            ps->p[ps->n][k] = (int32_t)json_integer_value(json_array_get(p, (size_t)k));
         ps->len[ps->n++] = L;
         ps->total += L;
     }
@@ -1310,10 +1458,18 @@ static int load_prompts(struct test_ctx *t, const char *name, struct prompts *ps
     return ps->n ? 0 : -1;
 }
 
-static int engine_logits(const char *model, const char *backend, int numerics, int chunk,
-                         const struct prompts *ps, float *out, float *mtp) {
-    struct dsi_engine_opts o = {.model_dir = model, .backend = backend, .max_rows = 1024,
-                                .max_ctx = 1024, .numerics = numerics};
+static int engine_logits(const char *model,
+                         const char *backend,
+                         int numerics,
+                         int chunk,
+                         const struct prompts *ps,
+                         float *out,
+                         float *mtp) {
+    struct dsi_engine_opts o = {.model_dir = model,
+                                .backend = backend,
+                                .max_rows = 1024,
+                                .max_ctx = 1024,
+                                .numerics = numerics};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     int rc = dsi_engine_open(&e, &o, &err);
@@ -1326,8 +1482,8 @@ static int engine_logits(const char *model, const char *backend, int numerics, i
 }
 
 /* Max over rows of max|a-b| / max|b|; rows whose argmax differs; rows over 2e-2. */
-static double rows_rel(const float *a, const float *b, int64_t rows, int vocab, int64_t *nd,
-                       int64_t *over) {
+static double
+rows_rel(const float *a, const float *b, int64_t rows, int vocab, int64_t *nd, int64_t *over) {
     double worst = 0;
     *nd = 0;
     *over = 0;
@@ -1370,7 +1526,8 @@ static int model_case(struct test_ctx *t, const char *name) {
         int64_t nd, ndm, ov, ovm, rows = ps.total, mrows = ps.total - ps.n;
         double e = rows_rel(g, c, rows, V, &nd, &ov), em = rows_rel(gm, cm, mrows, V, &ndm, &ovm);
         int64_t bits = 0;
-        for (int64_t i = 0; i < n; i++) bits += memcmp(&g[i], &c[i], 4) != 0;
+        for (int64_t i = 0; i < n; i++)
+            bits += memcmp(&g[i], &c[i], 4) != 0;
         fprintf(stderr,
                 "[%s %s: rel %.2e, argmax differs %lld/%lld, %lld values not bitwise; MTP: rel "
                 "%.2e, %lld rows > 2e-2, argmax differs %lld/%lld] ",
@@ -1394,7 +1551,8 @@ static int model_case(struct test_ctx *t, const char *name) {
                          chunks[i]);
         }
     }
-    for (int i = 0; i < ps.n; i++) free(ps.p[i]);
+    for (int i = 0; i < ps.n; i++)
+        free(ps.p[i]);
     free(c);
     free(g);
     free(o);

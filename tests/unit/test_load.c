@@ -16,15 +16,17 @@ static int write_st(const char *path, const char *header, size_t data_len) {
     if (!f) return -1;
     uint64_t n = strlen(header);
     uint8_t le[8];
-    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(n >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(n >> (8 * i));
     fwrite(le, 1, 8, f);
     fwrite(header, 1, n, f);
-    for (size_t i = 0; i < data_len; i++) fputc((int)(i & 0xff), f);
+    for (size_t i = 0; i < data_len; i++)
+        fputc((int)(i & 0xff), f);
     return fclose(f);
 }
 
-static int open_dir_with(struct test_ctx *t, const char *header, size_t data_len,
-                         struct dsi_err *err) {
+static int
+open_dir_with(struct test_ctx *t, const char *header, size_t data_len, struct dsi_err *err) {
     char dir[512], path[600];
     static int k;
     snprintf(dir, sizeof(dir), "%s/st%d", t->tmpdir, k++);
@@ -119,8 +121,8 @@ static const char *g_good_config =
     "\"num_nextn_predict_layers\":1,\"bos_token_id\":0,\"eos_token_id\":1}";
 
 /* Replace the first occurrence of `from` in the good config with `to`. */
-static int parse_edited(const char *from, const char *to, struct dsi_config *c,
-                        struct dsi_err *err) {
+static int
+parse_edited(const char *from, const char *to, struct dsi_config *c, struct dsi_err *err) {
     char buf[4096];
     const char *p = strstr(g_good_config, from);
     if (!p) return 99;
@@ -190,8 +192,12 @@ int test_config_bad(struct test_ctx *t) {
 }
 
 /* Copy the golden tiny-a checkpoint to a temp dir with its header transformed by `edit`. */
-static int edited_copy(struct test_ctx *t, const char *name, void (*edit)(json_t *), long truncate,
-                       char *dir_out, size_t cap) {
+static int edited_copy(struct test_ctx *t,
+                       const char *name,
+                       void (*edit)(json_t *),
+                       long truncate,
+                       char *dir_out,
+                       size_t cap) {
     char src[1024];
     snprintf(src, sizeof(src), "%s", test_path(t, "tests/golden/tiny-b/model"));
     snprintf(dir_out, cap, "%s/%s", t->tmpdir, name);
@@ -206,7 +212,8 @@ static int edited_copy(struct test_ctx *t, const char *name, void (*edit)(json_t
     struct dsi_err err;
     if (dsi_read_file(path, &data, &len, &err)) return -1;
     uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (uint8_t)data[i];
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | (uint8_t)data[i];
     json_t *h = json_loadb(data + 8, hl, 0, NULL);
     if (!h) return -1;
     if (edit) edit(h);
@@ -214,7 +221,8 @@ static int edited_copy(struct test_ctx *t, const char *name, void (*edit)(json_t
     json_decref(h);
     FILE *f = fopen(path, "wb");
     uint64_t n = strlen(nh);
-    for (int i = 0; i < 8; i++) fputc((int)((n >> (8 * i)) & 0xff), f);
+    for (int i = 0; i < 8; i++)
+        fputc((int)((n >> (8 * i)) & 0xff), f);
     fwrite(nh, 1, n, f);
     size_t body = len - 8 - hl;
     if (truncate > 0) body -= (size_t)truncate;
@@ -276,7 +284,10 @@ int test_weights_bad(struct test_ctx *t) {
         long truncate;
         const char *want[2];
     } cases[] = {
-        {"w_rename", rename_wq_a, 0, {"missing: layers.0.attn.wq_a.weight", "unexpected tensors for this config.json"}},
+        {"w_rename",
+         rename_wq_a,
+         0,
+         {"missing: layers.0.attn.wq_a.weight", "unexpected tensors for this config.json"}},
         {"w_shape", transpose_wq_a, 0, {"layers.0.attn.wq_a.weight: shape", "want"}},
         {"w_dtype_unknown", retype_norm, 0, {"unknown dtype", "layers.0.attn_norm.weight"}},
         {"w_dtype", retype_norm_i8, 0, {"layers.0.attn_norm.weight: dtype I8", NULL}},
@@ -285,8 +296,8 @@ int test_weights_bad(struct test_ctx *t) {
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char dir[1024];
-        TEST_ASSERT(edited_copy(t, cases[i].name, cases[i].edit, cases[i].truncate, dir,
-                                sizeof(dir)) == 0);
+        TEST_ASSERT(
+            edited_copy(t, cases[i].name, cases[i].edit, cases[i].truncate, dir, sizeof(dir)) == 0);
         struct dsi_model *m = NULL;
         struct dsi_err err = {0};
         int rc = dsi_model_load(&m, dir, &err);

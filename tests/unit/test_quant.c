@@ -24,7 +24,7 @@ int test_quant_formats(struct test_ctx *t) {
     TEST_ASSERT(isnan(dsi_e8m0_to_f32(0xff)));
     TEST_ASSERT(dsi_fp4_to_f32(7) == 6.0f && dsi_fp4_to_f32(0xf) == -6.0f);
     TEST_ASSERT(dsi_fp4_to_f32(8) == 0.0f && signbit(dsi_fp4_to_f32(8)));
-    TEST_ASSERT(dsi_bf16_round(1.00390625f) == 1.0f);    /* tie 1 + 2^-8 -> even */
+    TEST_ASSERT(dsi_bf16_round(1.00390625f) == 1.0f);      /* tie 1 + 2^-8 -> even */
     TEST_ASSERT(dsi_bf16_round(1.01171875f) == 1.015625f); /* tie 1 + 3*2^-8 -> even up */
     return 0;
 }
@@ -60,18 +60,27 @@ int test_quant_rounding(struct test_ctx *t) {
     /* Hadamard: e0 -> all 1/sqrt(n); orthonormal, so applying it twice is the identity. */
     float h[128] = {1.0f};
     dsi_hadamard(h, 128);
-    for (int i = 0; i < 128; i++) TEST_ASSERT(fabsf(h[i] - 1.0f / sqrtf(128.0f)) < 1e-7f);
+    for (int i = 0; i < 128; i++)
+        TEST_ASSERT(fabsf(h[i] - 1.0f / sqrtf(128.0f)) < 1e-7f);
     float g[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     dsi_hadamard(g, 8);
-    TEST_ASSERT(fabsf(g[0] - 36.0f / sqrtf(8.0f)) < 1e-5f && fabsf(g[1] + 4.0f / sqrtf(8.0f)) < 1e-5f);
+    TEST_ASSERT(fabsf(g[0] - 36.0f / sqrtf(8.0f)) < 1e-5f &&
+                fabsf(g[1] + 4.0f / sqrtf(8.0f)) < 1e-5f);
     dsi_hadamard(g, 8);
-    for (int i = 0; i < 8; i++) TEST_ASSERT(fabsf(g[i] - (float)(i + 1)) < 1e-5f);
+    for (int i = 0; i < 8; i++)
+        TEST_ASSERT(fabsf(g[i] - (float)(i + 1)) < 1e-5f);
     return 0;
 }
 
 /* Decode a checkpoint tensor with its scale the way the CPU backend does. */
-static int decode_all(const struct dsi_st *st, const char *name, enum dsi_type ty, int64_t rows,
-                      int64_t cols, int sb0, int sb1, float *out) {
+static int decode_all(const struct dsi_st *st,
+                      const char *name,
+                      enum dsi_type ty,
+                      int64_t rows,
+                      int64_t cols,
+                      int sb0,
+                      int sb1,
+                      float *out) {
     char sn[256];
     size_t l = strlen(name);
     if (l > 7 && !strcmp(name + l - 7, ".weight")) l -= 7;
@@ -79,10 +88,15 @@ static int decode_all(const struct dsi_st *st, const char *name, enum dsi_type t
     const struct dsi_st_tensor *w = dsi_st_find(st, name), *s = dsi_st_find(st, sn);
     if (!w || !s) return -1;
     struct dsi_tensor sc = {.type = DSI_TYPE_E8M0, .data = s->data};
-    struct dsi_tensor tw = {.type = ty, .ne = {cols, rows}, .data = w->data, .scale = &sc,
-                            .scale_block = {sb0, sb1}, .scale_row_stride = s->shape[1]};
+    struct dsi_tensor tw = {.type = ty,
+                            .ne = {cols, rows},
+                            .data = w->data,
+                            .scale = &sc,
+                            .scale_block = {sb0, sb1},
+                            .scale_row_stride = s->shape[1]};
     cpu_tables_init();
-    for (int64_t r = 0; r < rows; r++) cpu_decode_row(&tw, r, out + r * cols);
+    for (int64_t r = 0; r < rows; r++)
+        cpu_decode_row(&tw, r, out + r * cols);
     return 0;
 }
 
@@ -90,9 +104,9 @@ int test_quant_golden(struct test_ctx *t) {
     struct dsi_err err = {0};
     char *file = NULL;
     size_t len = 0;
-    TEST_ASSERTF(dsi_read_file(test_path(t, "tests/golden/quant/quant.safetensors"), &file, &len,
-                               &err) == 0,
-                 "%s", err.msg);
+    TEST_ASSERTF(
+        dsi_read_file(test_path(t, "tests/golden/quant/quant.safetensors"), &file, &len, &err) == 0,
+        "%s", err.msg);
     struct dsi_st *st = calloc(1, sizeof(*st));
     TEST_ASSERTF(dsi_st_parse_header(st, 0, (const uint8_t *)file, len, &err) == 0, "%s", err.msg);
     dsi_st_sort(st);
@@ -114,12 +128,16 @@ int test_quant_golden(struct test_ctx *t) {
     for (int64_t i = 0; i < r8 * c8 && !bad; i++) {
         float want;
         memcpy(&want, (const char *)e8->data + 4 * i, 4);
-        if (!same_bits(got[i], want)) bad = 1, fprintf(stderr, "  fp8 elem %lld: %g vs %g\n", (long long)i, (double)got[i], (double)want);
+        if (!same_bits(got[i], want))
+            bad = 1, fprintf(stderr, "  fp8 elem %lld: %g vs %g\n", (long long)i, (double)got[i],
+                             (double)want);
     }
     for (int64_t i = 0; i < r4 * c4 && !bad; i++) {
         float want;
         memcpy(&want, (const char *)e4->data + 4 * i, 4);
-        if (!same_bits(got[r8 * c8 + i], want)) bad = 1, fprintf(stderr, "  fp4 elem %lld: %g vs %g\n", (long long)i, (double)got[r8 * c8 + i], (double)want);
+        if (!same_bits(got[r8 * c8 + i], want))
+            bad = 1, fprintf(stderr, "  fp4 elem %lld: %g vs %g\n", (long long)i,
+                             (double)got[r8 * c8 + i], (double)want);
     }
     free(got);
     dsi_st_close(st);
@@ -132,7 +150,8 @@ int test_quant_golden(struct test_ctx *t) {
 static int hex_array(json_t *a, float *out, int cap) {
     int n = (int)json_array_size(a);
     if (n > cap) return -1;
-    for (int i = 0; i < n; i++) out[i] = strtof(json_string_value(json_array_get(a, (size_t)i)), NULL);
+    for (int i = 0; i < n; i++)
+        out[i] = strtof(json_string_value(json_array_get(a, (size_t)i)), NULL);
     return n;
 }
 
@@ -172,9 +191,12 @@ int test_quant_qat_cases(struct test_ctx *t) {
         json_array_foreach(json_object_get(j, rts[k]), i, c) {
             int block = (int)json_integer_value(json_object_get(c, "block"));
             int n = hex_array(json_object_get(c, "x_hex"), x, 1024);
-            TEST_ASSERT(n > 0 && n % block == 0 && hex_array(json_object_get(c, "y_hex"), y, 1024) == n);
-            if (k == 0) dsi_q8_roundtrip(x, n, block);
-            else dsi_q4_roundtrip(x, n, block);
+            TEST_ASSERT(n > 0 && n % block == 0 &&
+                        hex_array(json_object_get(c, "y_hex"), y, 1024) == n);
+            if (k == 0)
+                dsi_q8_roundtrip(x, n, block);
+            else
+                dsi_q4_roundtrip(x, n, block);
             for (int e = 0; e < n; e++)
                 TEST_ASSERTF(same_bits(x[e], y[e]), "%s case %zu elem %d: %a, want %a", rts[k], i,
                              e, (double)x[e], (double)y[e]);
@@ -187,7 +209,8 @@ int test_quant_qat_cases(struct test_ctx *t) {
         dsi_hadamard(x, n);
         for (int e = 0; e < n; e++) /* fp32 butterflies: equal up to summation order */
             TEST_ASSERTF(fabsf(x[e] - y[e]) <= 1e-5f * (1.0f + fabsf(y[e])),
-                         "hadamard case %zu elem %d: %g, want %g", i, e, (double)x[e], (double)y[e]);
+                         "hadamard case %zu elem %d: %g, want %g", i, e, (double)x[e],
+                         (double)y[e]);
         n_cases++;
     }
     json_decref(j);

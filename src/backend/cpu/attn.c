@@ -23,7 +23,8 @@ static int row_keys(const struct dsi_attn_args *a, int r, const float **keys) {
     if (!a->entries) return nk;
     if (a->sel) {
         for (int i = 0; i < a->n_sel[r]; i++)
-            keys[nk++] = a->entries + cpu_paged(st, slot, a->sel[(int64_t)r * a->topk + i], a->ratio, hd);
+            keys[nk++] =
+                a->entries + cpu_paged(st, slot, a->sel[(int64_t)r * a->topk + i], a->ratio, hd);
     } else {
         for (int64_t i = 0; i < (t + 1) / a->ratio; i++)
             keys[nk++] = a->entries + cpu_paged(st, slot, i, a->ratio, hd);
@@ -54,7 +55,8 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
             mx = fmaxf(mx, s[i]);
         }
         float z = 0.0f;
-        for (int i = 0; i < nk; i++) z += (s[i] = cpu_expf(s[i] - mx));
+        for (int i = 0; i < nk; i++)
+            z += (s[i] = cpu_expf(s[i] - mx));
         z += cpu_expf(sink - mx);
         float *o = a->out + (r * a->n_heads + h) * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
@@ -62,17 +64,20 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
             float p = s[i] / z;
             if (a->round_probs) p = dsi_bf16_round(p);
             const float *k = keys[i];
-            for (int64_t d = 0; d < hd; d++) o[d] += p * k[d];
+            for (int64_t d = 0; d < hd; d++)
+                o[d] += p * k[d];
         }
         if (a->round_bf16)
-            for (int64_t d = 0; d < hd; d++) o[d] = dsi_bf16_round(o[d]);
+            for (int64_t d = 0; d < hd; d++)
+                o[d] = dsi_bf16_round(o[d]);
     }
 }
 
 void cpu_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
     int64_t max_keys = a->st->window;
     if (a->entries) {
-        if (a->sel) max_keys += a->topk;
+        if (a->sel)
+            max_keys += a->topk;
         else
             for (int r = 0; r < a->st->n; r++)
                 max_keys = DSI_MAX(max_keys, a->st->window + (a->st->pos[r] + 1) / a->ratio);
@@ -124,7 +129,8 @@ static void indexer_part(void *ctx, int64_t r0, int64_t r1, int tid) {
         int k = DSI_MIN(a->topk, nv);
         qsort(sc, (size_t)nv, sizeof(*sc), cmp_scored);
         int32_t *sel = a->sel + r * a->topk;
-        for (int i = 0; i < k; i++) sel[i] = sc[i].i;
+        for (int i = 0; i < k; i++)
+            sel[i] = sc[i].i;
         qsort(sel, (size_t)k, sizeof(*sel), cmp_i32); /* attend in index order */
         a->n_sel[r] = k;
     }

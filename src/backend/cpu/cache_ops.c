@@ -18,13 +18,14 @@ void cpu_comp_ape(struct dsi_backend *be, const struct dsi_comp_ape_args *a) {
     for (int r = 0; r < a->st->n; r++) {
         int64_t off = a->st->pos[r] % a->ratio;
         float *b = a->b + r * a->width;
-        for (int64_t d = 0; d < a->width; d++) b[d] += cpu_vec_get(a->ape, off * a->width + d);
+        for (int64_t d = 0; d < a->width; d++)
+            b[d] += cpu_vec_get(a->ape, off * a->width + d);
     }
 }
 
 /* Slot row of token u for emitted row r: from this step's rows when u is in the step. */
-static void token_rows(const struct dsi_compress_args *a, int r, int64_t u, const float **pa,
-                       const float **pb) {
+static void token_rows(
+    const struct dsi_compress_args *a, int r, int64_t u, const float **pa, const float **pb) {
     const struct dsi_step *st = a->st;
     int64_t slot_w = (a->overlap ? 2 : 1) * (int64_t)a->width;
     int64_t t = st->pos[r], first = st->pos[st->row0[r]];
@@ -55,15 +56,19 @@ void cpu_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
                 pb[ns++] += a->width;
             }
         } else {
-            for (int64_t u = R * i; u < R * (i + 1); u++) token_rows(a, r, u, &pa[ns], &pb[ns]), ns++;
+            for (int64_t u = R * i; u < R * (i + 1); u++)
+                token_rows(a, r, u, &pa[ns], &pb[ns]), ns++;
         }
         float *out = a->out + (int64_t)e * a->width;
         for (int d = 0; d < a->width; d++) { /* per-channel softmax over the slots */
             float mx = -INFINITY, z = 0.0f, ex[1024];
-            for (int s = 0; s < ns; s++) mx = fmaxf(mx, pb[s][d]);
-            for (int s = 0; s < ns; s++) z += (ex[s] = cpu_expf(pb[s][d] - mx));
+            for (int s = 0; s < ns; s++)
+                mx = fmaxf(mx, pb[s][d]);
+            for (int s = 0; s < ns; s++)
+                z += (ex[s] = cpu_expf(pb[s][d] - mx));
             float acc = 0.0f;
-            for (int s = 0; s < ns; s++) acc += pa[s][d] * (ex[s] / z);
+            for (int s = 0; s < ns; s++)
+                acc += pa[s][d] * (ex[s] / z);
             out[d] = acc;
         }
     }
@@ -82,7 +87,8 @@ void cpu_comp_store(struct dsi_backend *be, const struct dsi_comp_store_args *a)
 void cpu_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     for (int e = 0; e < a->n_emit; e++) {
         int r = a->emit_rows[e];
-        float *dst = a->pool + cpu_paged(a->st, a->st->slot[r], a->emit_entry[e], a->ratio, a->width);
+        float *dst =
+            a->pool + cpu_paged(a->st, a->st->slot[r], a->emit_entry[e], a->ratio, a->width);
         memcpy(dst, a->src + (int64_t)e * a->width, (size_t)a->width * sizeof(float));
     }
 }

@@ -28,7 +28,8 @@ static int cpu_reserve(struct dsi_backend *be, int64_t bytes, struct dsi_err *er
 
 static void cpu_free(struct dsi_backend *be) {
     struct cpu_ctx *c = cpu_ctx(be);
-    for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
+    for (int i = 0; i < c->n_threads; i++)
+        free(c->scratch[i]);
     free(c->scratch);
     dsi_pool_free(c->pool);
     free(c);

@@ -9,7 +9,7 @@
 struct cpu_ctx {
     struct dsi_pool *pool;
     int n_threads;
-    char **scratch;          /* [n_threads] per-thread scratch, scratch_bytes each */
+    char **scratch; /* [n_threads] per-thread scratch, scratch_bytes each */
     int64_t scratch_bytes;
 };
 
@@ -50,12 +50,13 @@ void cpu_comp_store(struct dsi_backend *, const struct dsi_comp_store_args *);
 void cpu_entry_store(struct dsi_backend *, const struct dsi_entry_store_args *);
 void cpu_gather(struct dsi_backend *, const struct dsi_gather_args *);
 /* Address of entry i of the sequence in `slot` in a paged pool of rows of `width` floats. */
-static inline int64_t cpu_paged(const struct dsi_step *st, int slot, int64_t i, int ratio,
-                                int64_t width) {
+static inline int64_t
+cpu_paged(const struct dsi_step *st, int slot, int64_t i, int ratio, int64_t width) {
     int64_t per_page = st->page_tokens / ratio;
     int32_t page = st->page_table[(int64_t)slot * st->max_pages + i / per_page];
     return ((int64_t)page * per_page + i % per_page) * width;
-}void cpu_hadamard_q4(struct dsi_backend *, const struct dsi_hadamard_q4_args *);
+}
+void cpu_hadamard_q4(struct dsi_backend *, const struct dsi_hadamard_q4_args *);
 void cpu_embed(struct dsi_backend *, const struct dsi_embed_args *);
 void cpu_add(struct dsi_backend *, const struct dsi_add_args *);
 void cpu_copy(struct dsi_backend *, const struct dsi_copy_args *);

@@ -17,9 +17,12 @@ float cpu_vec_get(const struct dsi_tensor *t, int64_t i) {
         memcpy(&f, p + 4 * i, 4);
         return f;
     }
-    case DSI_TYPE_BF16: return dsi_bf16_to_f32(ld16(p + 2 * i));
-    case DSI_TYPE_F16: return dsi_f16_to_f32(ld16(p + 2 * i));
-    default: DSI_ASSERT(!"cpu_vec_get: not a float vector");
+    case DSI_TYPE_BF16:
+        return dsi_bf16_to_f32(ld16(p + 2 * i));
+    case DSI_TYPE_F16:
+        return dsi_f16_to_f32(ld16(p + 2 * i));
+    default:
+        DSI_ASSERT(!"cpu_vec_get: not a float vector");
     }
 }
 
@@ -46,22 +49,27 @@ void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out) {
     int64_t K = w->ne[0];
     const uint8_t *p = (const uint8_t *)w->data + row * dsi_tensor_row_bytes(w);
     switch (w->type) {
-    case DSI_TYPE_F32: memcpy(out, p, (size_t)K * 4); return;
+    case DSI_TYPE_F32:
+        memcpy(out, p, (size_t)K * 4);
+        return;
     case DSI_TYPE_BF16:
-        for (int64_t k = 0; k < K; k++) out[k] = bf16f(ld16(p + 2 * k));
+        for (int64_t k = 0; k < K; k++)
+            out[k] = bf16f(ld16(p + 2 * k));
         return;
     case DSI_TYPE_F16:
-        for (int64_t k = 0; k < K; k++) out[k] = dsi_f16_to_f32(ld16(p + 2 * k));
+        for (int64_t k = 0; k < K; k++)
+            out[k] = dsi_f16_to_f32(ld16(p + 2 * k));
         return;
     case DSI_TYPE_F8_E4M3: {
         const float *lut = g_e4m3;
-        const uint8_t *s = (const uint8_t *)w->scale->data +
-                           (row / w->scale_block[0]) * w->scale_row_stride;
+        const uint8_t *s =
+            (const uint8_t *)w->scale->data + (row / w->scale_block[0]) * w->scale_row_stride;
         int64_t bc = w->scale_block[1];
         for (int64_t k0 = 0; k0 < K; k0 += bc) {
             float sc = dsi_e8m0_to_f32(s[k0 / bc]);
             int64_t k1 = DSI_MIN(K, k0 + bc);
-            for (int64_t k = k0; k < k1; k++) out[k] = lut[p[k]] * sc;
+            for (int64_t k = k0; k < k1; k++)
+                out[k] = lut[p[k]] * sc;
         }
         return;
     }
@@ -78,7 +86,8 @@ void cpu_decode_row(const struct dsi_tensor *w, int64_t row, float *out) {
         }
         return;
     }
-    default: DSI_ASSERT(!"cpu_decode_row: unsupported weight type");
+    default:
+        DSI_ASSERT(!"cpu_decode_row: unsupported weight type");
     }
 }
 
@@ -88,11 +97,13 @@ float cpu_dot(const float *a, const float *b, int64_t n) {
     for (; k + 32 <= n; k += 32) {
         float l[8] = {0};
         for (int j = 0; j < 32; j += 8)
-            for (int i = 0; i < 8; i++) l[i] += a[k + j + i] * b[k + j + i];
+            for (int i = 0; i < 8; i++)
+                l[i] += a[k + j + i] * b[k + j + i];
         acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     }
     float t = 0.0f;
-    for (; k < n; k++) t += a[k] * b[k];
+    for (; k < n; k++)
+        t += a[k] * b[k];
     return acc + t;
 }
 
@@ -138,8 +149,13 @@ void cpu_act_quant(struct dsi_backend *be, const struct dsi_act_quant_args *a) {
 static float silu(float x) { return x / (1.0f + cpu_expf(-x)); }
 
 /* a[i] = silu(min(g, L)) * clamp(u, -L, L) * w (w = 1 for the shared expert). */
-static void swiglu_rows(float *g, const float *u, int64_t m, int64_t inter, const float *w,
-                        float limit, bool round_bf16) {
+static void swiglu_rows(float *g,
+                        const float *u,
+                        int64_t m,
+                        int64_t inter,
+                        const float *w,
+                        float limit,
+                        bool round_bf16) {
     for (int64_t i = 0; i < m; i++) {
         float wi = w ? w[i] : 1.0f;
         for (int64_t c = 0; c < inter; c++) {
@@ -152,12 +168,25 @@ static void swiglu_rows(float *g, const float *u, int64_t m, int64_t inter, cons
     }
 }
 
-static void run_expert(struct dsi_backend *be, const struct dsi_moe_args *a,
-                       const struct dsi_tensor *w1, const struct dsi_tensor *w2,
-                       const struct dsi_tensor *w3, const float *xg, int64_t m, const float *wts,
-                       float *g, float *u, float *out) {
-    struct dsi_gemm_args ga = {.w = w1, .n_out = a->inter, .x = xg, .n = m, .ldx = a->dim,
-                               .y = g, .ldy = a->inter, .round_bf16 = a->round_bf16};
+static void run_expert(struct dsi_backend *be,
+                       const struct dsi_moe_args *a,
+                       const struct dsi_tensor *w1,
+                       const struct dsi_tensor *w2,
+                       const struct dsi_tensor *w3,
+                       const float *xg,
+                       int64_t m,
+                       const float *wts,
+                       float *g,
+                       float *u,
+                       float *out) {
+    struct dsi_gemm_args ga = {.w = w1,
+                               .n_out = a->inter,
+                               .x = xg,
+                               .n = m,
+                               .ldx = a->dim,
+                               .y = g,
+                               .ldy = a->inter,
+                               .round_bf16 = a->round_bf16};
     cpu_gemm(be, &ga);
     ga.w = w3;
     ga.y = u;
@@ -167,8 +196,14 @@ static void run_expert(struct dsi_backend *be, const struct dsi_moe_args *a,
         struct dsi_act_quant_args q = {g, g, m, a->inter, a->inter, a->inter, 128};
         cpu_act_quant(be, &q);
     }
-    struct dsi_gemm_args gb = {.w = w2, .n_out = a->dim, .x = g, .n = m, .ldx = a->inter,
-                               .y = out, .ldy = a->dim, .round_bf16 = a->round_bf16};
+    struct dsi_gemm_args gb = {.w = w2,
+                               .n_out = a->dim,
+                               .x = g,
+                               .n = m,
+                               .ldx = a->inter,
+                               .y = out,
+                               .ldy = a->dim,
+                               .round_bf16 = a->round_bf16};
     cpu_gemm(be, &gb);
 }
 
@@ -198,7 +233,8 @@ void cpu_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
         float *y = a->y + r * D;
         for (int64_t d = 0; d < D; d++) {
             float acc = 0.0f;
-            for (int k = 0; k < a->topk; k++) acc += out[(r * a->topk + k) * D + d];
+            for (int k = 0; k < a->topk; k++)
+                acc += out[(r * a->topk + k) * D + d];
             acc += out[(nk + r) * D + d];
             y[d] = a->round_bf16 ? dsi_bf16_round(acc) : acc;
         }

@@ -21,16 +21,19 @@ static void rms_part(void *ctx, int64_t r0, int64_t r1, int tid) {
             float *y = a->y + r * a->ldy + g * a->dim;
             const float *x = a->x + r * a->ldx + g * a->dim;
             if (a->round_bf16) { /* reference: the input is a bf16 tensor */
-                for (int64_t i = 0; i < a->dim; i++) y[i] = dsi_bf16_round(x[i]);
+                for (int64_t i = 0; i < a->dim; i++)
+                    y[i] = dsi_bf16_round(x[i]);
                 x = y;
             }
             double ss = 0.0;
-            for (int64_t i = 0; i < a->dim; i++) ss += (double)x[i] * (double)x[i];
+            for (int64_t i = 0; i < a->dim; i++)
+                ss += (double)x[i] * (double)x[i];
             float ms = (float)(ss / (double)a->dim);
             float inv;
             if (a->round_bf16 && !a->w) /* reference per-head norm: bf16 statistics */
                 inv = dsi_bf16_round(1.0f / sqrtf(dsi_bf16_round(ms) + a->eps));
-            else inv = 1.0f / sqrtf(ms + a->eps);
+            else
+                inv = 1.0f / sqrtf(ms + a->eps);
             for (int64_t i = 0; i < a->dim; i++) {
                 float v = x[i] * inv;
                 if (a->w) v = cpu_vec_get(a->w, i) * v;
@@ -73,10 +76,16 @@ void cpu_rope(struct dsi_backend *be, const struct dsi_rope_args *a) {
 /* ---- mHC -------------------------------------------------------------------------------- */
 
 /* m[j] = (fn[j] . x) * rsqrt(mean(x^2) + eps) for j < n_mix, x = the row's flattened streams. */
-static void hc_mix(const float *x, int64_t len, const struct dsi_tensor *fn, int n_mix, float eps,
-                   float *m, float *tmp) {
+static void hc_mix(const float *x,
+                   int64_t len,
+                   const struct dsi_tensor *fn,
+                   int n_mix,
+                   float eps,
+                   float *m,
+                   float *tmp) {
     double ss = 0.0;
-    for (int64_t i = 0; i < len; i++) ss += (double)x[i] * (double)x[i];
+    for (int64_t i = 0; i < len; i++)
+        ss += (double)x[i] * (double)x[i];
     float rho = 1.0f / sqrtf((float)(ss / (double)len) + eps);
     for (int j = 0; j < n_mix; j++) {
         cpu_decode_row(fn, j, tmp);
@@ -96,7 +105,8 @@ static void hc_pre_part(void *ctx, int64_t r0, int64_t r1, int tid) {
     float *tmp = cpu_scratch(j->be, tid, len * (int64_t)sizeof(float));
     float m[64 + 64 * 64 + 64];
     float sc[3];
-    for (int i = 0; i < 3; i++) sc[i] = cpu_vec_get(a->scale, i);
+    for (int i = 0; i < 3; i++)
+        sc[i] = cpu_vec_get(a->scale, i);
     for (int64_t r = r0; r < r1; r++) {
         const float *X = a->X + r * len;
         hc_mix(X, len, a->fn, (int)((2 + hc) * hc), a->norm_eps, m, tmp);
@@ -109,27 +119,35 @@ static void hc_pre_part(void *ctx, int64_t r0, int64_t r1, int tid) {
             C[i] = m[2 * hc + i] * sc[2] + cpu_vec_get(a->base, 2 * hc + i);
         for (int64_t jr = 0; jr < hc; jr++) { /* row softmax + eps */
             float mx = -INFINITY, z = 0.0f;
-            for (int64_t k = 0; k < hc; k++) mx = fmaxf(mx, C[jr * hc + k]);
-            for (int64_t k = 0; k < hc; k++) z += (C[jr * hc + k] = cpu_expf(C[jr * hc + k] - mx));
-            for (int64_t k = 0; k < hc; k++) C[jr * hc + k] = C[jr * hc + k] / z + a->hc_eps;
+            for (int64_t k = 0; k < hc; k++)
+                mx = fmaxf(mx, C[jr * hc + k]);
+            for (int64_t k = 0; k < hc; k++)
+                z += (C[jr * hc + k] = cpu_expf(C[jr * hc + k] - mx));
+            for (int64_t k = 0; k < hc; k++)
+                C[jr * hc + k] = C[jr * hc + k] / z + a->hc_eps;
         }
         for (int it = 0; it < a->iters; it++) {
             if (it > 0)
                 for (int64_t jr = 0; jr < hc; jr++) {
                     float s = 0.0f;
-                    for (int64_t k = 0; k < hc; k++) s += C[jr * hc + k];
-                    for (int64_t k = 0; k < hc; k++) C[jr * hc + k] /= s + a->hc_eps;
+                    for (int64_t k = 0; k < hc; k++)
+                        s += C[jr * hc + k];
+                    for (int64_t k = 0; k < hc; k++)
+                        C[jr * hc + k] /= s + a->hc_eps;
                 }
             for (int64_t k = 0; k < hc; k++) {
                 float s = 0.0f;
-                for (int64_t jr = 0; jr < hc; jr++) s += C[jr * hc + k];
-                for (int64_t jr = 0; jr < hc; jr++) C[jr * hc + k] /= s + a->hc_eps;
+                for (int64_t jr = 0; jr < hc; jr++)
+                    s += C[jr * hc + k];
+                for (int64_t jr = 0; jr < hc; jr++)
+                    C[jr * hc + k] /= s + a->hc_eps;
             }
         }
         float *y = a->y + r * D;
         for (int64_t d = 0; d < D; d++) {
             float acc = 0.0f;
-            for (int64_t k = 0; k < hc; k++) acc += pre[k] * X[k * D + d];
+            for (int64_t k = 0; k < hc; k++)
+                acc += pre[k] * X[k * D + d];
             y[d] = rb(acc, a->round_bf16);
         }
     }
@@ -151,7 +169,8 @@ static void hc_post_part(void *ctx, int64_t r0, int64_t r1, int tid) {
         for (int64_t k = 0; k < hc; k++)
             for (int64_t d = 0; d < D; d++) {
                 float acc = 0.0f;
-                for (int64_t jr = 0; jr < hc; jr++) acc += C[jr * hc + k] * X[jr * D + d];
+                for (int64_t jr = 0; jr < hc; jr++)
+                    acc += C[jr * hc + k] * X[jr * D + d];
                 Xo[k * D + d] = rb(post[k] * f[d] + acc, a->round_bf16);
             }
     }
@@ -177,7 +196,8 @@ static void hc_head_part(void *ctx, int64_t r0, int64_t r1, int tid) {
         float *y = a->y + r * D;
         for (int64_t d = 0; d < D; d++) {
             float acc = 0.0f;
-            for (int64_t k = 0; k < hc; k++) acc += pre[k] * X[k * D + d];
+            for (int64_t k = 0; k < hc; k++)
+                acc += pre[k] * X[k * D + d];
             y[d] = rb(acc, a->round_bf16);
         }
     }
@@ -205,7 +225,8 @@ void cpu_moe_route(struct dsi_backend *be, const struct dsi_moe_route_args *a) {
                                  (int64_t)a->tokens[r] * dsi_tensor_row_bytes(a->tid2eid);
             for (int k = 0; k < K; k++) {
                 int64_t v;
-                if (a->tid2eid->type == DSI_TYPE_I64) memcpy(&v, row + 8 * k, 8);
+                if (a->tid2eid->type == DSI_TYPE_I64)
+                    memcpy(&v, row + 8 * k, 8);
                 else {
                     int32_t v32;
                     memcpy(&v32, row + 4 * k, 4);
@@ -219,7 +240,8 @@ void cpu_moe_route(struct dsi_backend *be, const struct dsi_moe_route_args *a) {
                 float bv = -INFINITY;
                 for (int64_t e = 0; e < E; e++) {
                     int taken = 0;
-                    for (int q = 0; q < k && !taken; q++) taken = idx[q] == e;
+                    for (int q = 0; q < k && !taken; q++)
+                        taken = idx[q] == e;
                     if (taken) continue;
                     float v = sqrtsoftplus(lg[e]) + (a->bias ? cpu_vec_get(a->bias, e) : 0.0f);
                     if (best < 0 || v > bv) {
@@ -231,8 +253,10 @@ void cpu_moe_route(struct dsi_backend *be, const struct dsi_moe_route_args *a) {
             }
         }
         float sum = 0.0f;
-        for (int k = 0; k < K; k++) sum += (w[k] = sqrtsoftplus(lg[idx[k]]));
-        for (int k = 0; k < K; k++) w[k] = w[k] / (sum + a->eps) * a->route_scale;
+        for (int k = 0; k < K; k++)
+            sum += (w[k] = sqrtsoftplus(lg[idx[k]]));
+        for (int k = 0; k < K; k++)
+            w[k] = w[k] / (sum + a->eps) * a->route_scale;
     }
 }
 
@@ -242,9 +266,11 @@ void cpu_hadamard_q4(struct dsi_backend *be, const struct dsi_hadamard_q4_args *
     for (int64_t r = 0; r < a->n; r++)
         for (int64_t g = 0; g < a->n_groups; g++) {
             float *x = a->x + r * a->ldx + g * a->dim;
-            for (int64_t i = 0; i < a->dim; i++) x[i] = dsi_bf16_round(x[i]);
+            for (int64_t i = 0; i < a->dim; i++)
+                x[i] = dsi_bf16_round(x[i]);
             dsi_hadamard(x, (int)a->dim);
-            for (int64_t i = 0; i < a->dim; i++) x[i] = dsi_bf16_round(x[i]);
+            for (int64_t i = 0; i < a->dim; i++)
+                x[i] = dsi_bf16_round(x[i]);
             dsi_q4_roundtrip(x, (int)a->dim, 32);
         }
 }
@@ -254,7 +280,8 @@ void cpu_embed(struct dsi_backend *be, const struct dsi_embed_args *a) {
     for (int64_t r = 0; r < a->n; r++) {
         float *o = a->out + r * a->copies * D;
         cpu_decode_row(a->table, a->tokens[r], o);
-        for (int64_t c = 1; c < a->copies; c++) memcpy(o + c * D, o, (size_t)D * sizeof(float));
+        for (int64_t c = 1; c < a->copies; c++)
+            memcpy(o + c * D, o, (size_t)D * sizeof(float));
     }
 }
 
@@ -268,4 +295,3 @@ void cpu_copy(struct dsi_backend *be, const struct dsi_copy_args *a) {
     for (int64_t r = 0; r < a->n; r++)
         memmove(a->dst + r * a->ldd, a->src + r * a->lds, (size_t)a->dim * sizeof(float));
 }
-

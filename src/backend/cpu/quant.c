@@ -86,11 +86,12 @@ float dsi_ue8m0_scale(float amax, float fmt_max, float amax_floor) {
     return ldexpf(1.0f, e);
 }
 
-static void roundtrip(float *x, int n, int block, float fmt_max, float floor_,
-                      float (*cast)(float)) {
+static void
+roundtrip(float *x, int n, int block, float fmt_max, float floor_, float (*cast)(float)) {
     for (int b = 0; b < n; b += block) {
         float amax = 0.0f;
-        for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        for (int i = 0; i < block; i++)
+            amax = fmaxf(amax, fabsf(x[b + i]));
         float s = dsi_ue8m0_scale(amax, fmt_max, floor_);
         for (int i = 0; i < block; i++) {
             float v = x[b + i] / s;
@@ -117,5 +118,6 @@ void dsi_hadamard(float *x, int n) {
                 x[j + h] = a - b;
             }
     float s = 1.0f / sqrtf((float)n);
-    for (int i = 0; i < n; i++) x[i] *= s;
+    for (int i = 0; i < n; i++)
+        x[i] *= s;
 }

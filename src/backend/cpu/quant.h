@@ -10,11 +10,11 @@ float dsi_bf16_to_f32(uint16_t h);
 uint16_t dsi_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
 float dsi_bf16_round(float f);
 float dsi_f16_to_f32(uint16_t h);
-float dsi_e4m3_to_f32(uint8_t b);  /* e4m3fn: no infinities, 0x7F/0xFF NaN */
-float dsi_e8m0_to_f32(uint8_t b);  /* 2^(b-127); 0xFF NaN */
+float dsi_e4m3_to_f32(uint8_t b);   /* e4m3fn: no infinities, 0x7F/0xFF NaN */
+float dsi_e8m0_to_f32(uint8_t b);   /* 2^(b-127); 0xFF NaN */
 float dsi_fp4_to_f32(uint8_t code); /* low 4 bits: bit 3 sign, 0,.5,1,1.5,2,3,4,6 */
-float dsi_e4m3_round(float x);     /* nearest e4m3 value, ties to even, saturating at 448 */
-float dsi_e2m1_round(float x);     /* nearest e2m1 value, ties to even, saturating at 6 */
+float dsi_e4m3_round(float x);      /* nearest e4m3 value, ties to even, saturating at 448 */
+float dsi_e2m1_round(float x);      /* nearest e2m1 value, ties to even, saturating at 6 */
 
 #define DSI_FP8_MAX 448.0f
 #define DSI_FP4_MAX 6.0f

@@ -10,11 +10,11 @@
  * Later: FlashMLA-style fused kernel with FP8 keys for the fast (non-batch-invariant) path. */
 #include "common.cuh"
 
-#define ATT_HG 16  /* heads per score block */
-#define ATT_TK 32  /* keys per score tile */
-#define PV_HG 8    /* heads per pv block */
-#define PV_DS 64   /* dims per pv block */
-#define PV_TK 32
+#define ATT_HG 16 /* heads per score block */
+#define ATT_TK 32 /* keys per score tile */
+#define PV_HG  8  /* heads per pv block */
+#define PV_DS  64 /* dims per pv block */
+#define PV_TK  32
 
 struct attn_p {
     struct cu_step st;
@@ -45,8 +45,7 @@ __device__ __forceinline__ const float *attn_key(const struct attn_p &p, int r, 
     int64_t t = p.st.pos[r];
     int64_t nwin = t - w0 + 1;
     int slot = p.st.slot[r];
-    if (j < nwin)
-        return p.ring + ((int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap) * p.hd;
+    if (j < nwin) return p.ring + ((int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap) * p.hd;
     int64_t i = j - nwin;
     if (p.sel) i = p.sel[(int64_t)r * p.topk + i];
     return p.entries +
@@ -59,7 +58,8 @@ __device__ __forceinline__ float dot_smem(const float *a, const float *b, int n)
     for (int k = 0; k < n; k += 32) {
         float l[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) l[i] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            l[i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 32; j += 8) {
             float4 a0 = *(const float4 *)(a + k + j), a1 = *(const float4 *)(a + k + j + 4);
@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
     float *S = p.S + ((int64_t)(r - p.r0) * p.H + h) * p.maxk;
     float sink = vec_get(p.sinks, h);
     float mx = sink;
-    for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, S[j]);
+    for (int j = lane; j < nk; j += 32)
+        mx = fmaxf(mx, S[j]);
     mx = warp_max(mx);
     float z = 0.0f;
     for (int j0 = 0; j0 < nk; j0 += 32) {
@@ -134,7 +135,8 @@ __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
         __syncwarp();
         if (lane == 0) {
             int cnt = nk - j0 < 32 ? nk - j0 : 32;
-            for (int L = 0; L < cnt; L++) z += buf[warp][L];
+            for (int L = 0; L < cnt; L++)
+                z += buf[warp][L];
         }
         __syncwarp();
     }
@@ -199,8 +201,7 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
         return;
     }
     int64_t maxk = st->window;
-    if (a->entries)
-        maxk += a->sel ? a->topk : (int64_t)st->max_pages * st->page_tokens / a->ratio;
+    if (a->entries) maxk += a->sel ? a->topk : (int64_t)st->max_pages * st->page_tokens / a->ratio;
     if (maxk < 1) maxk = 1;
     int64_t per_row = (int64_t)H * maxk * 4, cap = (int64_t)256 << 20;
     int nb = (int)(per_row * n <= cap ? n : cap / per_row > 0 ? cap / per_row : 1);
@@ -210,8 +211,8 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     static size_t smem_set = 0; /* per process: one device kind */
     if (smem > 48 * 1024 && smem > smem_set) {
         if (smem > c->smem_optin) {
-            cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: head_dim %d needs %zu bytes of shared memory", hd,
-                    smem);
+            cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: head_dim %d needs %zu bytes of shared memory",
+                    hd, smem);
             return;
         }
         cudaFuncSetAttribute(k_attn_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -23,10 +23,10 @@ extern "C" {
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define CU_WARPS 8                 /* warps per block in most kernels */
-#define CU_THREADS (CU_WARPS * 32)
-#define CU_MAX_FREQ 16             /* rope frequency tables cached */
-#define CU_MAX_MOE_TABLES 256      /* expert tables cached (one per MoE layer) */
+#define CU_WARPS          8 /* warps per block in most kernels */
+#define CU_THREADS        (CU_WARPS * 32)
+#define CU_MAX_FREQ       16  /* rope frequency tables cached */
+#define CU_MAX_MOE_TABLES 256 /* expert tables cached (one per MoE layer) */
 
 /* A device copy of a host rope-frequency table (forward passes host arrays, see cuda.cu). */
 struct cu_freq {
@@ -44,10 +44,10 @@ struct cu_moe_ent {
 
 /* The device-side expert table of one MoE layer, keyed by the host pointer array. */
 struct cu_moe_table {
-    const void *key;            /* a->w1 */
+    const void *key; /* a->w1 */
     int n_experts;
-    const void **snap;          /* [n_experts * 6] host snapshot of the device addresses */
-    struct cu_moe_ent *dev;     /* [n_experts] */
+    const void **snap;      /* [n_experts * 6] host snapshot of the device addresses */
+    struct cu_moe_ent *dev; /* [n_experts] */
 };
 
 /* Per-op GPU time (DSI_CUDA_PROFILE=1 at backend creation): event pairs around every op,
@@ -66,15 +66,15 @@ struct cu_prof_tot {
 struct cu_ctx {
     int device, n_sms;
     bool prof;
-    bool xstage;                /* GEMM kernels stage activations in shared memory (see gemm.cuh);
-                                   DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
+    bool xstage; /* GEMM kernels stage activations in shared memory (see gemm.cuh);
+                    DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[64];
     int n_tot;
     size_t smem_optin;
     cudaStream_t stream;
-    int sticky;                 /* first error (dsi_status), 0 if none */
+    int sticky; /* first error (dsi_status), 0 if none */
     char msg[400];
     /* imported weights: bump-allocated slabs, freed with the backend */
     void **slabs;
@@ -95,7 +95,8 @@ struct cu_ctx {
 static inline struct cu_ctx *cu_ctx_of(struct dsi_backend *be) { return (struct cu_ctx *)be->ctx; }
 
 /* Record the first error (sticky; returned by sync). */
-void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* After a launch: record a launch error under `what`. Returns true if the launch is fine. */
 bool cu_check(struct cu_ctx *c, const char *what);
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The
@@ -126,13 +127,13 @@ static inline size_t cu_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 struct cu_w {
     const uint8_t *data;
-    const uint8_t *scale;       /* UE8M0 scales or NULL */
-    int64_t K;                  /* ne[0] */
-    int64_t rows;               /* ne[1] */
+    const uint8_t *scale; /* UE8M0 scales or NULL */
+    int64_t K;            /* ne[0] */
+    int64_t rows;         /* ne[1] */
     int64_t row_bytes;
-    int64_t srs;                /* scale_row_stride */
-    int sb0, sb1;               /* scale block rows, cols */
-    int type;                   /* enum dsi_type */
+    int64_t srs;  /* scale_row_stride */
+    int sb0, sb1; /* scale block rows, cols */
+    int type;     /* enum dsi_type */
 };
 
 static inline struct cu_w cu_w_of(const struct dsi_tensor *t) {
@@ -218,9 +219,12 @@ __device__ __forceinline__ float vec_get(struct cu_vec v, int64_t i) {
 __device__ __forceinline__ float w_get(const struct cu_w &w, int64_t row, int64_t k) {
     const uint8_t *p = w.data + row * w.row_bytes;
     switch (w.type) {
-    case DSI_TYPE_F32: return ((const float *)p)[k];
-    case DSI_TYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[k]);
-    case DSI_TYPE_F16: return f16_to_f32(((const uint16_t *)p)[k]);
+    case DSI_TYPE_F32:
+        return ((const float *)p)[k];
+    case DSI_TYPE_BF16:
+        return bf16_to_f32(((const uint16_t *)p)[k]);
+    case DSI_TYPE_F16:
+        return f16_to_f32(((const uint16_t *)p)[k]);
     case DSI_TYPE_F8_E4M3: {
         const uint8_t *s = w.scale + (row / w.sb0) * w.srs;
         return e4m3_to_f32(p[k]) * e8m0_to_f32(s[k / w.sb1]);
@@ -230,7 +234,8 @@ __device__ __forceinline__ float w_get(const struct cu_w &w, int64_t row, int64_
         uint32_t b = p[k / 2];
         return fp4_to_f32((k & 1) ? b >> 4 : b & 0xf) * e8m0_to_f32(s[k / w.sb1]);
     }
-    default: return 0.0f;
+    default:
+        return 0.0f;
     }
 }
 
@@ -248,15 +253,18 @@ __device__ __forceinline__ float dot_ref(const float *a, const float *b, int64_t
     for (; k + 32 <= n; k += 32) {
         float l[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) l[i] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            l[i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 32; j += 8)
 #pragma unroll
-            for (int i = 0; i < 8; i++) l[i] += a[k + j + i] * b[k + j + i];
+            for (int i = 0; i < 8; i++)
+                l[i] += a[k + j + i] * b[k + j + i];
         acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     }
     float t = 0.0f;
-    for (; k < n; k++) t += a[k] * b[k];
+    for (; k < n; k++)
+        t += a[k] * b[k];
     return acc + t;
 }
 
@@ -282,13 +290,15 @@ __device__ __forceinline__ float ue8m0_scale(float amax, float fmt_max, float am
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
@@ -302,13 +312,19 @@ __device__ __forceinline__ double block_sum_d(double v, double *red) {
     if (lane == 0) red[wid] = v;
     __syncthreads();
     double s = 0.0;
-    for (int i = 0; i < nw; i++) s += red[i];
+    for (int i = 0; i < nw; i++)
+        s += red[i];
     return s;
 }
 
 /* Address of entry i of the sequence in `slot` in a paged pool (cpu_paged). */
-__device__ __forceinline__ int64_t paged(const int32_t *page_table, int max_pages, int page_tokens,
-                                         int slot, int64_t i, int ratio, int64_t width) {
+__device__ __forceinline__ int64_t paged(const int32_t *page_table,
+                                         int max_pages,
+                                         int page_tokens,
+                                         int slot,
+                                         int64_t i,
+                                         int ratio,
+                                         int64_t width) {
     int64_t per_page = page_tokens / ratio;
     int32_t page = page_table[(int64_t)slot * max_pages + i / per_page];
     return ((int64_t)page * per_page + i % per_page) * width;
@@ -341,10 +357,24 @@ static inline struct cu_step cu_step_of(const struct dsi_step *st) {
 /* ---- launchers (one file each) ------------------------------------------------------------- */
 
 /* y[i, o] = x[i] . W[row0 + o] for o < n_out, i < n (cpu_gemm's numbers, bit for bit). */
-void launch_gemm(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n_out,
-                 const float *x, int64_t n, int64_t ldx, float *y, int64_t ldy, bool round);
-void launch_act_quant(struct cu_ctx *c, const float *x, float *y, int64_t n, int64_t dim,
-                      int64_t ldx, int64_t ldy, int block);
+void launch_gemm(struct cu_ctx *c,
+                 const struct cu_w *w,
+                 int64_t row0,
+                 int64_t n_out,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round);
+void launch_act_quant(struct cu_ctx *c,
+                      const float *x,
+                      float *y,
+                      int64_t n,
+                      int64_t dim,
+                      int64_t ldx,
+                      int64_t ldy,
+                      int block);
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #define SLAB_BYTES ((size_t)256 << 20)
-#define SLAB_SOLO ((size_t)32 << 20) /* larger tensors get their own allocation */
+#define SLAB_SOLO  ((size_t)32 << 20) /* larger tensors get their own allocation */
 
 void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...) {
     if (c->sticky) return;
@@ -95,7 +95,8 @@ const float *cu_freq_dev(struct cu_ctx *c, const float *freq, int n) {
     return f->dev;
 }
 
-/* ---- memory ops -------------------------------------------------------------------------------- */
+/* ---- memory ops --------------------------------------------------------------------------------
+ */
 
 static void *cuda_alloc(struct dsi_backend *be, size_t bytes) {
     struct cu_ctx *c = cu_ctx_of(be);
@@ -123,7 +124,8 @@ static void cuda_upload(struct dsi_backend *be, void *dst, const void *src, size
     struct cu_ctx *c = cu_ctx_of(be);
     if (!bytes) return;
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
-    if (e != cudaSuccess) cu_fail(c, DSI_ERR_DEVICE, "upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        cu_fail(c, DSI_ERR_DEVICE, "upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
 }
 
 static void cuda_download(struct dsi_backend *be, void *dst, const void *src, size_t bytes) {
@@ -239,7 +241,8 @@ static void prof_harvest(struct cu_ctx *c) {
             continue;
         }
         int k = 0;
-        while (k < c->n_tot && c->tot[k].name != c->pairs[i].name) k++;
+        while (k < c->n_tot && c->tot[k].name != c->pairs[i].name)
+            k++;
         if (k == c->n_tot) {
             if (c->n_tot == (int)(sizeof(c->tot) / sizeof(c->tot[0]))) continue;
             c->tot[c->n_tot++] = (struct cu_prof_tot){c->pairs[i].name, 0, 0};
@@ -319,7 +322,8 @@ static void cuda_free(struct dsi_backend *be) {
         }
         free(c->pairs);
     }
-    for (int i = 0; i < c->n_slabs; i++) cudaFree(c->slabs[i]);
+    for (int i = 0; i < c->n_slabs; i++)
+        cudaFree(c->slabs[i]);
     free(c->slabs);
     for (int i = 0; i < 2; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
@@ -335,16 +339,16 @@ static void cuda_free(struct dsi_backend *be) {
 }
 
 static const struct dsi_backend_ops g_cuda_ops = {
-    cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
-    cuda_sync,        cuda_reserve,     cuda_free,      cuda_gemm,        cuda_act_quant,
-    cuda_hadamard_q4, cuda_embed,       cuda_add,       cuda_copy,        cuda_rms_norm,
-    cuda_rope,        cuda_hc_pre,      cuda_hc_post,   cuda_hc_head,     cuda_attn,
-    cuda_indexer,     cuda_kv_store,    cuda_comp_ape,  cuda_compress,    cuda_comp_store,
-    cuda_entry_store, cuda_gather,      cuda_moe_route, cuda_moe,
+    cuda_alloc,       cuda_mfree,    cuda_upload,    cuda_download, cuda_import,
+    cuda_sync,        cuda_reserve,  cuda_free,      cuda_gemm,     cuda_act_quant,
+    cuda_hadamard_q4, cuda_embed,    cuda_add,       cuda_copy,     cuda_rms_norm,
+    cuda_rope,        cuda_hc_pre,   cuda_hc_post,   cuda_hc_head,  cuda_attn,
+    cuda_indexer,     cuda_kv_store, cuda_comp_ape,  cuda_compress, cuda_comp_store,
+    cuda_entry_store, cuda_gather,   cuda_moe_route, cuda_moe,
 };
 
 #define PROF_OP(op, T)                                                                             \
-    static void prof_##op(struct dsi_backend *be, const struct T *a) {                            \
+    static void prof_##op(struct dsi_backend *be, const struct T *a) {                             \
         struct cu_ctx *c = cu_ctx_of(be);                                                          \
         int i = prof_begin(c, #op);                                                                \
         cuda_##op(be, a);                                                                          \
@@ -373,12 +377,12 @@ PROF_OP(moe_route, dsi_moe_route_args)
 PROF_OP(moe, dsi_moe_args)
 
 static const struct dsi_backend_ops g_cuda_prof_ops = {
-    cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
-    cuda_sync,        cuda_reserve,     cuda_free,      prof_gemm,        prof_act_quant,
-    prof_hadamard_q4, prof_embed,       prof_add,       prof_copy,        prof_rms_norm,
-    prof_rope,        prof_hc_pre,      prof_hc_post,   prof_hc_head,     prof_attn,
-    prof_indexer,     prof_kv_store,    prof_comp_ape,  prof_compress,    prof_comp_store,
-    prof_entry_store, prof_gather,      prof_moe_route, prof_moe,
+    cuda_alloc,       cuda_mfree,    cuda_upload,    cuda_download, cuda_import,
+    cuda_sync,        cuda_reserve,  cuda_free,      prof_gemm,     prof_act_quant,
+    prof_hadamard_q4, prof_embed,    prof_add,       prof_copy,     prof_rms_norm,
+    prof_rope,        prof_hc_pre,   prof_hc_post,   prof_hc_head,  prof_attn,
+    prof_indexer,     prof_kv_store, prof_comp_ape,  prof_compress, prof_comp_store,
+    prof_entry_store, prof_gather,   prof_moe_route, prof_moe,
 };
 
 extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct dsi_err *err) {
@@ -398,8 +402,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
         return dsi_errf(err, DSI_ERR_DEVICE, "cuda: device %d: %s", device, cudaGetErrorString(e));
     if (p.major < 9)
         return dsi_errf(err, DSI_ERR_UNSUPPORTED,
-                        "cuda: device %d (%s) is sm_%d%d; this build is for sm_90a (Hopper)", device,
-                        p.name, p.major, p.minor);
+                        "cuda: device %d (%s) is sm_%d%d; this build is for sm_90a (Hopper)",
+                        device, p.name, p.major, p.minor);
     struct dsi_backend *be = (struct dsi_backend *)dsi_calloc(1, sizeof(*be));
     struct cu_ctx *c = (struct cu_ctx *)dsi_calloc(1, sizeof(*c));
     if (!be || !c) {

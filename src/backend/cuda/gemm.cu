@@ -19,8 +19,15 @@
 
 /* ---- the generic kernel: one thread per output --------------------------------------------- */
 
-__global__ void k_gemm_generic(struct cu_w w, int64_t row0, int64_t n_out, const float *x,
-                               int64_t n, int64_t ldx, float *y, int64_t ldy, bool round) {
+__global__ void k_gemm_generic(struct cu_w w,
+                               int64_t row0,
+                               int64_t n_out,
+                               const float *x,
+                               int64_t n,
+                               int64_t ldx,
+                               float *y,
+                               int64_t ldy,
+                               bool round) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * n_out) return;
     int64_t i = t / n_out, o = t % n_out, K = w.K, row = row0 + o;
@@ -30,18 +37,22 @@ __global__ void k_gemm_generic(struct cu_w w, int64_t row0, int64_t n_out, const
     for (; k + 32 <= K; k += 32) {
         float l[8];
 #pragma unroll
-        for (int q = 0; q < 8; q++) l[q] = 0.0f;
+        for (int q = 0; q < 8; q++)
+            l[q] = 0.0f;
         for (int j = 0; j < 32; j += 8)
 #pragma unroll
-            for (int q = 0; q < 8; q++) l[q] += a[k + j + q] * w_get(w, row, k + j + q);
+            for (int q = 0; q < 8; q++)
+                l[q] += a[k + j + q] * w_get(w, row, k + j + q);
         acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     }
     float tl = 0.0f;
-    for (; k < K; k++) tl += a[k] * w_get(w, row, k);
+    for (; k < K; k++)
+        tl += a[k] * w_get(w, row, k);
     y[i * ldy + o] = rbf(acc + tl, round);
 }
 
-/* ---- the fast kernel --------------------------------------------------------------------------- */
+/* ---- the fast kernel ---------------------------------------------------------------------------
+ */
 
 /* Row pieces are 1024 elements; lanes own 32-element chunks. Block: 8 warps x 2 weight rows.
  * With `stage` (the default, c->xstage) the block stages each piece of its RX activation rows
@@ -49,9 +60,18 @@ __global__ void k_gemm_generic(struct cu_w w, int64_t row0, int64_t n_out, const
  * Dynamic shared memory: gemm_smem_bytes(RX). Every warp takes part in the block barriers, also
  * one without weight rows. */
 template <int WT, int RX>
-__global__ void __launch_bounds__(CU_THREADS, 2)
-    k_gemm(struct cu_w w, int64_t row0, int64_t n_out, const float *x, int64_t n, int64_t ldx,
-           float *y, int64_t ldy, bool round, int pps, float *cv, bool stage) {
+__global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
+                                                        int64_t row0,
+                                                        int64_t n_out,
+                                                        const float *x,
+                                                        int64_t n,
+                                                        int64_t ldx,
+                                                        float *y,
+                                                        int64_t ldy,
+                                                        bool round,
+                                                        int pps,
+                                                        float *cv,
+                                                        bool stage) {
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
@@ -83,7 +103,8 @@ __global__ void __launch_bounds__(CU_THREADS, 2)
         }
         float wf[GEMM_RW][32];
 #pragma unroll
-        for (int r = 0; r < GEMM_RW; r++) load_w_chunk<WT>(w, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+        for (int r = 0; r < GEMM_RW; r++)
+            load_w_chunk<WT>(w, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
         if (stage) __syncthreads();
         if (!wact) continue;
 #pragma unroll
@@ -108,7 +129,8 @@ __global__ void __launch_bounds__(CU_THREADS, 2)
             __syncwarp();
             if (lane < RX * GEMM_RW) {
                 int cnt = (int)(nq - p * 32 < 32 ? nq - p * 32 : 32);
-                for (int L = 0; L < cnt; L++) acc += cvs[warp][lane][L];
+                for (int L = 0; L < cnt; L++)
+                    acc += cvs[warp][lane][L];
             }
             __syncwarp();
         }
@@ -127,11 +149,10 @@ __global__ void __launch_bounds__(CU_THREADS, 2)
  * while the other rows of the next round are being loaded. One round trip to L2 per
  * RED_ROWS chunks instead of one per 4 chunks. */
 #define RED_ROWS 128
-#define RED_PER (RED_ROWS / CU_WARPS)
+#define RED_PER  (RED_ROWS / CU_WARPS)
 
-__global__ void __launch_bounds__(CU_THREADS)
-    k_gemm_reduce(const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y, int64_t ldy,
-                  bool round) {
+__global__ void __launch_bounds__(CU_THREADS) k_gemm_reduce(
+    const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y, int64_t ldy, bool round) {
     __shared__ float buf[RED_ROWS][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t T = n * n_out, t = (int64_t)blockIdx.x * 32 + lane;
@@ -146,7 +167,8 @@ __global__ void __launch_bounds__(CU_THREADS)
     float acc = 0.0f;
     for (int64_t q0 = 0; q0 < nq; q0 += RED_ROWS) {
 #pragma unroll
-        for (int j = 0; j < RED_PER; j++) buf[warp + CU_WARPS * j][lane] = v[j];
+        for (int j = 0; j < RED_PER; j++)
+            buf[warp + CU_WARPS * j][lane] = v[j];
         __syncthreads();
         if (q0 + RED_ROWS < nq) { /* next round's loads, in flight during the adds */
 #pragma unroll
@@ -158,7 +180,8 @@ __global__ void __launch_bounds__(CU_THREADS)
         if (warp == 0) {
             int cnt = (int)(nq - q0 < RED_ROWS ? nq - q0 : RED_ROWS);
 #pragma unroll 16
-            for (int k = 0; k < cnt; k++) acc += buf[k][lane];
+            for (int k = 0; k < cnt; k++)
+                acc += buf[k][lane];
         }
         __syncthreads();
     }
@@ -170,10 +193,13 @@ bool gemm_w_ok(const struct cu_w *w) {
     switch (w->type) {
     case DSI_TYPE_F32:
     case DSI_TYPE_BF16:
-    case DSI_TYPE_F16: return true;
+    case DSI_TYPE_F16:
+        return true;
     case DSI_TYPE_F8_E4M3:
-    case DSI_TYPE_FP4_E2M1: return w->scale && w->sb1 % 32 == 0;
-    default: return false;
+    case DSI_TYPE_FP4_E2M1:
+        return w->scale && w->sb1 % 32 == 0;
+    default:
+        return false;
     }
 }
 
@@ -182,8 +208,16 @@ bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx) {
 }
 
 template <int WT>
-static void launch_fast(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n_out,
-                        const float *x, int64_t n, int64_t ldx, float *y, int64_t ldy, bool round) {
+static void launch_fast(struct cu_ctx *c,
+                        const struct cu_w *w,
+                        int64_t row0,
+                        int64_t n_out,
+                        const float *x,
+                        int64_t n,
+                        int64_t ldx,
+                        float *y,
+                        int64_t ldy,
+                        bool round) {
     int rx = n >= 8 ? 8 : n >= 3 ? 4 : n == 2 ? 2 : 1;
     int64_t gx = cu_div_up(n_out, CU_WARPS * GEMM_RW), gy = cu_div_up(n, rx);
     int64_t nq = w->K / 32, np = cu_div_up(nq, 32), blocks = gx * gy;
@@ -208,16 +242,24 @@ static void launch_fast(struct cu_ctx *c, const struct cu_w *w, int64_t row0, in
     }
     dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)split);
 #define GEMM_LAUNCH(R)                                                                             \
-    k_gemm<WT, R><<<grid, CU_THREADS, gemm_smem_bytes(R), c->stream>>>(                           \
+    k_gemm<WT, R><<<grid, CU_THREADS, gemm_smem_bytes(R), c->stream>>>(                            \
         *w, row0, n_out, x, n, ldx, y, ldy, round, (int)pps, cv, c->xstage)
     static bool smem8 = false;
     if (rx == 8 && !smem_limit(c, k_gemm<WT, 8>, gemm_smem_bytes(8), &smem8, "gemm")) return;
     int pm = cv ? cu_prof_begin(c, "gemm.splitk") : -1;
     switch (rx) {
-    case 1: GEMM_LAUNCH(1); break;
-    case 2: GEMM_LAUNCH(2); break;
-    case 4: GEMM_LAUNCH(4); break;
-    default: GEMM_LAUNCH(8); break;
+    case 1:
+        GEMM_LAUNCH(1);
+        break;
+    case 2:
+        GEMM_LAUNCH(2);
+        break;
+    case 4:
+        GEMM_LAUNCH(4);
+        break;
+    default:
+        GEMM_LAUNCH(8);
+        break;
     }
 #undef GEMM_LAUNCH
     cu_prof_end(c, pm);
@@ -231,8 +273,16 @@ static void launch_fast(struct cu_ctx *c, const struct cu_w *w, int64_t row0, in
     }
 }
 
-void launch_gemm(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n_out,
-                 const float *x, int64_t n, int64_t ldx, float *y, int64_t ldy, bool round) {
+void launch_gemm(struct cu_ctx *c,
+                 const struct cu_w *w,
+                 int64_t row0,
+                 int64_t n_out,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round) {
     if (n <= 0 || n_out <= 0) return;
     if (row0 < 0 || row0 + n_out > w->rows) {
         cu_fail(c, DSI_ERR_INVALID, "gemm: rows %lld..%lld of a weight with %lld rows",
@@ -242,18 +292,26 @@ void launch_gemm(struct cu_ctx *c, const struct cu_w *w, int64_t row0, int64_t n
     if (!gemm_fast_ok(w, x, ldx)) {
         int64_t t = n * n_out;
         k_gemm_generic<<<(unsigned)cu_div_up(t, 128), 128, 0, c->stream>>>(*w, row0, n_out, x, n,
-                                                                          ldx, y, ldy, round);
+                                                                           ldx, y, ldy, round);
         cu_check(c, "gemm (generic)");
         return;
     }
     switch (w->type) {
-    case DSI_TYPE_F32: launch_fast<DSI_TYPE_F32>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
-    case DSI_TYPE_BF16: launch_fast<DSI_TYPE_BF16>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
-    case DSI_TYPE_F16: launch_fast<DSI_TYPE_F16>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
+    case DSI_TYPE_F32:
+        launch_fast<DSI_TYPE_F32>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
+        break;
+    case DSI_TYPE_BF16:
+        launch_fast<DSI_TYPE_BF16>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
+        break;
+    case DSI_TYPE_F16:
+        launch_fast<DSI_TYPE_F16>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
+        break;
     case DSI_TYPE_F8_E4M3:
         launch_fast<DSI_TYPE_F8_E4M3>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
         break;
-    default: launch_fast<DSI_TYPE_FP4_E2M1>(c, w, row0, n_out, x, n, ldx, y, ldy, round); break;
+    default:
+        launch_fast<DSI_TYPE_FP4_E2M1>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
+        break;
     }
 }
 

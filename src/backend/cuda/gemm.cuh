@@ -19,18 +19,20 @@ __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int6
 
 /* wf[0..32) = elements 32q .. 32q+31 of the row at rowp (q < 0: zeros). */
 template <int WT>
-__device__ __forceinline__ void load_w_chunk(const struct cu_w &w, const uint8_t *rowp,
-                                             const uint8_t *srow, int64_t q, float (&wf)[32]) {
+__device__ __forceinline__ void load_w_chunk(
+    const struct cu_w &w, const uint8_t *rowp, const uint8_t *srow, int64_t q, float (&wf)[32]) {
     if (q < 0) {
 #pragma unroll
-        for (int e = 0; e < 32; e++) wf[e] = 0.0f;
+        for (int e = 0; e < 32; e++)
+            wf[e] = 0.0f;
         return;
     }
     if (WT == DSI_TYPE_BF16 || WT == DSI_TYPE_F16) {
         const uint4 *p = (const uint4 *)(rowp + q * 64);
         uint4 r[4];
 #pragma unroll
-        for (int v = 0; v < 4; v++) r[v] = __ldg(p + v);
+        for (int v = 0; v < 4; v++)
+            r[v] = __ldg(p + v);
 #pragma unroll
         for (int v = 0; v < 4; v++) {
             uint32_t u[4] = {r[v].x, r[v].y, r[v].z, r[v].w};
@@ -75,7 +77,8 @@ __device__ __forceinline__ void load_w_chunk(const struct cu_w &w, const uint8_t
 #pragma unroll
         for (int h = 0; h < 4; h++)
 #pragma unroll
-            for (int b = 0; b < 8; b++) wf[h * 8 + b] = fp4_to_f32((u[h] >> (4 * b)) & 0xfu) * sc;
+            for (int b = 0; b < 8; b++)
+                wf[h * 8 + b] = fp4_to_f32((u[h] >> (4 * b)) & 0xfu) * sc;
     }
 }
 
@@ -100,7 +103,7 @@ __device__ __forceinline__ void load_x_chunk(const float *p, bool valid, float (
  * makes the 16-byte stores (8 threads: one chunk) and the 16-byte loads (8 lanes: 8 chunks)
  * free of bank conflicts. The values, and so the arithmetic, are the same either way. */
 #define XS_STRIDE 36
-#define XS_PIECE (CU_THREADS * 4) /* elements staged per row: one float4 per thread */
+#define XS_PIECE  (CU_THREADS * 4) /* elements staged per row: one float4 per thread */
 
 static_assert(XS_PIECE == 1024, "a staged piece is 32 chunks of 32");
 
@@ -129,15 +132,16 @@ static bool smem_limit(struct cu_ctx *c, K kernel, size_t bytes, bool *done, con
  * x + xoff[rx] (shared memory; zeros for xoff[rx] < 0 and past K; K % 32 == 0, rows 16-byte
  * aligned). The caller puts __syncthreads() before (the previous piece is consumed) and after. */
 template <int RX>
-__device__ __forceinline__ void stage_x(float *xs, const float *x, const int64_t *xoff, int64_t K,
-                                        int64_t p) {
+__device__ __forceinline__ void
+stage_x(float *xs, const float *x, const int64_t *xoff, int64_t K, int64_t p) {
     int tid = threadIdx.x;
     int64_t f = p * XS_PIECE + tid * 4;
     float4 v[RX];
 #pragma unroll
     for (int rx = 0; rx < RX; rx++) {
         int64_t o = xoff[rx];
-        v[rx] = o >= 0 && f < K ? *(const float4 *)(x + o + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[rx] =
+            o >= 0 && f < K ? *(const float4 *)(x + o + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int rx = 0; rx < RX; rx++)
@@ -161,11 +165,13 @@ __device__ __forceinline__ void load_x_staged(const float *xs, int rx, int lane,
 __device__ __forceinline__ float chunk_dot(const float (&a)[32], const float (&b)[32]) {
     float l[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) l[i] = 0.0f;
+    for (int i = 0; i < 8; i++)
+        l[i] = 0.0f;
 #pragma unroll
     for (int j = 0; j < 32; j += 8)
 #pragma unroll
-        for (int i = 0; i < 8; i++) l[i] += a[j + i] * b[j + i];
+        for (int i = 0; i < 8; i++)
+            l[i] += a[j + i] * b[j + i];
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 

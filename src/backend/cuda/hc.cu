@@ -17,16 +17,27 @@ __device__ __forceinline__ void small_sync(int nt) {
  * element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
  * hc x hc matrix (in local memory) 2 * iters times. */
-__global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64_t dim,
-                                struct cu_vec base, struct cu_vec scale, int iters, float norm_eps,
-                                float hc_eps, float *y, float *post, float *comb, bool round) {
+__global__ void k_hc_pre_finish(const float *X,
+                                const float *mraw,
+                                int hc,
+                                int64_t dim,
+                                struct cu_vec base,
+                                struct cu_vec scale,
+                                int iters,
+                                float norm_eps,
+                                float hc_eps,
+                                float *y,
+                                float *post,
+                                float *comb,
+                                bool round) {
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
     __shared__ float M[HC_MAX * HC_MAX];
     int64_t r = blockIdx.x, len = hc * dim;
     const float *Xr = X + r * len;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss += (double)Xr[i] * (double)Xr[i];
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+        ss += (double)Xr[i] * (double)Xr[i];
     ss = block_sum_d(ss, red); /* the same value in every thread */
     int nt = hc * hc, tid = threadIdx.x;
     if (tid < (nt <= 32 ? 32 : 64)) {
@@ -49,7 +60,8 @@ __global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64
         small_sync(nt);
         if (act) { /* row softmax + eps */
             float mx = -INFINITY;
-            for (int kk = 0; kk < hc; kk++) mx = fmaxf(mx, M[jr * hc + kk]);
+            for (int kk = 0; kk < hc; kk++)
+                mx = fmaxf(mx, M[jr * hc + kk]);
             v = exp_ref(M[tid] - mx);
         }
         small_sync(nt);
@@ -57,7 +69,8 @@ __global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64
         small_sync(nt);
         if (act) {
             float z = 0.0f;
-            for (int kk = 0; kk < hc; kk++) z += M[jr * hc + kk];
+            for (int kk = 0; kk < hc; kk++)
+                z += M[jr * hc + kk];
             v = v / z + hc_eps;
         }
         small_sync(nt);
@@ -67,7 +80,8 @@ __global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64
             if (it > 0) { /* rows */
                 if (act) {
                     float s = 0.0f;
-                    for (int kk = 0; kk < hc; kk++) s += M[jr * hc + kk];
+                    for (int kk = 0; kk < hc; kk++)
+                        s += M[jr * hc + kk];
                     v /= s + hc_eps;
                 }
                 small_sync(nt);
@@ -76,7 +90,8 @@ __global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64
             }
             if (act) { /* columns */
                 float s = 0.0f;
-                for (int j = 0; j < hc; j++) s += M[j * hc + k];
+                for (int j = 0; j < hc; j++)
+                    s += M[j * hc + k];
                 v /= s + hc_eps;
             }
             small_sync(nt);
@@ -88,7 +103,8 @@ __global__ void k_hc_pre_finish(const float *X, const float *mraw, int hc, int64
     __syncthreads();
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (int k = 0; k < hc; k++) acc += pre_s[k] * Xr[k * dim + d];
+        for (int k = 0; k < hc; k++)
+            acc += pre_s[k] * Xr[k * dim + d];
         y[r * dim + d] = rbf(acc, round);
     }
 }
@@ -112,23 +128,30 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     }
     launch_gemm(c, &fn, 0, n_mix, a->X, a->n, len, mraw, n_mix, false);
     int pf = cu_prof_begin(c, "hc_pre.finish");
-    k_hc_pre_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(a->X, mraw, hc, a->dim, cu_vec_of(a->base),
-                                                           cu_vec_of(a->scale), a->iters,
-                                                           a->norm_eps, a->hc_eps, a->y, a->post,
-                                                           a->comb, a->round_bf16);
+    k_hc_pre_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(
+        a->X, mraw, hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps,
+        a->hc_eps, a->y, a->post, a->comb, a->round_bf16);
     cu_prof_end(c, pf);
     cu_check(c, "hc_pre");
 }
 
 /* One thread per (row, stream k, d): Xo[k] = post[k] f + sum_j comb[j][k] X[j]. */
-__global__ void k_hc_post(const float *f, const float *X, const float *post, const float *comb,
-                          float *Xo, int64_t n, int hc, int64_t dim, bool round) {
+__global__ void k_hc_post(const float *f,
+                          const float *X,
+                          const float *post,
+                          const float *comb,
+                          float *Xo,
+                          int64_t n,
+                          int hc,
+                          int64_t dim,
+                          bool round) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * hc * dim) return;
     int64_t d = t % dim, k = (t / dim) % hc, r = t / dim / hc;
     const float *Xr = X + r * hc * dim, *C = comb + r * hc * hc;
     float acc = 0.0f;
-    for (int j = 0; j < hc; j++) acc += C[j * hc + k] * Xr[j * dim + d];
+    for (int j = 0; j < hc; j++)
+        acc += C[j * hc + k] * Xr[j * dim + d];
     Xo[t] = rbf(post[r * hc + k] * f[r * dim + d] + acc, round);
 }
 
@@ -136,21 +159,28 @@ extern "C" void cuda_hc_post(struct dsi_backend *be, const struct dsi_hc_post_ar
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0) return;
     int64_t t = a->n * a->hc * a->dim;
-    k_hc_post<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(a->f, a->X, a->post, a->comb, a->Xo,
-                                                                 a->n, (int)a->hc, a->dim,
-                                                                 a->round_bf16);
+    k_hc_post<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(
+        a->f, a->X, a->post, a->comb, a->Xo, a->n, (int)a->hc, a->dim, a->round_bf16);
     cu_check(c, "hc_post");
 }
 
-__global__ void k_hc_head_finish(const float *X, const float *mraw, int hc, int64_t dim,
-                                 struct cu_vec base, struct cu_vec scale, float norm_eps,
-                                 float hc_eps, float *y, bool round) {
+__global__ void k_hc_head_finish(const float *X,
+                                 const float *mraw,
+                                 int hc,
+                                 int64_t dim,
+                                 struct cu_vec base,
+                                 struct cu_vec scale,
+                                 float norm_eps,
+                                 float hc_eps,
+                                 float *y,
+                                 bool round) {
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
     int64_t r = blockIdx.x, len = hc * dim;
     const float *Xr = X + r * len;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss += (double)Xr[i] * (double)Xr[i];
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+        ss += (double)Xr[i] * (double)Xr[i];
     ss = block_sum_d(ss, red);
     if (threadIdx.x == 0) {
         float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
@@ -161,7 +191,8 @@ __global__ void k_hc_head_finish(const float *X, const float *mraw, int hc, int6
     __syncthreads();
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (int k = 0; k < hc; k++) acc += pre_s[k] * Xr[k * dim + d];
+        for (int k = 0; k < hc; k++)
+            acc += pre_s[k] * Xr[k * dim + d];
         y[r * dim + d] = rbf(acc, round);
     }
 }
@@ -184,8 +215,8 @@ extern "C" void cuda_hc_head(struct dsi_backend *be, const struct dsi_hc_head_ar
         return;
     }
     launch_gemm(c, &fn, 0, hc, a->X, a->n, len, mraw, hc, false);
-    k_hc_head_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(a->X, mraw, hc, a->dim, cu_vec_of(a->base),
-                                                            cu_vec_of(a->scale), a->norm_eps,
-                                                            a->hc_eps, a->y, a->round_bf16);
+    k_hc_head_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(
+        a->X, mraw, hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->norm_eps, a->hc_eps,
+        a->y, a->round_bf16);
     cu_check(c, "hc_head");
 }

@@ -27,7 +27,8 @@ __device__ __forceinline__ float dot_sm(const float *a, const float *b, int n) {
     for (int k = 0; k < n; k += 32) {
         float l[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) l[i] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            l[i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 32; j += 8) {
             float4 a0 = *(const float4 *)(a + k + j), a1 = *(const float4 *)(a + k + j + 4);
@@ -58,7 +59,8 @@ __global__ void __launch_bounds__(IDX_TK) k_idx_scores(struct idx_p p) {
     int v4 = p.hd / 4, slot = p.st.slot[r];
     for (int e = threadIdx.x; e < p.H * v4; e += blockDim.x)
         ((float4 *)qs)[e] = ((const float4 *)(p.q + (int64_t)r * p.H * p.hd))[e];
-    for (int e = threadIdx.x; e < p.H; e += blockDim.x) ws[e] = p.w[(int64_t)r * p.H + e];
+    for (int e = threadIdx.x; e < p.H; e += blockDim.x)
+        ws[e] = p.w[(int64_t)r * p.H + e];
     for (int e = threadIdx.x; e < nt * v4; e += blockDim.x) {
         int j = e / v4, c = e % v4;
         const float *k = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
@@ -120,7 +122,8 @@ __global__ void __launch_bounds__(1024) k_idx_topk(struct idx_p p) {
     int32_t *sel = p.sel + (int64_t)r * p.topk;
     if (threadIdx.x == 0) p.n_sel[r] = k;
     if (nv <= p.topk) {
-        for (int i = threadIdx.x; i < k; i += blockDim.x) sel[i] = i;
+        for (int i = threadIdx.x; i < k; i += blockDim.x)
+            sel[i] = i;
         return;
     }
     const float *S = p.Sc + (int64_t)(r - p.r0) * p.maxv;
@@ -130,7 +133,8 @@ __global__ void __launch_bounds__(1024) k_idx_topk(struct idx_p p) {
     }
     uint32_t mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        for (int b = threadIdx.x; b < 256; b += blockDim.x)
+            hist[b] = 0;
         __syncthreads();
         uint32_t prefix = s_prefix;
         for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
@@ -187,8 +191,8 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
     static size_t smem_set = 0;
     if (smem > 48 * 1024 && smem > smem_set) {
         if (smem > c->smem_optin) {
-            cu_fail(c, DSI_ERR_UNSUPPORTED, "indexer: %d heads of %d need %zu bytes of shared memory",
-                    H, hd, smem);
+            cu_fail(c, DSI_ERR_UNSUPPORTED,
+                    "indexer: %d heads of %d need %zu bytes of shared memory", H, hd, smem);
             return;
         }
         cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -5,8 +5,8 @@
 
 #define GRID1(t) (unsigned)cu_div_up((t), 256), 256, 0, c->stream
 
-__global__ void k_embed(struct cu_w tab, const int32_t *tokens, int64_t n, int64_t copies,
-                        float *out) {
+__global__ void
+k_embed(struct cu_w tab, const int32_t *tokens, int64_t n, int64_t copies, float *out) {
     int64_t D = tab.K, t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * copies * D) return;
     int64_t d = t % D, r = t / D / copies;
@@ -21,8 +21,15 @@ extern "C" void cuda_embed(struct dsi_backend *be, const struct dsi_embed_args *
     cu_check(c, "embed");
 }
 
-__global__ void k_add(const float *A, const float *B, float *Y, int64_t n, int64_t dim,
-                      int64_t lda, int64_t ldb, int64_t ldy, bool round) {
+__global__ void k_add(const float *A,
+                      const float *B,
+                      float *Y,
+                      int64_t n,
+                      int64_t dim,
+                      int64_t lda,
+                      int64_t ldb,
+                      int64_t ldy,
+                      bool round) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * dim) return;
     int64_t r = t / dim, d = t % dim;
@@ -33,22 +40,25 @@ extern "C" void cuda_add(struct dsi_backend *be, const struct dsi_add_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->dim <= 0) return;
     k_add<<<GRID1(a->n * a->dim)>>>(a->a, a->b, a->y, a->n, a->dim, a->lda, a->ldb, a->ldy,
-                                   a->round_bf16);
+                                    a->round_bf16);
     cu_check(c, "add");
 }
 
 /* Rows may not overlap unless src == dst (the CPU's memmove handles more). 2-D grid: rows in y,
  * 16-byte accesses when everything is aligned. */
-__global__ void k_copy(const float *src, float *dst, int64_t n, int64_t dim, int64_t lds,
-                       int64_t ldd, bool vec) {
-    int64_t step = (int64_t)gridDim.x * blockDim.x, i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+__global__ void
+k_copy(const float *src, float *dst, int64_t n, int64_t dim, int64_t lds, int64_t ldd, bool vec) {
+    int64_t step = (int64_t)gridDim.x * blockDim.x,
+            i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
         const float *s = src + r * lds;
         float *d = dst + r * ldd;
         if (vec)
-            for (int64_t i = i0; i < dim / 4; i += step) ((float4 *)d)[i] = ((const float4 *)s)[i];
+            for (int64_t i = i0; i < dim / 4; i += step)
+                ((float4 *)d)[i] = ((const float4 *)s)[i];
         else
-            for (int64_t i = i0; i < dim; i += step) d[i] = s[i];
+            for (int64_t i = i0; i < dim; i += step)
+                d[i] = s[i];
     }
 }
 
@@ -77,7 +87,8 @@ extern "C" void cuda_gather(struct dsi_backend *be, const struct dsi_gather_args
     cu_check(c, "gather");
 }
 
-/* ---- cache ops -------------------------------------------------------------------------------- */
+/* ---- cache ops --------------------------------------------------------------------------------
+ */
 
 __global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float *ring) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -93,7 +104,8 @@ extern "C" void cuda_kv_store(struct dsi_backend *be, const struct dsi_kv_store_
     cu_check(c, "kv_store");
 }
 
-__global__ void k_comp_ape(struct cu_step st, float *b, int64_t width, struct cu_vec ape, int ratio) {
+__global__ void
+k_comp_ape(struct cu_step st, float *b, int64_t width, struct cu_vec ape, int ratio) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= st.n * width) return;
     int64_t r = t / width, d = t % width, off = st.pos[r] % ratio;
@@ -104,7 +116,7 @@ extern "C" void cuda_comp_ape(struct dsi_backend *be, const struct dsi_comp_ape_
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
     k_comp_ape<<<GRID1(a->st->n * a->width)>>>(cu_step_of(a->st), a->b, a->width, cu_vec_of(a->ape),
-                                              a->ratio);
+                                               a->ratio);
     cu_check(c, "comp_ape");
 }
 
@@ -119,8 +131,8 @@ struct comp_p {
 };
 
 /* Slot rows (a, b) of token u for emitted row r (cpu token_rows). */
-__device__ __forceinline__ void token_rows(const struct comp_p &p, int r, int64_t u,
-                                           const float **pa, const float **pb) {
+__device__ __forceinline__ void
+token_rows(const struct comp_p &p, int r, int64_t u, const float **pa, const float **pb) {
     int64_t slot_w = (p.overlap ? 2 : 1) * (int64_t)p.width;
     int64_t t = p.st.pos[r], first = p.st.pos[p.st.row0[r]];
     if (u >= first) {
@@ -135,8 +147,8 @@ __device__ __forceinline__ void token_rows(const struct comp_p &p, int r, int64_
 }
 
 /* Slot s of emitted row r's window (A-halves of window i-1 then B-halves of window i for CSA). */
-__device__ __forceinline__ void comp_slot(const struct comp_p &p, int r, int64_t i, int s,
-                                          int n_a, const float **pa, const float **pb) {
+__device__ __forceinline__ void comp_slot(
+    const struct comp_p &p, int r, int64_t i, int s, int n_a, const float **pa, const float **pb) {
     int64_t R = p.ratio;
     if (p.overlap) {
         if (s < n_a) {
@@ -186,14 +198,19 @@ __global__ void k_compress(struct comp_p p) {
 extern "C" void cuda_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n_emit <= 0) return;
-    struct comp_p p = {cu_step_of(a->st), a->emit_rows, a->n_emit, a->a, a->b, a->slot_a,
-                       a->slot_b, a->n_slots, a->ratio, a->width, a->overlap, a->out};
+    struct comp_p p = {cu_step_of(a->st), a->emit_rows, a->n_emit, a->a,     a->b,       a->slot_a,
+                       a->slot_b,         a->n_slots,   a->ratio,  a->width, a->overlap, a->out};
     k_compress<<<GRID1((int64_t)a->n_emit * a->width)>>>(p);
     cu_check(c, "compress");
 }
 
-__global__ void k_comp_store(struct cu_step st, const uint8_t *store, const float *A,
-                             const float *B, float *slot_a, float *slot_b, int n_slots,
+__global__ void k_comp_store(struct cu_step st,
+                             const uint8_t *store,
+                             const float *A,
+                             const float *B,
+                             float *slot_a,
+                             float *slot_b,
+                             int n_slots,
                              int64_t slot_w) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= st.n * slot_w) return;
@@ -208,26 +225,32 @@ extern "C" void cuda_comp_store(struct dsi_backend *be, const struct dsi_comp_st
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
     k_comp_store<<<GRID1(a->st->n * a->slot_w)>>>(cu_step_of(a->st), a->store, a->a, a->b,
-                                                 a->slot_a, a->slot_b, a->n_slots, a->slot_w);
+                                                  a->slot_a, a->slot_b, a->n_slots, a->slot_w);
     cu_check(c, "comp_store");
 }
 
-__global__ void k_entry_store(struct cu_step st, const int32_t *emit_rows,
-                              const int32_t *emit_entry, int n_emit, int ratio, const float *src,
-                              int64_t width, float *pool) {
+__global__ void k_entry_store(struct cu_step st,
+                              const int32_t *emit_rows,
+                              const int32_t *emit_entry,
+                              int n_emit,
+                              int ratio,
+                              const float *src,
+                              int64_t width,
+                              float *pool) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)n_emit * width) return;
     int64_t e = t / width, d = t % width;
     int r = emit_rows[e];
     pool[paged(st.page_table, st.max_pages, st.page_tokens, st.slot[r], emit_entry[e], ratio,
-               width) + d] = src[t];
+               width) +
+         d] = src[t];
 }
 
 extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n_emit <= 0) return;
     k_entry_store<<<GRID1((int64_t)a->n_emit * a->width)>>>(cu_step_of(a->st), a->emit_rows,
-                                                           a->emit_entry, a->n_emit, a->ratio,
-                                                           a->src, a->width, a->pool);
+                                                            a->emit_entry, a->n_emit, a->ratio,
+                                                            a->src, a->width, a->pool);
     cu_check(c, "entry_store");
 }

@@ -16,16 +16,26 @@
 
 #include <string.h>
 
-/* ---- routing ------------------------------------------------------------------------------------ */
+/* ---- routing ------------------------------------------------------------------------------------
+ */
 
 __device__ __forceinline__ float sqrtsoftplus(float z) {
     return sqrtf(z > 20.0f ? z : log1p_ref(exp_ref(z)));
 }
 
 /* One warp per row. */
-__global__ void k_moe_route(const float *logits, int64_t n, int64_t E, int K, struct cu_vec bias,
-                            const uint8_t *tid2eid, int64_t t2e_row_bytes, bool t2e_i64,
-                            const int32_t *tokens, float route_scale, float eps, int32_t *idx,
+__global__ void k_moe_route(const float *logits,
+                            int64_t n,
+                            int64_t E,
+                            int K,
+                            struct cu_vec bias,
+                            const uint8_t *tid2eid,
+                            int64_t t2e_row_bytes,
+                            bool t2e_i64,
+                            const int32_t *tokens,
+                            float route_scale,
+                            float eps,
+                            int32_t *idx,
                             float *weight) {
     int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -44,7 +54,8 @@ __global__ void k_moe_route(const float *logits, int64_t n, int64_t E, int K, st
             float bv = -INFINITY;
             for (int64_t e = lane; e < E; e += 32) {
                 bool taken = false;
-                for (int q = 0; q < k && !taken; q++) taken = ix[q] == e;
+                for (int q = 0; q < k && !taken; q++)
+                    taken = ix[q] == e;
                 if (taken) continue;
                 float v = sqrtsoftplus(lg[e]) + (bias.data ? vec_get(bias, e) : 0.0f);
                 if (best < 0 || v > bv) {
@@ -69,8 +80,10 @@ __global__ void k_moe_route(const float *logits, int64_t n, int64_t E, int K, st
     __syncwarp();
     if (lane == 0) {
         float sum = 0.0f;
-        for (int k = 0; k < K; k++) sum += (w[k] = sqrtsoftplus(lg[ix[k]]));
-        for (int k = 0; k < K; k++) w[k] = w[k] / (sum + eps) * route_scale;
+        for (int k = 0; k < K; k++)
+            sum += (w[k] = sqrtsoftplus(lg[ix[k]]));
+        for (int k = 0; k < K; k++)
+            w[k] = w[k] / (sum + eps) * route_scale;
     }
 }
 
@@ -87,7 +100,8 @@ extern "C" void cuda_moe_route(struct dsi_backend *be, const struct dsi_moe_rout
     cu_check(c, "moe_route");
 }
 
-/* ---- the device expert table ---------------------------------------------------------------------- */
+/* ---- the device expert table
+ * ---------------------------------------------------------------------- */
 
 static const void *scale_data(const struct dsi_tensor *t) {
     return t->scale ? t->scale->data : NULL;
@@ -129,9 +143,9 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
     bool same = !fresh;
     for (int e = 0; e < E && same; e++) {
         const void **s = t->snap + 6 * e;
-        same = s[0] == a->w1[e]->data && s[1] == scale_data(a->w1[e]) &&
-               s[2] == a->w3[e]->data && s[3] == scale_data(a->w3[e]) &&
-               s[4] == a->w2[e]->data && s[5] == scale_data(a->w2[e]);
+        same = s[0] == a->w1[e]->data && s[1] == scale_data(a->w1[e]) && s[2] == a->w3[e]->data &&
+               s[3] == scale_data(a->w3[e]) && s[4] == a->w2[e]->data &&
+               s[5] == scale_data(a->w2[e]);
     }
     if (same) return t->dev;
     struct cu_moe_ent *h = (struct cu_moe_ent *)dsi_calloc((size_t)E, sizeof(*h));
@@ -146,8 +160,8 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
             cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: expert %d differs in format from expert 0", e);
             return NULL;
         }
-        const void *v[6] = {a->w1[e]->data, scale_data(a->w1[e]), a->w3[e]->data,
-                            scale_data(a->w3[e]), a->w2[e]->data, scale_data(a->w2[e])};
+        const void *v[6] = {a->w1[e]->data,       scale_data(a->w1[e]), a->w3[e]->data,
+                            scale_data(a->w3[e]), a->w2[e]->data,       scale_data(a->w2[e])};
         for (int i = 0; i < 6; i++) {
             t->snap[6 * e + i] = v[i];
             h[e].p[i] = (const uint8_t *)v[i];
@@ -158,16 +172,18 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
     return t->dev;
 }
 
-/* ---- grouping ---------------------------------------------------------------------------------- */
+/* ---- grouping ----------------------------------------------------------------------------------
+ */
 
 #define MOE_MAX_E 4096
 
 /* One block of 1024 threads. perm[pos] = slot, sorted by expert; tiles[t] = (expert, first pos,
  * rows); *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). */
-__global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx, int64_t nk, int E, int RX,
-                                                    int32_t *perm, int4 *tiles, int32_t *n_tiles) {
+__global__ void __launch_bounds__(1024) k_moe_group(
+    const int32_t *idx, int64_t nk, int E, int RX, int32_t *perm, int4 *tiles, int32_t *n_tiles) {
     __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], toff[MOE_MAX_E];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        cnt[e] = 0;
     __syncthreads();
     for (int64_t s = threadIdx.x; s < nk; s += blockDim.x) {
         int e = idx[s];
@@ -189,7 +205,8 @@ __global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx, int64_t 
         for (int t = 0; t * RX < cnt[e]; t++)
             tiles[toff[e] + t] = make_int4(e, off[e] + t * RX, min(RX, cnt[e] - t * RX), 0);
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0; /* reuse as cursors */
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        cnt[e] = 0; /* reuse as cursors */
     __syncthreads();
     for (int64_t s = threadIdx.x; s < nk; s += blockDim.x) {
         int e = idx[s];
@@ -197,28 +214,29 @@ __global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx, int64_t 
     }
 }
 
-/* ---- expert GEMMs -------------------------------------------------------------------------------- */
+/* ---- expert GEMMs
+ * -------------------------------------------------------------------------------- */
 
 struct moe_p {
-    const float *x;             /* [n, D] */
+    const float *x; /* [n, D] */
     int64_t n, D, I;
     int topk;
-    const int32_t *perm;        /* [nk] */
-    const int4 *tiles;          /* routed tiles, or NULL: shared expert (implicit tiles) */
+    const int32_t *perm; /* [nk] */
+    const int4 *tiles;   /* routed tiles, or NULL: shared expert (implicit tiles) */
     const int32_t *n_tiles;
     const struct cu_moe_ent *tab;
-    struct cu_w w1, w3, w2;     /* formats (and, for the shared expert, the data) */
-    const float *weight;        /* [nk] */
+    struct cu_w w1, w3, w2; /* formats (and, for the shared expert, the data) */
+    const float *weight;    /* [nk] */
     float limit;
     bool round;
-    bool stage;                 /* stage x rows in shared memory (c->xstage) */
-    float *h;                   /* [nk + n, I] */
-    float *out;                 /* [nk + n, D] */
+    bool stage; /* stage x rows in shared memory (c->xstage) */
+    float *h;   /* [nk + n, I] */
+    float *out; /* [nk + n, D] */
 };
 
 /* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
-__device__ __forceinline__ bool moe_tile(const struct moe_p &p, int RX, int *e, int64_t *pos0,
-                                         int *rows) {
+__device__ __forceinline__ bool
+moe_tile(const struct moe_p &p, int RX, int *e, int64_t *pos0, int *rows) {
     int64_t nk = p.n * p.topk;
     if (p.tiles) {
         if ((int)blockIdx.y >= *p.n_tiles) return false;
@@ -269,8 +287,8 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up(struct moe_p p) {
     if (threadIdx.x < RX) {
         int64_t pos = pos0 + threadIdx.x;
         xoff[threadIdx.x] = (int)threadIdx.x >= rows ? -1
-                            : pos < nk                ? (int64_t)(p.perm[pos] / p.topk) * p.D
-                                                      : (pos - nk) * p.D;
+                            : pos < nk               ? (int64_t)(p.perm[pos] / p.topk) * p.D
+                                                     : (pos - nk) * p.D;
     }
     __syncthreads();
     int64_t nq = p.D / 32, np = (nq + 31) / 32;
@@ -301,12 +319,13 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up(struct moe_p p) {
         __syncwarp();
         if (lane < RX * 2) {
             int cnt = (int)(nq - pc * 32 < 32 ? nq - pc * 32 : 32);
-            for (int L = 0; L < cnt; L++) acc += cvs[warp][lane][L];
+            for (int L = 0; L < cnt; L++)
+                acc += cvs[warp][lane][L];
         }
         __syncwarp();
     }
     if (!wact) return;
-    float v = acc + 0.0f;                             /* lane 2 rx: g, lane 2 rx + 1: u */
+    float v = acc + 0.0f; /* lane 2 rx: g, lane 2 rx + 1: u */
     float u = __shfl_down_sync(0xffffffffu, v, 1);
     int rx = lane / 2;
     if (lane >= RX * 2 || (lane & 1) || rx >= rows) return;
@@ -348,7 +367,8 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
         sr[r] = w_scale_row(W, row);
     }
     __shared__ int64_t xoff[RX]; /* offset of the tile's h row rx in p.h, -1: none */
-    if (threadIdx.x < RX) xoff[threadIdx.x] = (int)threadIdx.x < rows ? (pos0 + threadIdx.x) * p.I : -1;
+    if (threadIdx.x < RX)
+        xoff[threadIdx.x] = (int)threadIdx.x < rows ? (pos0 + threadIdx.x) * p.I : -1;
     __syncthreads();
     int64_t nq = p.I / 32, np = (nq + 31) / 32;
     float acc = 0.0f;
@@ -361,7 +381,8 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
         }
         float wf[GEMM_RW][32];
 #pragma unroll
-        for (int r = 0; r < GEMM_RW; r++) load_w_chunk<WT>(W, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+        for (int r = 0; r < GEMM_RW; r++)
+            load_w_chunk<WT>(W, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
         if (p.stage) __syncthreads();
         if (!wact) continue;
 #pragma unroll
@@ -373,12 +394,14 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
             else
                 load_x_chunk(p.h + (xv ? (pos0 + rx) * p.I + q * 32 : 0), xv, xf);
 #pragma unroll
-            for (int r = 0; r < GEMM_RW; r++) cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf[r]);
+            for (int r = 0; r < GEMM_RW; r++)
+                cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf[r]);
         }
         __syncwarp();
         if (lane < RX * GEMM_RW) {
             int cnt = (int)(nq - pc * 32 < 32 ? nq - pc * 32 : 32);
-            for (int L = 0; L < cnt; L++) acc += cvs[warp][lane][L];
+            for (int L = 0; L < cnt; L++)
+                acc += cvs[warp][lane][L];
         }
         __syncwarp();
     }
@@ -389,13 +412,14 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
     p.out[orow * p.D + o0 + r] = rbf(acc + 0.0f, p.round);
 }
 
-__global__ void k_moe_combine(const float *out, int64_t n, int topk, int64_t D, float *y,
-                              bool round) {
+__global__ void
+k_moe_combine(const float *out, int64_t n, int topk, int64_t D, float *y, bool round) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * D) return;
     int64_t r = t / D, d = t % D, nk = n * topk;
     float acc = 0.0f;
-    for (int k = 0; k < topk; k++) acc += out[(r * topk + k) * D + d];
+    for (int k = 0; k < topk; k++)
+        acc += out[(r * topk + k) * D + d];
     acc += out[(nk + r) * D + d];
     y[t] = rbf(acc, round);
 }
@@ -407,10 +431,18 @@ static void launch_up(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 grid
     static bool smem8 = false;
     if (rx == 8 && !smem_limit(c, k_moe_up<WT, 8>, MOE_SMEM(8), &smem8, "moe up")) return;
     switch (rx) {
-    case 1: k_moe_up<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p); break;
-    case 2: k_moe_up<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p); break;
-    case 4: k_moe_up<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p); break;
-    default: k_moe_up<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p); break;
+    case 1:
+        k_moe_up<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p);
+        break;
+    case 2:
+        k_moe_up<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p);
+        break;
+    case 4:
+        k_moe_up<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p);
+        break;
+    default:
+        k_moe_up<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p);
+        break;
     }
 }
 
@@ -419,33 +451,63 @@ static void launch_down(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 gr
     static bool smem8 = false;
     if (rx == 8 && !smem_limit(c, k_moe_down<WT, 8>, MOE_SMEM(8), &smem8, "moe down")) return;
     switch (rx) {
-    case 1: k_moe_down<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p); break;
-    case 2: k_moe_down<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p); break;
-    case 4: k_moe_down<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p); break;
-    default: k_moe_down<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p); break;
+    case 1:
+        k_moe_down<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p);
+        break;
+    case 2:
+        k_moe_down<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p);
+        break;
+    case 4:
+        k_moe_down<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p);
+        break;
+    default:
+        k_moe_down<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p);
+        break;
     }
 }
 
 static bool moe_up(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
     switch (type) {
-    case DSI_TYPE_F32: launch_up<DSI_TYPE_F32>(c, p, rx, grid); break;
-    case DSI_TYPE_BF16: launch_up<DSI_TYPE_BF16>(c, p, rx, grid); break;
-    case DSI_TYPE_F16: launch_up<DSI_TYPE_F16>(c, p, rx, grid); break;
-    case DSI_TYPE_F8_E4M3: launch_up<DSI_TYPE_F8_E4M3>(c, p, rx, grid); break;
-    case DSI_TYPE_FP4_E2M1: launch_up<DSI_TYPE_FP4_E2M1>(c, p, rx, grid); break;
-    default: return false;
+    case DSI_TYPE_F32:
+        launch_up<DSI_TYPE_F32>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_BF16:
+        launch_up<DSI_TYPE_BF16>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_F16:
+        launch_up<DSI_TYPE_F16>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_F8_E4M3:
+        launch_up<DSI_TYPE_F8_E4M3>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_FP4_E2M1:
+        launch_up<DSI_TYPE_FP4_E2M1>(c, p, rx, grid);
+        break;
+    default:
+        return false;
     }
     return cu_check(c, "moe up") && !c->sticky;
 }
 
 static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
     switch (type) {
-    case DSI_TYPE_F32: launch_down<DSI_TYPE_F32>(c, p, rx, grid); break;
-    case DSI_TYPE_BF16: launch_down<DSI_TYPE_BF16>(c, p, rx, grid); break;
-    case DSI_TYPE_F16: launch_down<DSI_TYPE_F16>(c, p, rx, grid); break;
-    case DSI_TYPE_F8_E4M3: launch_down<DSI_TYPE_F8_E4M3>(c, p, rx, grid); break;
-    case DSI_TYPE_FP4_E2M1: launch_down<DSI_TYPE_FP4_E2M1>(c, p, rx, grid); break;
-    default: return false;
+    case DSI_TYPE_F32:
+        launch_down<DSI_TYPE_F32>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_BF16:
+        launch_down<DSI_TYPE_BF16>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_F16:
+        launch_down<DSI_TYPE_F16>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_F8_E4M3:
+        launch_down<DSI_TYPE_F8_E4M3>(c, p, rx, grid);
+        break;
+    case DSI_TYPE_FP4_E2M1:
+        launch_down<DSI_TYPE_FP4_E2M1>(c, p, rx, grid);
+        break;
+    default:
+        return false;
     }
     return cu_check(c, "moe down") && !c->sticky;
 }
@@ -455,11 +517,10 @@ static int pick_rx(double rows_per_tile) {
 }
 
 /* Whether the expert / shared weights fit the fast kernels (else the op reports it). */
-static bool moe_shapes_ok(const struct cu_w *w1, const struct cu_w *w3, const struct cu_w *w2,
-                          int64_t D, int64_t I) {
+static bool moe_shapes_ok(
+    const struct cu_w *w1, const struct cu_w *w3, const struct cu_w *w2, int64_t D, int64_t I) {
     return w1->K == D && w3->K == D && w2->K == I && w1->rows >= I && w3->rows >= I &&
-           w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) &&
-           gemm_w_ok(w2);
+           w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) && gemm_w_ok(w2);
 }
 
 extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
@@ -486,7 +547,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     int rx = pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
-    size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4), o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
+    size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
+           o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
     size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
     size_t total = o_out + cu_align((size_t)((nk + n) * D) * 4);
     char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
@@ -545,6 +607,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     cu_prof_end(c, pp);
     if (!ok) return;
     k_moe_combine<<<(unsigned)cu_div_up(n * D, 256), 256, 0, c->stream>>>(p.out, n, a->topk, D,
-                                                                         a->y, a->round_bf16);
+                                                                          a->y, a->round_bf16);
     cu_check(c, "moe combine");
 }

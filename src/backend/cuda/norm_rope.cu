@@ -3,8 +3,15 @@
 #include "common.cuh"
 
 /* One block per (row, group). Two passes over x so that y may alias x. */
-__global__ void k_rms_norm(const float *x, float *y, int64_t n_groups, int64_t dim, int64_t ldx,
-                           int64_t ldy, struct cu_vec w, float eps, bool round) {
+__global__ void k_rms_norm(const float *x,
+                           float *y,
+                           int64_t n_groups,
+                           int64_t dim,
+                           int64_t ldx,
+                           int64_t ldy,
+                           struct cu_vec w,
+                           float eps,
+                           bool round) {
     __shared__ double red[32];
     int64_t r = blockIdx.x / n_groups, g = blockIdx.x % n_groups;
     const float *xs = x + r * ldx + g * dim;
@@ -17,8 +24,10 @@ __global__ void k_rms_norm(const float *x, float *y, int64_t n_groups, int64_t d
     ss = block_sum_d(ss, red);
     float ms = (float)(ss / (double)dim);
     float inv;
-    if (round && !w.data) inv = bf16_round(1.0f / sqrtf(bf16_round(ms) + eps));
-    else inv = 1.0f / sqrtf(ms + eps);
+    if (round && !w.data)
+        inv = bf16_round(1.0f / sqrtf(bf16_round(ms) + eps));
+    else
+        inv = 1.0f / sqrtf(ms + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = rbf(xs[i], round) * inv;
         if (w.data) v = vec_get(w, i) * v;
@@ -31,15 +40,22 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
     if (a->n <= 0 || a->n_groups <= 0 || a->dim <= 0) return;
     int64_t blocks = a->n * a->n_groups;
     int threads = a->dim >= 2048 ? 256 : a->dim >= 512 ? 128 : 64;
-    k_rms_norm<<<(unsigned)blocks, threads, 0, c->stream>>>(a->x, a->y, a->n_groups, a->dim, a->ldx,
-                                                            a->ldy, cu_vec_of(a->w), a->eps,
-                                                            a->round_bf16);
+    k_rms_norm<<<(unsigned)blocks, threads, 0, c->stream>>>(
+        a->x, a->y, a->n_groups, a->dim, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
     cu_check(c, "rms_norm");
 }
 
 /* One thread per (row, head, pair). */
-__global__ void k_rope(float *x, int64_t n, int64_t ldx, int64_t n_heads, int64_t head_stride,
-                       int width, int rope_dim, const int32_t *pos, const float *freq, bool inverse,
+__global__ void k_rope(float *x,
+                       int64_t n,
+                       int64_t ldx,
+                       int64_t n_heads,
+                       int64_t head_stride,
+                       int width,
+                       int rope_dim,
+                       const int32_t *pos,
+                       const float *freq,
+                       bool inverse,
                        bool round) {
     int half = rope_dim / 2;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -63,9 +79,8 @@ extern "C" void cuda_rope(struct dsi_backend *be, const struct dsi_rope_args *a)
     const float *freq = cu_freq_dev(c, a->freq, half);
     if (!freq) return;
     int64_t t = a->n * a->n_heads * half;
-    k_rope<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(a->x, a->n, a->ldx, a->n_heads,
-                                                              a->head_stride, a->width, a->rope_dim,
-                                                              a->pos, freq, a->inverse,
-                                                              a->round_bf16);
+    k_rope<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(
+        a->x, a->n, a->ldx, a->n_heads, a->head_stride, a->width, a->rope_dim, a->pos, freq,
+        a->inverse, a->round_bf16);
     cu_check(c, "rope");
 }

@@ -5,8 +5,8 @@
 #define FP4_FLOOR 0x1.8p-124f /* 6 * 2^-126 */
 
 /* One warp per (row, block): amax, UE8M0 scale, e4m3 round trip. */
-__global__ void k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block,
-                            int64_t ldx, int64_t ldy) {
+__global__ void
+k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block, int64_t ldx, int64_t ldy) {
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (wid >= n * nb) return;
@@ -14,12 +14,14 @@ __global__ void k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int
     const float *xs = x + r * ldx + b * block;
     float *ys = y + r * ldy + b * block;
     float amax = 0.0f;
-    for (int e = lane; e < block; e += 32) amax = fmaxf(amax, fabsf(xs[e]));
+    for (int e = lane; e < block; e += 32)
+        amax = fmaxf(amax, fabsf(xs[e]));
     amax = warp_max(amax);
     float s = ue8m0_scale(amax, 448.0f, 1e-4f);
     float v[8];
     int m = 0;
-    for (int e = lane; e < block && m < 8; e += 32) v[m++] = xs[e];
+    for (int e = lane; e < block && m < 8; e += 32)
+        v[m++] = xs[e];
     __syncwarp(); /* all reads of an in-place row before any write */
     m = 0;
     for (int e = lane; e < block; e += 32) {
@@ -30,8 +32,14 @@ __global__ void k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int
     }
 }
 
-void launch_act_quant(struct cu_ctx *c, const float *x, float *y, int64_t n, int64_t dim,
-                      int64_t ldx, int64_t ldy, int block) {
+void launch_act_quant(struct cu_ctx *c,
+                      const float *x,
+                      float *y,
+                      int64_t n,
+                      int64_t dim,
+                      int64_t ldx,
+                      int64_t ldy,
+                      int block) {
     if (n <= 0 || dim <= 0) return;
     if (block <= 0) block = 128;
     if (dim % block || block > 256) {
@@ -39,8 +47,8 @@ void launch_act_quant(struct cu_ctx *c, const float *x, float *y, int64_t n, int
         return;
     }
     int64_t nb = dim / block, warps = n * nb;
-    k_act_quant<<<(unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, c->stream>>>(x, y, n, nb, block,
-                                                                                 ldx, ldy);
+    k_act_quant<<<(unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, c->stream>>>(
+        x, y, n, nb, block, ldx, ldy);
     cu_check(c, "act_quant");
 }
 
@@ -54,7 +62,8 @@ __global__ void k_hadamard_q4(float *x, int64_t n_groups, int dim, int64_t ldx) 
     extern __shared__ float hs[];
     int64_t r = blockIdx.x / n_groups, g = blockIdx.x % n_groups;
     float *xp = x + r * ldx + g * dim;
-    for (int e = threadIdx.x; e < dim; e += blockDim.x) hs[e] = bf16_round(xp[e]);
+    for (int e = threadIdx.x; e < dim; e += blockDim.x)
+        hs[e] = bf16_round(xp[e]);
     __syncthreads();
     for (int h = 1; h < dim; h *= 2) {
         for (int p = threadIdx.x; p < dim / 2; p += blockDim.x) {
@@ -87,6 +96,6 @@ extern "C" void cuda_hadamard_q4(struct dsi_backend *be, const struct dsi_hadama
     }
     int64_t blocks = a->n * a->n_groups;
     k_hadamard_q4<<<(unsigned)blocks, 128, (size_t)dim * 4, c->stream>>>(a->x, a->n_groups, dim,
-                                                                          a->ldx);
+                                                                         a->ldx);
     cu_check(c, "hadamard_q4");
 }
