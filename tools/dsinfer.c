@@ -17,6 +17,7 @@ static const struct command g_cmds[] = {
     {"inspect", cmd_inspect, "print and validate a checkpoint's config and tensors"},
     {"bench", cmd_bench, "benchmarks (prefill/decode tokens/s, tokenizer)"},
     {"eval", cmd_eval, "evaluation: eval ppl FILE (perplexity, MTP accuracy)"},
+    {"grammar", cmd_grammar, "structured outputs: check/print/sample/masks for a grammar"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", cmd_detokenize, "token ids on stdin -> text"},
 };
