@@ -129,6 +129,15 @@ struct dsi_batch_opts {
     int max_batch_tokens;      /* token budget per step (rows); <= 0: the engine's max_rows */
     int chunk_align;           /* prefill chunk ends aligned to this many positions; 0: 128 */
     const char *tokenizer_dir; /* NULL: the model directory (no tokenizer.json: ids only) */
+    int sampling;              /* enum dsi_batch_sampling: where tokens are drawn */
+};
+/* DSI_BATCH_SAMPLE_AUTO: on the device for a device backend (CUDA: a step copies back token
+ * ids only) when every sequence of the step can be (no penalties, logprobs or grammar, top-k
+ * <= 1024 or no top-p), else on the host; the same tokens either way. */
+enum dsi_batch_sampling {
+    DSI_BATCH_SAMPLE_AUTO = 0,
+    DSI_BATCH_SAMPLE_HOST = 1,
+    DSI_BATCH_SAMPLE_DEVICE = 2
 };
 
 /* Open an engine (as dsi_engine_open) and start serving. Close with dsi_batch_close. */
@@ -261,6 +270,13 @@ struct dsi_batch_stats {
     int64_t max_positions; /* longest sequence (prompt + output) the pool holds */
     int max_seqs;
     bool has_tokenizer;
+    /* Decode-only steps (no prefill rows): how many, the sum of their periods (a step's start
+     * to the next step's start: the forward plus everything the engine thread does between
+     * steps) and the sum of the time inside the forward (device work + its host launches);
+     * period / forward - 1 is the scheduler's visible overhead. */
+    int64_t decode_steps;
+    double decode_period_s, decode_fwd_s;
+    int64_t device_sampled_steps; /* steps whose tokens were drawn by the backend's sample op */
 };
 void dsi_batch_get_stats(struct dsi_engine *e, struct dsi_batch_stats *st);
 

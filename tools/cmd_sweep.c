@@ -4,9 +4,12 @@
  * have run, each a random prompt of input-len tokens and exactly output-len generated tokens
  * (ignore_eos, greedy). Reported per level: output tokens/s over the level's wall time,
  * tokens/s per request (mean of 1 / TPOT), TTFT and TPOT percentiles (p50, p90, p99; nearest
- * rank). Writes a CSV (first line: git SHA, device, model, options) and an SVG chart of
- * output tokens/s against TPOT p50, one labelled point per level. A thin client of
- * dsi_submit / dsi_poll. */
+ * rank), and for the level's decode-only steps (no prefill rows) the mean step period (start
+ * to the next step's start), the mean time inside the forward (head and sampling included) and
+ * their ratio: the scheduler's visible overhead (issue 5's target: within 10% at c = 64 on the
+ * GPU), and the share of them sampled on the device. Writes a CSV (first line: git SHA, device,
+ * model, options) and an SVG chart of output tokens/s against TPOT p50, one labelled point per
+ * level. A thin client of dsi_submit / dsi_poll. */
 #include "args.h"
 #include "cmds.h"
 #include "core/core.h"
@@ -27,6 +30,8 @@ struct level {
     double wall, out_tps, req_tps;
     double ttft[3], tpot[3]; /* p50, p90, p99 in seconds */
     int64_t out_tok, preempt;
+    int64_t dec_steps, dev_steps; /* decode-only steps; steps sampled on the device */
+    double step_ms, fwd_ms;       /* mean decode-only step period and forward time */
 };
 
 static void usage(FILE *f) {
@@ -39,6 +44,8 @@ static void usage(FILE *f) {
             "  --output-len N         generated tokens per request (default 64)\n"
             "  --requests N           requests per level (default max(2c, 4))\n"
             "  --threads N --backend cpu|cuda --max-batch-tokens N --kv-mb N --sync\n"
+            "  --sampling auto|host|device   where tokens are drawn (default auto: device on "
+            "CUDA)\n"
             "  --csv FILE             (default sweep.csv)\n"
             "  --svg FILE             (default sweep.svg)\n"
             "  --seed N               prompt generator seed (default 1)\n"
@@ -120,6 +127,12 @@ run_level(struct dsi_engine *e, struct level *L, int in_len, int out_len, uint64
     L->wall = dsi_time_s() - t0;
     dsi_batch_get_stats(e, &st1);
     L->preempt = st1.preemptions - st0.preemptions;
+    L->dec_steps = st1.decode_steps - st0.decode_steps;
+    L->dev_steps = st1.device_sampled_steps - st0.device_sampled_steps;
+    if (L->dec_steps > 0) {
+        L->step_ms = (st1.decode_period_s - st0.decode_period_s) / (double)L->dec_steps * 1e3;
+        L->fwd_ms = (st1.decode_fwd_s - st0.decode_fwd_s) / (double)L->dec_steps * 1e3;
+    }
     L->out_tps = L->wall > 0 ? (double)L->out_tok / L->wall : 0.0;
     L->req_tps = done ? req_tps / done : 0.0;
     qsort(ttft, (size_t)done, sizeof(double), cmp_double);
@@ -276,6 +289,7 @@ int cmd_bench_sweep(int argc, char **argv) {
     long long maxc = 256, in_len = 128, out_len = 64, n_req = 0, threads = 0, mbt = 256, kv_mb = 0,
               seed = 1;
     bool sync = false;
+    int sampling = DSI_BATCH_SAMPLE_AUTO;
     int levels[MAX_LEVELS], n_lv = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -292,7 +306,22 @@ int cmd_bench_sweep(int argc, char **argv) {
             svg = argv[++i];
         else if (!strcmp(a, "--sync"))
             sync = true;
-        else if (!strcmp(a, "--concurrency") && v) {
+        else if (!strcmp(a, "--sampling") && v) {
+            const char *m = argv[++i];
+            if (!strcmp(m, "auto"))
+                sampling = DSI_BATCH_SAMPLE_AUTO;
+            else if (!strcmp(m, "host"))
+                sampling = DSI_BATCH_SAMPLE_HOST;
+            else if (!strcmp(m, "device"))
+                sampling = DSI_BATCH_SAMPLE_DEVICE;
+            else {
+                fprintf(stderr,
+                        "dsinfer bench sweep: --sampling: want auto, host or device, got "
+                        "'%s'\n",
+                        m);
+                return 2;
+            }
+        } else if (!strcmp(a, "--concurrency") && v) {
             int32_t *ids = NULL;
             int k = args_parse_ids(argv[++i], &ids);
             if (k < 0) return 2;
@@ -342,7 +371,7 @@ int cmd_bench_sweep(int argc, char **argv) {
                                  .max_ctx = in_len + out_len + 1,
                                  .max_seqs = cmax};
     struct dsi_batch_opts bo = {
-        .sync = sync, .kv_bytes = kv_mb << 20, .max_batch_tokens = (int)mbt};
+        .sync = sync, .kv_bytes = kv_mb << 20, .max_batch_tokens = (int)mbt, .sampling = sampling};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     if (dsi_batch_open(&e, &eo, &bo, &err)) {
@@ -357,8 +386,11 @@ int cmd_bench_sweep(int argc, char **argv) {
              threads ? threads : (long long)ncpu);
     snprintf(opts, sizeof(opts),
              "input_len=%lld output_len=%lld max_batch_tokens=%lld max_seqs=%d kv_mb=%lld "
-             "async=%s greedy ignore_eos",
-             in_len, out_len, mbt, cmax, kv_mb, sync ? "off" : "on");
+             "async=%s sampling=%s greedy ignore_eos",
+             in_len, out_len, mbt, cmax, kv_mb, sync ? "off" : "on",
+             sampling == DSI_BATCH_SAMPLE_HOST     ? "host"
+             : sampling == DSI_BATCH_SAMPLE_DEVICE ? "device"
+                                                   : "auto");
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)seed;
     if (!rng) rng = 1;
     struct level L[MAX_LEVELS];
@@ -368,17 +400,20 @@ int cmd_bench_sweep(int argc, char **argv) {
         struct level w = {.c = 1, .n_req = 1};
         rc = run_level(e, &w, (int)DSI_MIN(in_len, 16), (int)DSI_MIN(out_len, 4), &rng);
     }
-    printf("%-6s %-6s %10s %10s %9s %9s %9s %9s %9s %9s %6s\n", "conc", "reqs", "out_tok/s",
-           "req_tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99",
-           "preempt");
+    printf("%-6s %-6s %10s %10s %9s %9s %9s %9s %9s %9s %6s %9s %9s %7s %7s\n", "conc", "reqs",
+           "out_tok/s", "req_tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90",
+           "tpot_p99", "preempt", "step", "fwd", "step/fw", "dev%");
     for (int i = 0; i < n_lv && !rc; i++) {
         L[i].c = levels[i];
         L[i].n_req = n_req > 0 ? (int)n_req : DSI_MAX(2 * levels[i], 4);
         rc = run_level(e, &L[i], (int)in_len, (int)out_len, &rng);
-        printf("%-6d %-6d %10.1f %10.1f %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %6lld\n",
+        printf("%-6d %-6d %10.1f %10.1f %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %6lld "
+               "%7.2fms %7.2fms %7.3f %6.0f%%\n",
                L[i].c, L[i].n_req, L[i].out_tps, L[i].req_tps, L[i].ttft[0] * 1e3,
                L[i].ttft[1] * 1e3, L[i].ttft[2] * 1e3, L[i].tpot[0] * 1e3, L[i].tpot[1] * 1e3,
-               L[i].tpot[2] * 1e3, (long long)L[i].preempt);
+               L[i].tpot[2] * 1e3, (long long)L[i].preempt, L[i].step_ms, L[i].fwd_ms,
+               L[i].fwd_ms > 0 ? L[i].step_ms / L[i].fwd_ms : 0.0,
+               L[i].dec_steps > 0 ? 100.0 * (double)L[i].dev_steps / (double)L[i].dec_steps : 0.0);
         fflush(stdout);
     }
     dsi_batch_close(e);
@@ -391,12 +426,14 @@ int cmd_bench_sweep(int argc, char **argv) {
     fprintf(f, "# git=%s; device=%s; model=%s; options=%s\n", sha, dev, dir, opts);
     fprintf(f, "concurrency,requests,input_len,output_len,wall_s,output_tok_s,req_tok_s,"
                "ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,"
-               "preemptions\n");
+               "preemptions,decode_steps,decode_step_ms,decode_fwd_ms\n");
     for (int i = 0; i < n_lv; i++)
-        fprintf(f, "%d,%d,%lld,%lld,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.3f,%lld\n", L[i].c,
-                L[i].n_req, in_len, out_len, L[i].wall, L[i].out_tps, L[i].req_tps,
-                L[i].ttft[0] * 1e3, L[i].ttft[1] * 1e3, L[i].ttft[2] * 1e3, L[i].tpot[0] * 1e3,
-                L[i].tpot[1] * 1e3, L[i].tpot[2] * 1e3, (long long)L[i].preempt);
+        fprintf(
+            f, "%d,%d,%lld,%lld,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.3f,%lld,%lld,%.3f,%.3f\n",
+            L[i].c, L[i].n_req, in_len, out_len, L[i].wall, L[i].out_tps, L[i].req_tps,
+            L[i].ttft[0] * 1e3, L[i].ttft[1] * 1e3, L[i].ttft[2] * 1e3, L[i].tpot[0] * 1e3,
+            L[i].tpot[1] * 1e3, L[i].tpot[2] * 1e3, (long long)L[i].preempt,
+            (long long)L[i].dec_steps, L[i].step_ms, L[i].fwd_ms);
     if (fclose(f)) {
         fprintf(stderr, "dsinfer bench sweep: %s: write error\n", csv);
         return 1;

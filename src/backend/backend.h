@@ -274,6 +274,34 @@ struct dsi_moe_args {
 };
 int64_t dsi_moe_work_floats(int64_t n, int64_t topk, int64_t dim, int64_t inter);
 
+/* Sampling (design 7 `sample`; the draw of run/sample.h without penalties, masks or logprobs):
+ * per row, temperature -> top-k -> top-p -> min-p -> keyed Gumbel-max draw, with the draws of
+ * core/philox.h, so a token sampled by the op equals the one run/sample.c's sampler picks from
+ * the same logits. temperature <= 0 is greedy (argmax, ties to the lower id). The op takes rows
+ * with top_k <= DSI_SAMPLE_OP_MAX_TOPK, or top_k off and top_p off (see dsi_sample_op_takes);
+ * the caller samples other rows on the host. */
+#define DSI_SAMPLE_OP_MAX_TOPK 1024
+struct dsi_sample_row {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    uint64_t seed;
+    int64_t pos;     /* absolute position of the sampled token (the Philox counter) */
+    uint32_t stream; /* completion index */
+    uint32_t pad;
+};
+struct dsi_sample_args {
+    const float *logits; /* [n, ld], n_vocab used */
+    int64_t n, n_vocab, ld;
+    const struct dsi_sample_row *rows; /* [n] (backend memory) */
+    int32_t *out;                      /* [n] (backend memory) */
+};
+static inline bool dsi_sample_op_takes(const struct dsi_sample_row *r, int64_t n_vocab) {
+    if (!(r->temperature > 0.0f)) return true;
+    bool topk = r->top_k > 0 && r->top_k < n_vocab;
+    bool topp = r->top_p > 0.0f && r->top_p < 1.0f;
+    return topk ? r->top_k <= DSI_SAMPLE_OP_MAX_TOPK : !topp;
+}
+
 struct dsi_backend_ops {
     /* ---- memory: backend memory is what ops read and write ---- */
     void *(*alloc)(struct dsi_backend *, size_t bytes); /* zeroed; NULL on failure */
@@ -308,6 +336,7 @@ struct dsi_backend_ops {
     void (*gather)(struct dsi_backend *, const struct dsi_gather_args *);
     void (*moe_route)(struct dsi_backend *, const struct dsi_moe_route_args *);
     void (*moe)(struct dsi_backend *, const struct dsi_moe_args *);
+    void (*sample)(struct dsi_backend *, const struct dsi_sample_args *);
 };
 
 struct dsi_backend {

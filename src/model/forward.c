@@ -45,6 +45,8 @@ struct dsi_fwd {
     float *qa, *qaq, *q, *kv_rows, *o, *z;
     float *ca, *cb, *ia, *ib, *qI, *wI, *glog, *moe_w, *moe_work, *ent, *ient, *logits;
     int32_t *moe_idx, *sel, *n_sel;
+    struct dsi_sample_row *d_srows; /* [max_rows] sample op parameters */
+    int32_t *d_stok;                /* [max_rows] sampled tokens */
 };
 
 static void *dbuf(struct dsi_fwd *f, int64_t n, size_t elem, bool *ok) {
@@ -143,6 +145,8 @@ int dsi_fwd_new(struct dsi_fwd **out,
     f->logits = dbuf(f, n * c->vocab_size, 4, &ok);
     f->sel = dbuf(f, n * c->index_topk, 4, &ok);
     f->n_sel = dbuf(f, n, 4, &ok);
+    f->d_srows = dbuf(f, n, sizeof(struct dsi_sample_row), &ok);
+    f->d_stok = dbuf(f, n, 4, &ok);
     if (!ok) {
         dsi_fwd_free(f);
         return dsi_errf(err, DSI_ERR_NOMEM, "forward: out of memory for %d rows", max_rows);
@@ -173,11 +177,12 @@ int dsi_fwd_new(struct dsi_fwd **out,
 
 void dsi_fwd_free(struct dsi_fwd *f) {
     if (!f) return;
-    void *dev[] = {f->d_tokens, f->d_pos, f->d_slot,  f->d_row0, f->d_idx, f->X,     f->X2,
-                   f->y,        f->x,     f->xq,      f->post,   f->comb,  f->f,     f->qa,
-                   f->qaq,      f->q,     f->kv_rows, f->o,      f->z,     f->ca,    f->cb,
-                   f->ia,       f->ib,    f->qI,      f->wI,     f->glog,  f->moe_w, f->moe_idx,
-                   f->moe_work, f->ent,   f->ient,    f->logits, f->sel,   f->n_sel};
+    void *dev[] = {f->d_tokens, f->d_pos,  f->d_slot, f->d_row0,  f->d_idx,    f->X,
+                   f->X2,       f->y,      f->x,      f->xq,      f->post,     f->comb,
+                   f->f,        f->qa,     f->qaq,    f->q,       f->kv_rows,  f->o,
+                   f->z,        f->ca,     f->cb,     f->ia,      f->ib,       f->qI,
+                   f->wI,       f->glog,   f->moe_w,  f->moe_idx, f->moe_work, f->ent,
+                   f->ient,     f->logits, f->sel,    f->n_sel,   f->d_srows,  f->d_stok};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         if (dev[i]) f->be->ops->mfree(f->be, dev[i]);
     for (int i = 0; i < f->n_rc; i++) {
@@ -536,17 +541,17 @@ static void block(struct dsi_fwd *f, int il) {
     hc_merge(f, n);
 }
 
-/* Final collapse + norm + head for the rows that want logits; logits go to host memory. */
-static void head(struct dsi_fwd *f,
-                 const struct dsi_batch *b,
-                 const struct dsi_hc_w *hc,
-                 const struct dsi_tensor *norm,
-                 float *logits) {
+/* Final collapse + norm + head for the rows that want logits, into f->logits (backend
+ * memory, [m, vocab]); returns m. */
+static int64_t head(struct dsi_fwd *f,
+                    const struct dsi_batch *b,
+                    const struct dsi_hc_w *hc,
+                    const struct dsi_tensor *norm) {
     const struct dsi_config *c = f->c;
     int64_t D = c->hidden_size, m = 0;
     for (int r = 0; r < b->n; r++)
         if (!b->want_logits || b->want_logits[r]) f->h_idx[m++] = r;
-    if (!m) return;
+    if (!m) return 0;
     f->be->ops->upload(f->be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)m);
     struct dsi_gather_args g = {f->X, f->d_idx, f->X2, m, c->hc_dim};
     f->be->ops->gather(f->be, &g);
@@ -564,7 +569,19 @@ static void head(struct dsi_fwd *f,
     f->be->ops->hc_head(f->be, &a);
     rms(f, f->y, f->x, m, D, norm);
     gemm(f, &f->m->head, f->x, m, D, f->logits, c->vocab_size, false);
-    f->be->ops->download(f->be, logits, f->logits, sizeof(float) * (size_t)(m * c->vocab_size));
+    return m;
+}
+
+/* head() and the logits to host memory. */
+static void head_logits(struct dsi_fwd *f,
+                        const struct dsi_batch *b,
+                        const struct dsi_hc_w *hc,
+                        const struct dsi_tensor *norm,
+                        float *logits) {
+    int64_t m = head(f, b, hc, norm);
+    if (m)
+        f->be->ops->download(f->be, logits, f->logits,
+                             sizeof(float) * (size_t)(m * f->c->vocab_size));
 }
 
 /* ---- the step's batch description
@@ -647,11 +664,8 @@ static void advance(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp) {
     }
 }
 
-int dsi_forward(struct dsi_fwd *f,
-                const struct dsi_batch *b,
-                float *logits,
-                float *streams,
-                struct dsi_err *err) {
+/* Embedding and every layer of the main model. */
+static int main_layers(struct dsi_fwd *f, const struct dsi_batch *b, struct dsi_err *err) {
     int rc = prepare(f, b, false, err);
     if (rc) return rc;
     const struct dsi_config *c = f->c;
@@ -660,9 +674,45 @@ int dsi_forward(struct dsi_fwd *f,
     for (int il = 0; il < c->num_hidden_layers; il++)
         block(f, il);
     advance(f, b, false);
+    return DSI_OK;
+}
+
+int dsi_forward_sample(struct dsi_fwd *f,
+                       const struct dsi_batch *b,
+                       const struct dsi_sample_row *rows,
+                       int32_t *tokens,
+                       struct dsi_err *err) {
+    if (!f->be->ops->sample)
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "backend %s has no sample op", f->be->name);
+    int rc = main_layers(f, b, err);
+    if (rc) return rc;
+    int64_t m = head(f, b, &f->m->hc_head, &f->m->norm);
+    if (m) {
+        struct dsi_backend *be = f->be;
+        be->ops->upload(be, f->d_srows, rows, sizeof(*rows) * (size_t)m);
+        struct dsi_sample_args sa = {.logits = f->logits,
+                                     .n = m,
+                                     .n_vocab = f->c->vocab_size,
+                                     .ld = f->c->vocab_size,
+                                     .rows = f->d_srows,
+                                     .out = f->d_stok};
+        be->ops->sample(be, &sa);
+        be->ops->download(be, tokens, f->d_stok, sizeof(int32_t) * (size_t)m);
+    }
+    return f->be->ops->sync(f->be, err);
+}
+
+int dsi_forward(struct dsi_fwd *f,
+                const struct dsi_batch *b,
+                float *logits,
+                float *streams,
+                struct dsi_err *err) {
+    int rc = main_layers(f, b, err);
+    if (rc) return rc;
+    const struct dsi_config *c = f->c;
     if (streams)
         f->be->ops->download(f->be, streams, f->X, sizeof(float) * (size_t)(b->n * c->hc_dim));
-    if (logits) head(f, b, &f->m->hc_head, &f->m->norm, logits);
+    if (logits) head_logits(f, b, &f->m->hc_head, &f->m->norm, logits);
     return f->be->ops->sync(f->be, err);
 }
 
@@ -696,6 +746,6 @@ int dsi_mtp_forward(struct dsi_fwd *f,
     }
     block(f, il);
     advance(f, b, true);
-    if (logits) head(f, b, &L->hc_head, &L->norm, logits);
+    if (logits) head_logits(f, b, &L->hc_head, &L->norm, logits);
     return be->ops->sync(be, err);
 }

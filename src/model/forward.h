@@ -42,6 +42,16 @@ int dsi_forward(struct dsi_fwd *f,
                 float *streams,
                 struct dsi_err *err);
 
+/* dsi_forward, then the backend's sample op on the rows that want logits: tokens (host
+ * memory, [rows wanting logits]) receives one token per such row, drawn with rows[i] (host
+ * memory, same order; every row must pass dsi_sample_op_takes). Only the token ids come back
+ * to the host. */
+int dsi_forward_sample(struct dsi_fwd *f,
+                       const struct dsi_batch *b,
+                       const struct dsi_sample_row *rows,
+                       int32_t *tokens,
+                       struct dsi_err *err);
+
 /* Run the MTP layer: row r takes the main model's streams at position pos[r] and the token
  * tokens[r] = the token at pos[r] + 1; logits predict the token at pos[r] + 2. Rows of a
  * sequence continue its MTP positions (mtp_n_past). */

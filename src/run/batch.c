@@ -153,6 +153,13 @@ struct dsi_serve {
     struct ev_node *ev_head, *ev_tail, *ev_last;
     int n_inflight;
     struct dsi_batch_stats stats;
+    /* engine-thread timing of decode-only steps (published into stats) */
+    double fwd_s;            /* time inside the forward callback of the current step */
+    double t_decode_start;   /* start of the last step if it was decode-only, else 0 */
+    double decode_fwd_last;  /* its time in the forward */
+    double decode_period_s;  /* sum over decode-only steps: start to the next step's start */
+    double decode_fwd_s;     /* sum over decode-only steps: time in the forward */
+    int64_t decode_steps, device_sampled_steps;
     /* engine thread state */
     struct req *live_head, *live_tail;
     int failed;
@@ -656,6 +663,10 @@ static void publish_stats(struct dsi_serve *sv) {
     o->n_waiting = st.n_waiting;
     o->n_running = st.n_running;
     o->pages_free = kv->n_free;
+    o->decode_steps = sv->decode_steps;
+    o->decode_period_s = sv->decode_period_s;
+    o->decode_fwd_s = sv->decode_fwd_s;
+    o->device_sampled_steps = st.device_sampled_steps;
     pthread_mutex_unlock(&sv->mu_ev);
 }
 
@@ -686,12 +697,28 @@ static void *engine_main(void *arg) {
             publish_stats(sv);
             continue;
         }
+        if (idle) sv->t_decode_start = 0.0; /* waiting for work is not a step's period */
         if (!drain_inbound(sv, cur, idle)) break;
         const struct dsi_sched_tok *tk = NULL;
         int nt = 0;
         struct dsi_err err = {0};
+        struct dsi_sched_stats s0, s1;
+        dsi_sched_get_stats(sv->sched, &s0);
+        double t_start = dsi_time_s();
+        sv->fwd_s = 0.0;
         int rc = sv->failed ? 0 : dsi_sched_step(sv->sched, &tk, &nt, &err);
         double t = dsi_time_s();
+        dsi_sched_get_stats(sv->sched, &s1);
+        if (sv->t_decode_start > 0.0) { /* the previous step was decode-only: close its period */
+            sv->decode_period_s += t_start - sv->t_decode_start;
+            sv->decode_fwd_s += sv->decode_fwd_last;
+            sv->decode_steps++;
+        }
+        sv->t_decode_start = 0.0;
+        if (!rc && s1.steps > s0.steps && s1.prefill_rows == s0.prefill_rows) {
+            sv->t_decode_start = t_start;
+            sv->decode_fwd_last = sv->fwd_s;
+        }
         if (rc)
             engine_fail(sv, cur, rc, err.msg);
         else
@@ -722,7 +749,22 @@ static void *engine_main(void *arg) {
 
 static int real_fwd(void *user, const struct dsi_batch *b, float *logits, struct dsi_err *err) {
     struct dsi_engine *e = user;
-    return dsi_forward(e->fwd, b, logits, NULL, err);
+    double t0 = dsi_time_s();
+    int rc = dsi_forward(e->fwd, b, logits, NULL, err);
+    e->serve->fwd_s += dsi_time_s() - t0;
+    return rc;
+}
+
+static int real_fwd_sample(void *user,
+                           const struct dsi_batch *b,
+                           const struct dsi_sample_row *rows,
+                           int32_t *tokens,
+                           struct dsi_err *err) {
+    struct dsi_engine *e = user;
+    double t0 = dsi_time_s();
+    int rc = dsi_forward_sample(e->fwd, b, rows, tokens, err);
+    e->serve->fwd_s += dsi_time_s() - t0;
+    return rc;
 }
 
 /* Bytes one page adds to the pool (cache/kv.c: compressed entries and indexer keys). */
@@ -768,6 +810,13 @@ static int resize_pool(struct dsi_engine *e, const struct dsi_batch_opts *bo, st
     int rc = dsi_kv_new(&e->kv, &e->m->cfg, e->be, &ko, err);
     if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, e->be, e->kv, e->max_rows, e->numerics, err);
     return rc;
+}
+
+/* Sampling on the device pays off where the logits live on a device (only token ids come
+ * back); the CPU backend samples on the host. DSI_BATCH_SAMPLE_HOST / _DEVICE force it. */
+static bool device_sampling_on(const struct dsi_engine *e, const struct dsi_batch_opts *bo) {
+    if (!e->be->ops->sample || bo->sampling == DSI_BATCH_SAMPLE_HOST) return false;
+    return bo->sampling == DSI_BATCH_SAMPLE_DEVICE || strcmp(e->be->name, "cpu") != 0;
 }
 
 static bool file_exists(const char *dir, const char *name) {
@@ -817,6 +866,7 @@ int dsi_batch_open(struct dsi_engine **out,
                                 .n_vocab = sv->n_vocab,
                                 .eos = sv->eos,
                                 .fwd = real_fwd,
+                                .fwd_sample = device_sampling_on(e, bo) ? real_fwd_sample : NULL,
                                 .fwd_user = e};
     if (!rc) rc = dsi_sched_new(&sv->sched, e->kv, &so, err);
     if (!rc) {

@@ -25,6 +25,8 @@ struct dsi_sched {
     float *logits;              /* [max_logit_rows, n_vocab] */
     struct dsi_sseq **sample_q; /* [max_logit_rows] */
     struct dsi_sched_tok *toks; /* [max_logit_rows] */
+    struct dsi_sample_row *srows; /* [max_logit_rows] device-sampling parameters */
+    int32_t *stoks;               /* [max_logit_rows] device-sampled tokens */
     struct dsi_sampler *sampler;
     struct dsi_sched_stats st;
 };
@@ -245,6 +247,46 @@ static void sample_one(struct dsi_sched *s,
     if (out->finish) finish(s, q, out->finish);
 }
 
+/* Commit a token sampled on the device (the tail of sample_one for a sequence with no
+ * logprobs, penalties or mask). */
+static void take_token(struct dsi_sched *s,
+                       struct dsi_sseq *q,
+                       int32_t t,
+                       struct dsi_sched_tok *out) {
+    int idx = q->n_gen;
+    q->gen[q->n_gen++] = t;
+    *out = (struct dsi_sched_tok){q, t, idx, token_stop(s, q, t)};
+    if (out->finish) finish(s, q, out->finish);
+}
+
+/* A grammar-constrained sequence (its mask is applied on the host). */
+static bool sseq_constrained(const struct dsi_sseq *q) {
+    (void)q;
+    return false;
+}
+
+/* Whether this step's sampled sequences can all be drawn by the device's sample op; fills
+ * s->srows. Penalties, logprobs and grammar masks need the logits on the host. */
+static bool device_sampling(struct dsi_sched *s, int ns) {
+    if (!s->o.fwd_sample) return false;
+    for (int i = 0; i < ns; i++) {
+        const struct dsi_sseq *q = s->sample_q[i];
+        const struct dsi_sample_params *p = &q->sp;
+        bool pen = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+                   (p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f);
+        if (pen || q->lp || sseq_constrained(q)) return false;
+        s->srows[i] = (struct dsi_sample_row){.temperature = p->temperature,
+                                              .top_p = p->top_p,
+                                              .min_p = p->min_p,
+                                              .top_k = p->top_k,
+                                              .seed = p->seed,
+                                              .pos = seq_len(q),
+                                              .stream = p->stream};
+        if (!dsi_sample_op_takes(&s->srows[i], s->o.n_vocab)) return false;
+    }
+    return true;
+}
+
 /* ---- public ------------------------------------------------------------------------------- */
 
 int dsi_sched_new(struct dsi_sched **out,
@@ -267,9 +309,11 @@ int dsi_sched_new(struct dsi_sched **out,
     s->logits = dsi_malloc(L * (size_t)o->n_vocab * sizeof(float));
     s->sample_q = dsi_malloc(L * sizeof(*s->sample_q));
     s->toks = dsi_malloc(L * sizeof(*s->toks));
+    s->srows = dsi_calloc(L, sizeof(*s->srows));
+    s->stoks = dsi_calloc(L, sizeof(*s->stoks));
     s->sampler = dsi_sampler_new(o->n_vocab);
     if (!s->tokens || !s->pos || !s->slot || !s->want || !s->logits || !s->sample_q || !s->toks ||
-        !s->sampler) {
+        !s->sampler || !s->srows || !s->stoks) {
         dsi_sched_free(s);
         return dsi_errf(err, DSI_ERR_NOMEM, "sched: out of memory for %d rows", o->max_rows);
     }
@@ -296,6 +340,8 @@ void dsi_sched_free(struct dsi_sched *s) {
     free(s->want);
     free(s->logits);
     free(s->sample_q);
+    free(s->srows);
+    free(s->stoks);
     free(s->toks);
     dsi_sampler_free(s->sampler);
     free(s);
@@ -351,15 +397,23 @@ int dsi_sched_step(struct dsi_sched *s,
     if (!n) return DSI_OK;
     s->st.steps++;
     s->st.rows += n;
-    int rc = s->o.fwd(s->o.fwd_user, &s->batch, s->logits, err);
+    bool dev = ns > 0 && device_sampling(s, ns);
+    int rc = dev ? s->o.fwd_sample(s->o.fwd_user, &s->batch, s->srows, s->stoks, err)
+                 : s->o.fwd(s->o.fwd_user, &s->batch, s->logits, err);
     if (rc) return rc;
     for (struct dsi_sseq *q = s->running.head; q; q = q->next) {
         q->n_past += q->plan_rows;
         q->plan_rows = 0;
     }
     /* sample in row order; finished sequences leave the running list as they go */
-    for (int i = 0; i < ns; i++)
-        sample_one(s, s->sample_q[i], s->logits + (int64_t)i * s->o.n_vocab, &s->toks[i]);
+    if (dev) {
+        s->st.device_sampled_steps++;
+        for (int i = 0; i < ns; i++)
+            take_token(s, s->sample_q[i], s->stoks[i], &s->toks[i]);
+    } else {
+        for (int i = 0; i < ns; i++)
+            sample_one(s, s->sample_q[i], s->logits + (int64_t)i * s->o.n_vocab, &s->toks[i]);
+    }
     *n_toks = ns;
     return DSI_OK;
 }

@@ -84,12 +84,23 @@ typedef int (*dsi_sched_fwd_fn)(void *user,
                                 float *logits,
                                 struct dsi_err *err);
 
+/* Optional: run the batch and sample on the device; tokens[i] for the i-th row wanting logits,
+ * drawn with rows[i] (dsi_forward_sample). The scheduler uses it for a step when every
+ * sampled sequence passes dsi_sample_op_takes and needs no penalties, logprobs or grammar
+ * mask (the same tokens as the host sampler: the draws are keyed). */
+typedef int (*dsi_sched_fwd_sample_fn)(void *user,
+                                       const struct dsi_batch *b,
+                                       const struct dsi_sample_row *rows,
+                                       int32_t *tokens,
+                                       struct dsi_err *err);
+
 struct dsi_sched_opts {
     int max_rows;    /* token budget per step (rows); <= the forward's and the cache's max_rows */
     int chunk_align; /* prefill chunk ends aligned to this many positions (<= 1: none) */
     int n_vocab;
     int32_t eos; /* -1: none */
     dsi_sched_fwd_fn fwd;
+    dsi_sched_fwd_sample_fn fwd_sample; /* NULL: always sample on the host */
     void *fwd_user;
 };
 
@@ -103,6 +114,7 @@ struct dsi_sched_tok {
 
 struct dsi_sched_stats {
     int64_t steps, rows, prefill_rows, decode_rows, preemptions;
+    int64_t device_sampled_steps; /* steps sampled by fwd_sample */
     int n_waiting, n_running;
 };
 
