@@ -337,6 +337,8 @@ struct dsi_backend_ops {
     void (*moe_route)(struct dsi_backend *, const struct dsi_moe_route_args *);
     void (*moe)(struct dsi_backend *, const struct dsi_moe_args *);
     void (*sample)(struct dsi_backend *, const struct dsi_sample_args *);
+    /* Optional (NULL: host memory, no budget): free and total bytes of backend memory. */
+    int (*mem_info)(struct dsi_backend *, size_t *free_bytes, size_t *total_bytes);
 };
 
 struct dsi_backend {

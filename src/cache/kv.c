@@ -17,6 +17,26 @@ int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n) {
     return (n + kv->page_tokens - 1) / kv->page_tokens;
 }
 
+/* Pages of >= 256 positions aligned with every compression window. */
+int dsi_kv_page_tokens(const struct dsi_config *cfg) {
+    int64_t l = 1;
+    for (int il = 0; il < cfg->n_layers_total; il++)
+        if (cfg->layers[il].ratio) l = l / gcd64(l, cfg->layers[il].ratio) * cfg->layers[il].ratio;
+    return (int)(l * ((256 + l - 1) / l));
+}
+
+int64_t dsi_kv_page_bytes(const struct dsi_config *cfg) {
+    int64_t b = 0, pt = dsi_kv_page_tokens(cfg);
+    for (int il = 0; il < cfg->n_layers_total; il++) {
+        const struct dsi_layer_info *li = &cfg->layers[il];
+        if (!li->ratio) continue;
+        int64_t per = pt / li->ratio;
+        b += per * cfg->head_dim * 4;
+        if (li->kind == DSI_ATTN_CSA) b += per * cfg->index_head_dim * 4;
+    }
+    return b;
+}
+
 int dsi_kv_new(struct dsi_kv **out,
                const struct dsi_config *cfg,
                struct dsi_backend *be,
@@ -32,11 +52,7 @@ int dsi_kv_new(struct dsi_kv **out,
     kv->max_seqs = o->max_seqs;
     kv->max_ctx = o->max_ctx;
     kv->ring_cap = cfg->sliding_window - 1 + o->max_rows;
-    /* Pages of >= 256 positions aligned with every compression window. */
-    int64_t l = 1;
-    for (int il = 0; il < cfg->n_layers_total; il++)
-        if (cfg->layers[il].ratio) l = l / gcd64(l, cfg->layers[il].ratio) * cfg->layers[il].ratio;
-    kv->page_tokens = (int)(l * ((256 + l - 1) / l));
+    kv->page_tokens = dsi_kv_page_tokens(cfg);
     kv->max_pages = (int)dsi_kv_pages_for(kv, o->max_ctx);
     kv->n_pages = o->n_pages > 0 ? o->n_pages : (int64_t)kv->max_pages * o->max_seqs;
     kv->layers = dsi_calloc((size_t)cfg->n_layers_total, sizeof(*kv->layers));

@@ -52,6 +52,10 @@ void dsi_kv_seq_free(struct dsi_kv *kv, int slot);
 /* Make sure positions < n_positions of the slot have pages. DSI_ERR_CONTEXT_FULL beyond
  * max_ctx, DSI_ERR_NOMEM when the pool has no free page (nothing is assigned then). */
 int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n_positions, struct dsi_err *err);
+/* Backend bytes one page adds to the pool (compressed entries and indexer keys of every
+ * layer), and the positions per page, for a config (before a pool exists). */
+int64_t dsi_kv_page_bytes(const struct dsi_config *cfg);
+int dsi_kv_page_tokens(const struct dsi_config *cfg);
 /* Pages needed to hold n_positions. */
 int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n_positions);
 

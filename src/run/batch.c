@@ -767,19 +767,6 @@ static int real_fwd_sample(void *user,
     return rc;
 }
 
-/* Bytes one page adds to the pool (cache/kv.c: compressed entries and indexer keys). */
-static int64_t page_bytes(const struct dsi_config *c, int page_tokens) {
-    int64_t b = 0;
-    for (int il = 0; il < c->n_layers_total; il++) {
-        const struct dsi_layer_info *li = &c->layers[il];
-        if (!li->ratio) continue;
-        int64_t per = page_tokens / li->ratio;
-        b += per * c->head_dim * 4;
-        if (li->kind == DSI_ATTN_CSA) b += per * c->index_head_dim * 4;
-    }
-    return b;
-}
-
 /* Re-create the cache pool (and the forward that borrows it) with the page count the options
  * ask for. The engine opened its pool with every slot at max_ctx. */
 static int resize_pool(struct dsi_engine *e, const struct dsi_batch_opts *bo, struct dsi_err *err) {
@@ -788,7 +775,7 @@ static int resize_pool(struct dsi_engine *e, const struct dsi_batch_opts *bo, st
     if (bo->kv_pages > 0) {
         want = bo->kv_pages;
     } else if (bo->kv_bytes > 0) {
-        int64_t pb = page_bytes(&e->m->cfg, kv->page_tokens);
+        int64_t pb = dsi_kv_page_bytes(&e->m->cfg);
         int64_t fixed = kv->bytes - pb * kv->n_pages;
         if (pb > 0) {
             if (bo->kv_bytes < fixed + pb)

@@ -28,6 +28,53 @@ open_backend(struct dsi_backend **be, const struct dsi_engine_opts *o, struct ds
     return dsi_errf(err, DSI_ERR_INVALID, "backend %s: want cpu or cuda", o->backend);
 }
 
+/* Headroom left free on a device for the backend's grow-only scratch (split-K chunk values,
+ * attention scores, MoE tiles: a few hundred MB at 256 rows) and the runtime. */
+#define DEVICE_HEADROOM(total) (((int64_t)1 << 30) + (int64_t)(total) / 50)
+
+/* The cache pool and the forward. On a device backend the pool gets what is left after the
+ * weights, the forward's buffers (measured: the forward is created first over a one-page pool)
+ * and DEVICE_HEADROOM, up to every slot at max_ctx; on the host, every slot at max_ctx. */
+static int open_cache(struct dsi_engine *e, struct dsi_kv_opts *ko, struct dsi_err *err) {
+    struct dsi_backend *be = e->be;
+    const struct dsi_config *c = &e->m->cfg;
+    int rc;
+    if (be->ops->mem_info) {
+        struct dsi_kv_opts k1 = *ko;
+        k1.n_pages = 1;
+        rc = dsi_kv_new(&e->kv, c, be, &k1, err);
+        if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, be, e->kv, e->max_rows, e->numerics, err);
+        if (!rc) rc = be->ops->sync(be, err);
+        size_t fr = 0, tot = 0;
+        if (!rc && be->ops->mem_info(be, &fr, &tot))
+            rc = dsi_errf(err, DSI_ERR_DEVICE, "cache: cannot read the device's free memory");
+        if (rc) return rc;
+        int64_t pb = dsi_kv_page_bytes(c), pt = dsi_kv_page_tokens(c);
+        int64_t full = ko->max_seqs * ((ko->max_ctx + pt - 1) / pt);
+        int64_t avail = (int64_t)fr + pb - DEVICE_HEADROOM(tot); /* + the one page held now */
+        int64_t fit = pb > 0 ? avail / pb : full;
+        int64_t one = (ko->max_ctx + pt - 1) / pt; /* one sequence at max_ctx */
+        if (fit < one)
+            return dsi_errf(err, DSI_ERR_NOMEM,
+                            "cache: %lld bytes of device memory free after the weights and the "
+                            "forward's buffers; one sequence of %lld positions needs %lld more "
+                            "(plus %lld headroom)",
+                            (long long)fr, (long long)ko->max_ctx, (long long)(one * pb),
+                            (long long)DEVICE_HEADROOM(tot));
+        ko->n_pages = DSI_MIN(fit, full);
+        dsi_fwd_free(e->fwd);
+        e->fwd = NULL;
+        dsi_kv_free(e->kv);
+        e->kv = NULL;
+        if (ko->n_pages < full)
+            dsi_log(DSI_LOG_INFO, "cache: %lld of %lld pages (%lld positions) fit in device memory",
+                    (long long)ko->n_pages, (long long)full, (long long)(ko->n_pages * pt));
+    }
+    rc = dsi_kv_new(&e->kv, c, be, ko, err);
+    if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, be, e->kv, e->max_rows, e->numerics, err);
+    return rc;
+}
+
 int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, struct dsi_err *err) {
     *out = NULL;
     struct dsi_engine *e = dsi_calloc(1, sizeof(*e));
@@ -46,8 +93,7 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     struct dsi_kv_opts ko = {.max_seqs = o->max_seqs > 0 ? o->max_seqs : 16,
                              .max_ctx = e->max_ctx,
                              .max_rows = e->max_rows};
-    if (!rc) rc = dsi_kv_new(&e->kv, &e->m->cfg, e->be, &ko, err);
-    if (!rc) rc = dsi_fwd_new(&e->fwd, e->m, e->be, e->kv, e->max_rows, e->numerics, err);
+    if (!rc) rc = open_cache(e, &ko, err);
     if (rc) {
         dsi_engine_close(e);
         return rc;
