@@ -164,7 +164,8 @@ struct dsi_comp_ape_args {
  * window i = (t+1)/ratio - 1), the slots of tokens u come from batch row r - (t - u) when
  * that row belongs to the same sequence in this step (u >= pos[row0[r]]), else from the
  * sequence's token slots. CSA (overlap): A-halves (dims [0, w)) of window i-1 and B-halves
- * (dims [w, 2w)) of window i; otherwise the `ratio` tokens of window i. out[e] = entry. */
+ * (dims [w, 2w)) of window i; otherwise the `ratio` tokens of window i. out[e] = entry.
+ * emit_rows[e] < 0 is padding (a fixed-size list for a captured step): out[e] = 0. */
 struct dsi_compress_args {
     const struct dsi_step *st;
     const int32_t *emit_rows; /* [n_emit] */
@@ -188,7 +189,7 @@ struct dsi_comp_store_args {
 };
 
 /* Scatter finished entries into the paged pool: entry emit_entry[e] of the sequence of row
- * emit_rows[e]. */
+ * emit_rows[e] (< 0: padding, skipped). */
 struct dsi_entry_store_args {
     const struct dsi_step *st;
     const int32_t *emit_rows, *emit_entry; /* [n_emit] */
@@ -279,7 +280,8 @@ int64_t dsi_moe_work_floats(int64_t n, int64_t topk, int64_t dim, int64_t inter)
  * core/philox.h, so a token sampled by the op equals the one run/sample.c's sampler picks from
  * the same logits. temperature <= 0 is greedy (argmax, ties to the lower id). The op takes rows
  * with top_k <= DSI_SAMPLE_OP_MAX_TOPK, or top_k off and top_p off (see dsi_sample_op_takes);
- * the caller samples other rows on the host. */
+ * the caller samples other rows on the host (a row the op does not take gets token -1: the
+ * rows are backend memory, so a device backend cannot report it as an error). */
 #define DSI_SAMPLE_OP_MAX_TOPK 1024
 struct dsi_sample_row {
     float temperature, top_p, min_p;
@@ -339,7 +341,18 @@ struct dsi_backend_ops {
     void (*sample)(struct dsi_backend *, const struct dsi_sample_args *);
     /* Optional (NULL: host memory, no budget): free and total bytes of backend memory. */
     int (*mem_info)(struct dsi_backend *, size_t *free_bytes, size_t *total_bytes);
+    /* Optional (NULL: every step runs op by op): whole steps recorded and replayed (CUDA
+     * graphs). The caller brackets a step's ops, after its uploads and before its downloads,
+     * with graph_begin(key) and graph_end; key names everything that shapes the step's
+     * launches. graph_begin answers DSI_GRAPH_EAGER or DSI_GRAPH_CAPTURE (issue the ops) or
+     * DSI_GRAPH_REPLAY (do not issue them); graph_end launches what was captured or replayed
+     * and answers DSI_GRAPH_RETRY when the capture failed (issue the ops again, eagerly).
+     * graph_reset drops every recorded step (the caller's buffers changed). */
+    int (*graph_begin)(struct dsi_backend *, uint64_t key);
+    int (*graph_end)(struct dsi_backend *);
+    void (*graph_reset)(struct dsi_backend *);
 };
+enum { DSI_GRAPH_EAGER = 0, DSI_GRAPH_CAPTURE = 1, DSI_GRAPH_REPLAY = 2, DSI_GRAPH_RETRY = 3 };
 
 struct dsi_backend {
     const struct dsi_backend_ops *ops;

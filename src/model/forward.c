@@ -171,12 +171,14 @@ int dsi_fwd_new(struct dsi_fwd **out,
         dsi_fwd_free(f);
         return rc;
     }
+    if (be->ops->graph_reset) be->ops->graph_reset(be);
     *out = f;
     return DSI_OK;
 }
 
 void dsi_fwd_free(struct dsi_fwd *f) {
     if (!f) return;
+    if (f->be->ops->graph_reset) f->be->ops->graph_reset(f->be); /* they use these buffers */
     void *dev[] = {f->d_tokens, f->d_pos,  f->d_slot, f->d_row0,  f->d_idx,    f->X,
                    f->X2,       f->y,      f->x,      f->xq,      f->post,     f->comb,
                    f->f,        f->qa,     f->qaq,    f->q,       f->kv_rows,  f->o,
@@ -541,18 +543,22 @@ static void block(struct dsi_fwd *f, int il) {
     hc_merge(f, n);
 }
 
-/* Final collapse + norm + head for the rows that want logits, into f->logits (backend
- * memory, [m, vocab]); returns m. */
-static int64_t head(struct dsi_fwd *f,
-                    const struct dsi_batch *b,
-                    const struct dsi_hc_w *hc,
-                    const struct dsi_tensor *norm) {
-    const struct dsi_config *c = f->c;
-    int64_t D = c->hidden_size, m = 0;
+/* The rows that want logits: their indices uploaded to d_idx; returns their count m. */
+static int64_t logit_rows(struct dsi_fwd *f, const struct dsi_batch *b) {
+    int64_t m = 0;
     for (int r = 0; r < b->n; r++)
         if (!b->want_logits || b->want_logits[r]) f->h_idx[m++] = r;
-    if (!m) return 0;
-    f->be->ops->upload(f->be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)m);
+    if (m) f->be->ops->upload(f->be, f->d_idx, f->h_idx, sizeof(int32_t) * (size_t)m);
+    return m;
+}
+
+/* Final collapse + norm + head for the m rows of d_idx (logit_rows), into f->logits (backend
+ * memory, [m, vocab]). */
+static void
+head(struct dsi_fwd *f, int64_t m, const struct dsi_hc_w *hc, const struct dsi_tensor *norm) {
+    const struct dsi_config *c = f->c;
+    int64_t D = c->hidden_size;
+    if (!m) return;
     struct dsi_gather_args g = {f->X, f->d_idx, f->X2, m, c->hc_dim};
     f->be->ops->gather(f->be, &g);
     struct dsi_hc_head_args a = {.X = f->X2,
@@ -569,16 +575,16 @@ static int64_t head(struct dsi_fwd *f,
     f->be->ops->hc_head(f->be, &a);
     rms(f, f->y, f->x, m, D, norm);
     gemm(f, &f->m->head, f->x, m, D, f->logits, c->vocab_size, false);
-    return m;
 }
 
-/* head() and the logits to host memory. */
+/* head() and the logits to host memory (an eager step: the MTP layer). */
 static void head_logits(struct dsi_fwd *f,
                         const struct dsi_batch *b,
                         const struct dsi_hc_w *hc,
                         const struct dsi_tensor *norm,
                         float *logits) {
-    int64_t m = head(f, b, hc, norm);
+    int64_t m = logit_rows(f, b);
+    head(f, m, hc, norm);
     if (m)
         f->be->ops->download(f->be, logits, f->logits,
                              sizeof(float) * (size_t)(m * f->c->vocab_size));
@@ -588,8 +594,10 @@ static void head_logits(struct dsi_fwd *f,
  * ----------------------------------------------------------------- */
 
 /* Validate the batch and upload its description: rows of a sequence contiguous, in order,
- * continuing the sequence, within its reserved pages and the ring's room. */
-static int prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, struct dsi_err *err) {
+ * continuing the sequence, within its reserved pages and the ring's room. pad: the
+ * compressors' emit lists get an entry for every row (-1: padding), as a recorded step needs. */
+static int
+prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, bool pad, struct dsi_err *err) {
     const struct dsi_config *c = f->c;
     struct dsi_kv *kv = f->kv;
     if (b->n < 1 || b->n > f->max_rows)
@@ -645,6 +653,12 @@ static int prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, struc
                 f->h_emit_pos[ne++] = (b->pos[r] + 1 - k->ratio);
             }
         }
+        if (pad) /* a recorded step: launches over every row, padding rows skipped */
+            for (; ne < b->n; ne++) {
+                f->h_emit_rows[ne] = -1;
+                f->h_emit_entry[ne] = 0;
+                f->h_emit_pos[ne] = 0;
+            }
         k->n_emit = ne;
         be->ops->upload(be, k->store, f->h_store, (size_t)b->n);
         if (ne) {
@@ -664,15 +678,46 @@ static void advance(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp) {
     }
 }
 
-/* Embedding and every layer of the main model. */
-static int main_layers(struct dsi_fwd *f, const struct dsi_batch *b, struct dsi_err *err) {
-    int rc = prepare(f, b, false, err);
-    if (rc) return rc;
+/* A step the backend may record and replay (graph_begin): one row per sequence (decode), so
+ * that its launches depend only on the row and logit-row counts (the compressors' emit lists
+ * are padded to every row, see prepare). */
+static bool graph_step(const struct dsi_fwd *f, const struct dsi_batch *b) {
+    if (!f->be->ops->graph_begin) return false;
+    for (int r = 1; r < b->n; r++)
+        if (b->slot[r] == b->slot[r - 1]) return false;
+    return true;
+}
+
+/* The main model for one step: embedding, every layer, the head for the m rows of d_idx
+ * (m > 0), the sample op (sample: d_srows uploaded). Recorded and replayed as one graph when
+ * the backend can (key: rows, logit rows, sampling). */
+static int
+main_step(struct dsi_fwd *f, const struct dsi_batch *b, int64_t m, bool sample, bool graph) {
     const struct dsi_config *c = f->c;
-    struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n, c->hc_mult, f->X};
-    f->be->ops->embed(f->be, &ea);
-    for (int il = 0; il < c->num_hidden_layers; il++)
-        block(f, il);
+    struct dsi_backend *be = f->be;
+    uint64_t key = (uint64_t)b->n | (uint64_t)m << 20 | (uint64_t)sample << 40;
+    int mode = graph ? be->ops->graph_begin(be, key) : DSI_GRAPH_EAGER;
+    for (;;) {
+        if (mode != DSI_GRAPH_REPLAY) {
+            struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n, c->hc_mult, f->X};
+            be->ops->embed(be, &ea);
+            for (int il = 0; il < c->num_hidden_layers; il++)
+                block(f, il);
+            head(f, m, &f->m->hc_head, &f->m->norm);
+            if (sample && m) {
+                struct dsi_sample_args sa = {.logits = f->logits,
+                                             .n = m,
+                                             .n_vocab = c->vocab_size,
+                                             .ld = c->vocab_size,
+                                             .rows = f->d_srows,
+                                             .out = f->d_stok};
+                be->ops->sample(be, &sa);
+            }
+        }
+        if (mode == DSI_GRAPH_EAGER) break;
+        if (be->ops->graph_end(be) != DSI_GRAPH_RETRY) break;
+        mode = DSI_GRAPH_EAGER;
+    }
     advance(f, b, false);
     return DSI_OK;
 }
@@ -682,24 +727,17 @@ int dsi_forward_sample(struct dsi_fwd *f,
                        const struct dsi_sample_row *rows,
                        int32_t *tokens,
                        struct dsi_err *err) {
-    if (!f->be->ops->sample)
-        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "backend %s has no sample op", f->be->name);
-    int rc = main_layers(f, b, err);
+    struct dsi_backend *be = f->be;
+    if (!be->ops->sample)
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED, "backend %s has no sample op", be->name);
+    bool graph = graph_step(f, b);
+    int rc = prepare(f, b, false, graph, err);
     if (rc) return rc;
-    int64_t m = head(f, b, &f->m->hc_head, &f->m->norm);
-    if (m) {
-        struct dsi_backend *be = f->be;
-        be->ops->upload(be, f->d_srows, rows, sizeof(*rows) * (size_t)m);
-        struct dsi_sample_args sa = {.logits = f->logits,
-                                     .n = m,
-                                     .n_vocab = f->c->vocab_size,
-                                     .ld = f->c->vocab_size,
-                                     .rows = f->d_srows,
-                                     .out = f->d_stok};
-        be->ops->sample(be, &sa);
-        be->ops->download(be, tokens, f->d_stok, sizeof(int32_t) * (size_t)m);
-    }
-    return f->be->ops->sync(f->be, err);
+    int64_t m = logit_rows(f, b);
+    if (m) be->ops->upload(be, f->d_srows, rows, sizeof(*rows) * (size_t)m);
+    main_step(f, b, m, true, graph);
+    if (m) be->ops->download(be, tokens, f->d_stok, sizeof(int32_t) * (size_t)m);
+    return be->ops->sync(be, err);
 }
 
 int dsi_forward(struct dsi_fwd *f,
@@ -707,13 +745,16 @@ int dsi_forward(struct dsi_fwd *f,
                 float *logits,
                 float *streams,
                 struct dsi_err *err) {
-    int rc = main_layers(f, b, err);
+    struct dsi_backend *be = f->be;
+    bool graph = graph_step(f, b);
+    int rc = prepare(f, b, false, graph, err);
     if (rc) return rc;
     const struct dsi_config *c = f->c;
-    if (streams)
-        f->be->ops->download(f->be, streams, f->X, sizeof(float) * (size_t)(b->n * c->hc_dim));
-    if (logits) head_logits(f, b, &f->m->hc_head, &f->m->norm, logits);
-    return f->be->ops->sync(f->be, err);
+    int64_t m = logits ? logit_rows(f, b) : 0;
+    main_step(f, b, m, false, graph);
+    if (streams) be->ops->download(be, streams, f->X, sizeof(float) * (size_t)(b->n * c->hc_dim));
+    if (m) be->ops->download(be, logits, f->logits, sizeof(float) * (size_t)(m * c->vocab_size));
+    return be->ops->sync(be, err);
 }
 
 int dsi_mtp_forward(struct dsi_fwd *f,
@@ -724,7 +765,7 @@ int dsi_mtp_forward(struct dsi_fwd *f,
     const struct dsi_config *c = f->c;
     if (c->num_nextn_predict_layers < 1)
         return dsi_errf(err, DSI_ERR_UNSUPPORTED, "model has no MTP layer");
-    int rc = prepare(f, b, true, err);
+    int rc = prepare(f, b, true, false, err);
     if (rc) return rc;
     int il = c->num_hidden_layers;
     const struct dsi_layer_w *L = &f->m->layers[il];

@@ -2,63 +2,25 @@
 #include "sample.h"
 
 #include "core/core.h"
+#include "core/draw.h"
+#include "core/philox.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct cand {
-    float s;
-    int32_t id;
-};
-
 struct dsi_sampler {
     int n_vocab;
-    float *x;        /* [n_vocab] penalised logits */
-    struct cand *c;  /* [n_vocab] candidates */
-    uint32_t *stamp; /* [n_vocab] "seen in this pass" marks */
+    float *x;                /* [n_vocab] penalised logits */
+    struct dsi_draw_cand *c; /* [n_vocab] candidates */
+    uint32_t *stamp;         /* [n_vocab] "seen in this pass" marks */
     uint32_t cur;
 };
 
-/* ---- Philox4x32-10 -------------------------------------------------------------------- */
-
-void dsi_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
-    for (int r = 0; r < 10; r++) {
-        if (r) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
-static void philox_block(
-    uint64_t seed, uint32_t stream, int purpose, int64_t pos, int32_t blk, uint32_t out[4]) {
-    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    uint32_t ctr[4] = {(uint32_t)blk, (uint32_t)pos, (uint32_t)purpose << 16, stream};
-    dsi_philox4x32(ctr, key, out);
-}
-
-static double gumbel_of(uint32_t w) {
-    double u = ((double)w + 0.5) * (1.0 / 4294967296.0); /* never 0 or 1 */
-    return -log(-log(u));
-}
+/* ---- Philox (core/philox.h) ------------------------------------------------------------- */
 
 double dsi_sample_gumbel(uint64_t seed, uint32_t stream, int purpose, int64_t pos, int32_t v) {
-    uint32_t w[4];
-    philox_block(seed, stream, purpose, pos, v / 4, w);
-    return gumbel_of(w[v % 4]);
+    return dsi_philox_gumbel(seed, stream, purpose, pos, v);
 }
 
 /* ---- scratch ---------------------------------------------------------------------------- */
@@ -68,7 +30,7 @@ struct dsi_sampler *dsi_sampler_new(int n_vocab) {
     if (!s) return NULL;
     s->n_vocab = n_vocab;
     s->x = dsi_malloc(sizeof(float) * (size_t)n_vocab);
-    s->c = dsi_malloc(sizeof(struct cand) * (size_t)n_vocab);
+    s->c = dsi_malloc(sizeof(struct dsi_draw_cand) * (size_t)n_vocab);
     s->stamp = dsi_calloc((size_t)n_vocab, sizeof(uint32_t));
     if (!s->x || !s->c || !s->stamp) {
         dsi_sampler_free(s);
@@ -135,131 +97,40 @@ static void apply_penalties(struct dsi_sampler *s,
     }
 }
 
-static int32_t argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
-/* Larger first, then the lower id: a strict total order, so sorting is deterministic. */
-static bool before(const struct cand *a, const struct cand *b) {
-    return a->s > b->s || (a->s == b->s && a->id < b->id);
-}
-
-static int cmp_cand(const void *pa, const void *pb) {
-    const struct cand *a = pa, *b = pb;
-    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
-}
-
-/* Min-heap on `before` (the root is the worst kept candidate). */
-static void heap_down(struct cand *h, int n, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && before(&h[w], &h[l])) w = l;
-        if (r < n && before(&h[w], &h[r])) w = r;
-        if (w == i) return;
-        struct cand t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
-}
-
-/* The k best of x[v] / t over v < n into c[0..k), sorted. */
-static void select_top(const float *x, float t, int n, int k, struct cand *c) {
-    for (int i = 0; i < k; i++)
-        c[i] = (struct cand){x[i] / t, i};
-    for (int i = k / 2 - 1; i >= 0; i--)
-        heap_down(c, k, i);
-    for (int i = k; i < n; i++) {
-        struct cand y = {x[i] / t, i};
-        if (before(&y, &c[0])) {
-            c[0] = y;
-            heap_down(c, k, 0);
-        }
-    }
-    qsort(c, (size_t)k, sizeof(*c), cmp_cand);
-}
-
 /* Temperature, top-k, top-p, min-p and the keyed Gumbel-max draw over x[n] (already
- * penalised); the scaled logit of v is x[v] / T, recomputed where needed (the same float
- * every time). c: scratch for n candidates. */
-static int32_t
-draw(const float *x, int n, const struct dsi_sample_params *p, int64_t pos, struct cand *c) {
-    int32_t amax = argmax(x, n);
-    float t = p->temperature;
-    if (!(t > 0.0f)) return amax;
-    float smax = x[amax] / t; /* division by t > 0 is monotonic: this is the largest x[v] / t */
-    double minp_th = p->min_p > 0.0f ? (double)smax + log((double)p->min_p) : -HUGE_VAL;
-    bool topk = p->top_k > 0 && p->top_k < n;
-    bool topp = p->top_p > 0.0f && p->top_p < 1.0f;
-    int32_t best = -1;
-    double best_v = -HUGE_VAL;
-    if (!topk && !topp) { /* every token min-p allows: no sort needed, one Philox per block */
-        uint32_t w[4];
-        for (int v = 0; v < n; v++) {
-            if (v % 4 == 0) philox_block(p->seed, p->stream, DSI_PURPOSE_SAMPLE, pos, v / 4, w);
-            float sv = x[v] / t;
-            if ((double)sv < minp_th) continue;
-            double g = (double)sv + gumbel_of(w[v % 4]);
-            if (g > best_v) { /* strict: ties keep the lower id */
-                best_v = g;
-                best = v;
-            }
-        }
-        return best >= 0 ? best : amax;
-    }
-    int m = n;
-    if (topk) {
-        m = p->top_k;
-        select_top(x, t, n, m, c);
-    } else {
-        for (int i = 0; i < n; i++)
-            c[i] = (struct cand){x[i] / t, i};
-        qsort(c, (size_t)n, sizeof(*c), cmp_cand);
-    }
-    if (topp) {
-        double z = 0.0, cum = 0.0;
-        for (int i = 0; i < m; i++)
-            z += exp((double)(c[i].s - smax));
-        for (int i = 0; i < m; i++) {
-            cum += exp((double)(c[i].s - smax)) / z;
-            if (cum >= (double)p->top_p) {
-                m = i + 1;
-                break;
-            }
-        }
-    }
-    for (int i = 0; i < m; i++) {
-        if ((double)c[i].s < minp_th) break; /* sorted: the rest are below too */
-        double g = (double)c[i].s +
-                   dsi_sample_gumbel(p->seed, p->stream, DSI_PURPOSE_SAMPLE, pos, c[i].id);
-        if (g > best_v || (g == best_v && c[i].id < best)) {
-            best_v = g;
-            best = c[i].id;
-        }
-    }
-    return best >= 0 ? best : c[0].id;
+ * penalised): core/draw.c. c: scratch for n candidates. */
+static int32_t draw(const float *x,
+                    int n,
+                    const struct dsi_sample_params *p,
+                    int64_t pos,
+                    struct dsi_draw_cand *c) {
+    struct dsi_draw_params d = {.temperature = p->temperature,
+                                .top_k = p->top_k,
+                                .top_p = p->top_p,
+                                .min_p = p->min_p,
+                                .seed = p->seed,
+                                .stream = p->stream,
+                                .purpose = DSI_PURPOSE_SAMPLE};
+    return dsi_draw(x, n, &d, pos, c);
 }
 
 /* ---- public ------------------------------------------------------------------------------- */
 
 void dsi_sample_logprobs(const float *logits, int n, int32_t chosen, struct dsi_sample_lp *lp) {
-    float mx = logits[argmax(logits, n)];
+    float mx = logits[dsi_draw_argmax(logits, n)];
     double z = 0.0;
     for (int i = 0; i < n; i++)
         z += exp((double)(logits[i] - mx));
     double lse = (double)mx + log(z);
     lp->chosen = (float)((double)logits[chosen] - lse);
     int k = DSI_MIN(DSI_MAX(lp->n_top, 0), DSI_MIN(n, DSI_SAMPLE_MAX_TOP));
-    struct cand top[DSI_SAMPLE_MAX_TOP];
+    struct dsi_draw_cand top[DSI_SAMPLE_MAX_TOP];
     int m = 0;
     for (int i = 0; i < n && k > 0; i++) { /* insertion into a sorted list of the k best */
-        struct cand x = {logits[i], i};
-        if (m == k && !before(&x, &top[m - 1])) continue;
+        struct dsi_draw_cand x = {logits[i], i};
+        if (m == k && !dsi_draw_before(&x, &top[m - 1])) continue;
         int j = m < k ? m++ : m - 1;
-        while (j > 0 && before(&x, &top[j - 1])) {
+        while (j > 0 && dsi_draw_before(&x, &top[j - 1])) {
             top[j] = top[j - 1];
             j--;
         }
@@ -302,5 +173,5 @@ int32_t dsi_sample(const float *logits,
                                   .repetition_penalty = 1.0f,
                                   .seed = seed};
     /* work: 2n floats = n candidates (float + int32 each); malloc'd memory, so any type. */
-    return draw(logits, n, &p, (int64_t)step, (struct cand *)(void *)work);
+    return draw(logits, n, &p, (int64_t)step, (struct dsi_draw_cand *)(void *)work);
 }

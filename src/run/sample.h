@@ -22,17 +22,19 @@
  * and temperature: vLLM's "raw logprobs"), for the chosen token and the top-N alternatives
  * (largest first, ties to the lower id).
  *
+ * The draw itself (temperature onwards) is core/draw.c, shared with the backends' sample op.
+ *
  * Ownership: struct dsi_sampler owns its scratch (sized for one vocabulary); one per thread. */
 #ifndef DSI_SAMPLE_H
 #define DSI_SAMPLE_H
+
+#include "core/philox.h" /* dsi_philox4x32, enum dsi_sample_purpose */
 
 #include <stdbool.h>
 #include <stdint.h>
 
 /* Most top-N alternatives reported per token. */
 #define DSI_SAMPLE_MAX_TOP 20
-
-enum dsi_sample_purpose { DSI_PURPOSE_SAMPLE = 0, DSI_PURPOSE_DRAFT = 1 };
 
 struct dsi_sample_params {
     float temperature;        /* <= 0: greedy */
@@ -80,9 +82,8 @@ int32_t dsi_sampler_sample(struct dsi_sampler *s,
 /* Log-softmax entries of logits[n]: the chosen token's and the top n_top alternatives. */
 void dsi_sample_logprobs(const float *logits, int n, int32_t chosen, struct dsi_sample_lp *lp);
 
-/* Philox4x32-10 (Salmon et al., SC'11): out = philox(key, ctr). Shared with device samplers,
- * which must produce the same words. */
-void dsi_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* Philox4x32-10 (Salmon et al., SC'11): dsi_philox4x32(ctr, key, out), declared in
+ * core/philox.h, shared with the backends' sample op, which must produce the same words. */
 
 /* The Gumbel(0, 1) noise the draw adds to logit[v] / T for token v at position pos. */
 double dsi_sample_gumbel(uint64_t seed, uint32_t stream, int purpose, int64_t pos, int32_t v);

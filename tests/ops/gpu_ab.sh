@@ -5,7 +5,7 @@
 #   mkdir -p build/base_cuda && for f in $(git ls-tree --name-only HEAD src/backend/cuda/); do
 #     git show HEAD:$f > build/base_cuda/$(basename $f); done
 # and carry build/base_cuda with build/deps), runs the CUDA op and model tests on this tree, the
-# layer benchmark on both (base, new, base, new, new with DSI_CUDA_NOSTAGE=1), a per-op
+# layer benchmark on both (base, new, base, new, new with DSI_CUDA_NOGRAPH=1), a per-op
 # profile of the timed steps at batch 1 and 64, then the CLI check and the sanitizers while time
 # is left (RUN_BUDGET seconds, default 300). All logs in $OUT/logs.tgz, the key lines in
 # $OUT/summary.txt and at the end of the output.
@@ -85,8 +85,24 @@ if [ -x build/cuda/bench_layer_base ]; then
 else
     bench new1 build/cuda/bench_layer $BATCH
 fi
-left 70 && bench nostage build/cuda/bench_layer $BATCH DSI_CUDA_NOSTAGE=1
+left 70 && bench nograph build/cuda/bench_layer $BATCH DSI_CUDA_NOGRAPH=1
 left 60 && bench profile build/cuda/bench_layer 1,64 DSI_CUDA_PROFILE=1
+# the serving sweep on the GPU (issue 5: decode step period vs forward time at c = 64)
+SWEEP=${SWEEP_CONC:-1,8,64}
+if [ -x build/cuda/dsinfer ] && [ "$SWEEP" != none ] && left 120; then
+    timeout 150 build/cuda/dsinfer bench sweep -m $M --backend cuda --concurrency $SWEEP \
+        --input-len 128 --output-len 64 --csv $L/sweep.csv --svg $L/sweep.svg >$L/sweep.txt 2>&1
+    log "sweep rc $?"
+    cat $L/sweep.txt | tee -a $L/summary.txt
+    cp $L/sweep.csv $L/sweep.svg "$OUT/" 2>/dev/null
+    if left 90; then
+        timeout 60 build/cuda/dsinfer bench sweep -m $M --backend cuda --concurrency 64 \
+            --input-len 128 --output-len 64 --sampling host --csv $L/sweep_host.csv \
+            --svg $L/sweep_host.svg >$L/sweep_host.txt 2>&1
+        log "sweep (host sampling) rc $?"
+        tail -3 $L/sweep_host.txt | tee -a $L/summary.txt
+    fi
+fi
 if [ -x build/cuda/dsinfer ] && left 50; then
     DSINFER=build/cuda/dsinfer timeout 60 sh tests/cli/t_cuda.sh >$L/t_cuda.log 2>&1
     log "t_cuda.sh rc $?: $(tail -2 $L/t_cuda.log | tr '\n' ' ')"

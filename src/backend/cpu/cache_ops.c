@@ -45,6 +45,10 @@ void cpu_compress(struct dsi_backend *be, const struct dsi_compress_args *a) {
     DSI_ASSERT(2 * a->ratio <= 1024);
     for (int e = 0; e < a->n_emit; e++) {
         int r = a->emit_rows[e];
+        if (r < 0) { /* padding */
+            memset(a->out + (int64_t)e * a->width, 0, sizeof(float) * (size_t)a->width);
+            continue;
+        }
         int64_t t = a->st->pos[r], i = (t + 1) / a->ratio - 1, R = a->ratio;
         int ns = 0;
         if (a->overlap) {
@@ -87,6 +91,7 @@ void cpu_comp_store(struct dsi_backend *be, const struct dsi_comp_store_args *a)
 void cpu_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     for (int e = 0; e < a->n_emit; e++) {
         int r = a->emit_rows[e];
+        if (r < 0) continue; /* padding */
         float *dst =
             a->pool + cpu_paged(a->st, a->st->slot[r], a->emit_entry[e], a->ratio, a->width);
         memcpy(dst, a->src + (int64_t)e * a->width, (size_t)a->width * sizeof(float));

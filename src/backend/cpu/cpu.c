@@ -75,6 +75,7 @@ static const struct dsi_backend_ops g_cpu_ops = {
     .gather = cpu_gather,
     .moe_route = cpu_moe_route,
     .moe = cpu_moe,
+    .sample = cpu_sample,
 };
 
 int dsi_backend_cpu_new(struct dsi_backend **out, int n_threads, struct dsi_err *err) {

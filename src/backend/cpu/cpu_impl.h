@@ -61,5 +61,6 @@ void cpu_embed(struct dsi_backend *, const struct dsi_embed_args *);
 void cpu_add(struct dsi_backend *, const struct dsi_add_args *);
 void cpu_copy(struct dsi_backend *, const struct dsi_copy_args *);
 void cpu_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
+void cpu_sample(struct dsi_backend *, const struct dsi_sample_args *);
 
 #endif

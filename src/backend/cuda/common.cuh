@@ -90,6 +90,14 @@ struct cu_ctx {
     int n_freq;
     struct cu_moe_table moe[CU_MAX_MOE_TABLES];
     int n_moe;
+    /* captured steps (graph.cu): replayed while scratch_gen is the one they were captured at */
+    struct cu_graph *graphs;
+    int n_graphs;
+    bool use_graphs;      /* DSI_CUDA_NOGRAPH=1 turns them off; never with the profiler */
+    bool capturing;       /* between graph_begin(CAPTURE) and graph_end */
+    bool capture_bad;     /* something in the capture cannot be replayed: run it eagerly */
+    uint64_t scratch_gen; /* bumped whenever a scratch buffer moves */
+    int cur_graph;        /* the entry being captured or replayed, -1: none */
 };
 
 static inline struct cu_ctx *cu_ctx_of(struct dsi_backend *be) { return (struct cu_ctx *)be->ctx; }
@@ -400,6 +408,10 @@ void cuda_entry_store(struct dsi_backend *, const struct dsi_entry_store_args *)
 void cuda_gather(struct dsi_backend *, const struct dsi_gather_args *);
 void cuda_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
 void cuda_moe(struct dsi_backend *, const struct dsi_moe_args *);
+int cuda_graph_begin(struct dsi_backend *, uint64_t key);
+int cuda_graph_end(struct dsi_backend *);
+void cuda_graph_reset(struct dsi_backend *);
+void cuda_sample(struct dsi_backend *, const struct dsi_sample_args *);
 #ifdef __cplusplus
 }
 #endif

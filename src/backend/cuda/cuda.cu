@@ -15,6 +15,10 @@
 #define SLAB_SOLO  ((size_t)32 << 20) /* larger tensors get their own allocation */
 
 void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...) {
+    if (c->capturing) { /* not run yet: the eager retry reports it (graph.cu) */
+        c->capture_bad = true;
+        return;
+    }
     if (c->sticky) return;
     c->sticky = code;
     va_list ap;
@@ -34,6 +38,11 @@ bool cu_check(struct cu_ctx *c, const char *what) {
 void *cu_scratch(struct cu_ctx *c, int which, size_t bytes) {
     bytes = cu_align(bytes ? bytes : 1);
     if (bytes <= c->scratch_bytes[which]) return c->scratch[which];
+    if (c->capturing) { /* cannot grow inside a capture: give up the capture */
+        c->capture_bad = true;
+        return NULL;
+    }
+    c->scratch_gen++; /* captured steps hold the old address */
     size_t want = bytes + bytes / 4;
     if (c->scratch[which]) {
         cudaStreamSynchronize(c->stream); /* kernels in flight may still use it */
@@ -302,6 +311,13 @@ static int cuda_sync(struct dsi_backend *be, struct dsi_err *err) {
     return DSI_OK;
 }
 
+static int cuda_mem_info(struct dsi_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    if (cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess) return DSI_OK;
+    cudaGetLastError();
+    return DSI_ERR_DEVICE;
+}
+
 /* The per-thread scratch of the CPU backend has no meaning here; op scratch grows on demand. */
 static int cuda_reserve(struct dsi_backend *be, int64_t bytes_per_thread, struct dsi_err *err) {
     struct cu_ctx *c = cu_ctx_of(be);
@@ -313,6 +329,7 @@ static void cuda_free(struct dsi_backend *be) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (!c) return;
     cudaStreamSynchronize(c->stream);
+    cuda_graph_reset(be);
     if (c->prof) {
         prof_harvest(c);
         if (c->n_tot) prof_print(c);
@@ -339,12 +356,13 @@ static void cuda_free(struct dsi_backend *be) {
 }
 
 static const struct dsi_backend_ops g_cuda_ops = {
-    cuda_alloc,       cuda_mfree,    cuda_upload,    cuda_download, cuda_import,
-    cuda_sync,        cuda_reserve,  cuda_free,      cuda_gemm,     cuda_act_quant,
-    cuda_hadamard_q4, cuda_embed,    cuda_add,       cuda_copy,     cuda_rms_norm,
-    cuda_rope,        cuda_hc_pre,   cuda_hc_post,   cuda_hc_head,  cuda_attn,
-    cuda_indexer,     cuda_kv_store, cuda_comp_ape,  cuda_compress, cuda_comp_store,
-    cuda_entry_store, cuda_gather,   cuda_moe_route, cuda_moe,
+    cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
+    cuda_sync,        cuda_reserve,     cuda_free,      cuda_gemm,        cuda_act_quant,
+    cuda_hadamard_q4, cuda_embed,       cuda_add,       cuda_copy,        cuda_rms_norm,
+    cuda_rope,        cuda_hc_pre,      cuda_hc_post,   cuda_hc_head,     cuda_attn,
+    cuda_indexer,     cuda_kv_store,    cuda_comp_ape,  cuda_compress,    cuda_comp_store,
+    cuda_entry_store, cuda_gather,      cuda_moe_route, cuda_moe,         cuda_sample,
+    cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset,
 };
 
 #define PROF_OP(op, T)                                                                             \
@@ -375,14 +393,16 @@ PROF_OP(entry_store, dsi_entry_store_args)
 PROF_OP(gather, dsi_gather_args)
 PROF_OP(moe_route, dsi_moe_route_args)
 PROF_OP(moe, dsi_moe_args)
+PROF_OP(sample, dsi_sample_args)
 
 static const struct dsi_backend_ops g_cuda_prof_ops = {
-    cuda_alloc,       cuda_mfree,    cuda_upload,    cuda_download, cuda_import,
-    cuda_sync,        cuda_reserve,  cuda_free,      prof_gemm,     prof_act_quant,
-    prof_hadamard_q4, prof_embed,    prof_add,       prof_copy,     prof_rms_norm,
-    prof_rope,        prof_hc_pre,   prof_hc_post,   prof_hc_head,  prof_attn,
-    prof_indexer,     prof_kv_store, prof_comp_ape,  prof_compress, prof_comp_store,
-    prof_entry_store, prof_gather,   prof_moe_route, prof_moe,
+    cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
+    cuda_sync,        cuda_reserve,     cuda_free,      prof_gemm,        prof_act_quant,
+    prof_hadamard_q4, prof_embed,       prof_add,       prof_copy,        prof_rms_norm,
+    prof_rope,        prof_hc_pre,      prof_hc_post,   prof_hc_head,     prof_attn,
+    prof_indexer,     prof_kv_store,    prof_comp_ape,  prof_compress,    prof_comp_store,
+    prof_entry_store, prof_gather,      prof_moe_route, prof_moe,         prof_sample,
+    cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset,
 };
 
 extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct dsi_err *err) {
@@ -424,6 +444,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->prof = pe && *pe && *pe != '0';
     const char *ns = getenv("DSI_CUDA_NOSTAGE");
     c->xstage = !(ns && *ns && *ns != '0');
+    const char *ng = getenv("DSI_CUDA_NOGRAPH");
+    c->use_graphs = !c->prof && !(ng && *ng && *ng != '0');
+    c->cur_graph = -1;
     be->ops = c->prof ? &g_cuda_prof_ops : &g_cuda_ops;
     be->ctx = c;
     be->name = "cuda";

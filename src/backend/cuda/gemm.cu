@@ -54,6 +54,27 @@ __global__ void k_gemm_generic(struct cu_w w,
 /* ---- the fast kernel ---------------------------------------------------------------------------
  */
 
+/* A chunk value: to the split-K scratch (valid pairs only) or to the warp's shared rows. */
+template <int RX>
+__device__ __forceinline__ void gemm_put(float c,
+                                         float *cv,
+                                         float (*cvs)[33],
+                                         bool valid,
+                                         int64_t q,
+                                         int64_t n,
+                                         int64_t i0,
+                                         int rx,
+                                         int64_t n_out,
+                                         int64_t o0,
+                                         int r,
+                                         int lane) {
+    if (cv) {
+        if (valid) cv[(q * n + i0 + rx) * n_out + o0 + r] = c;
+    } else {
+        cvs[rx * GEMM_RW + r][lane] = c;
+    }
+}
+
 /* Row pieces are 1024 elements; lanes own 32-element chunks. Block: 8 warps x 2 weight rows.
  * With `stage` (the default, c->xstage) the block stages each piece of its RX activation rows
  * in shared memory (see stage_x); without it every lane loads its chunks from global memory.
@@ -94,35 +115,69 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
     if (threadIdx.x < RX) xoff[threadIdx.x] = i0 + threadIdx.x < n ? (i0 + threadIdx.x) * ldx : -1;
     __syncthreads();
     float acc = 0.0f;
+    /* Small tiles are bound by the latency of the weight loads: issue piece p + 1's before
+     * staging and decoding piece p (registers permitting: not for F32 or 8-row tiles). */
+    constexpr bool PF = WT != DSI_TYPE_F32 && RX <= 4;
+    w_raw raw[GEMM_RW], nxt[GEMM_RW];
+    if (PF && p0 < p1) {
+        int64_t q = p0 * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < GEMM_RW; r++)
+            load_w_raw<WT>(w, wr[r], sr[r], q < nq && wv[r] ? q : -1, raw[r]);
+    }
     for (int64_t p = p0; p < p1; p++) {
         int64_t q = p * 32 + lane;
         bool qv = q < nq;
+        if (PF && p + 1 < p1) {
+            int64_t qn = q + 32;
+#pragma unroll
+            for (int r = 0; r < GEMM_RW; r++)
+                load_w_raw<WT>(w, wr[r], sr[r], qn < nq && wv[r] ? qn : -1, nxt[r]);
+        }
         if (stage) {
             __syncthreads(); /* the previous piece is consumed */
             stage_x<RX>(xs, x, xoff, w.K, p);
         }
-        float wf[GEMM_RW][32];
-#pragma unroll
-        for (int r = 0; r < GEMM_RW; r++)
-            load_w_chunk<WT>(w, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
-        if (stage) __syncthreads();
-        if (!wact) continue;
-#pragma unroll
-        for (int rx = 0; rx < RX; rx++) {
-            bool xv = i0 + rx < n && qv;
-            float xf[32];
-            if (stage)
-                load_x_staged(xs, rx, lane, xf);
-            else
-                load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
+        if (PF) { /* one weight row at a time: fewer live registers */
+            if (stage) __syncthreads();
 #pragma unroll
             for (int r = 0; r < GEMM_RW; r++) {
-                float c = chunk_dot(xf, wf[r]);
-                if (cv) {
-                    if (xv && wv[r]) cv[(q * n + i0 + rx) * n_out + o0 + r] = c;
-                } else {
-                    cvs[warp][rx * GEMM_RW + r][lane] = c;
+                float wf[32];
+                decode_w_raw<WT>(raw[r], qv && wv[r] ? q : -1, wf);
+                raw[r] = nxt[r];
+                if (!wact) continue;
+#pragma unroll
+                for (int rx = 0; rx < RX; rx++) {
+                    bool xv = i0 + rx < n && qv;
+                    float xf[32];
+                    if (stage)
+                        load_x_staged(xs, rx, lane, xf);
+                    else
+                        load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
+                    gemm_put<RX>(chunk_dot(xf, wf), cv, cvs[warp], xv && wv[r], q, n, i0, rx, n_out,
+                             o0, r, lane);
                 }
+            }
+            if (!wact) continue;
+        } else {
+            float wf[GEMM_RW][32];
+#pragma unroll
+            for (int r = 0; r < GEMM_RW; r++)
+                load_w_chunk<WT>(w, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+            if (stage) __syncthreads();
+            if (!wact) continue;
+#pragma unroll
+            for (int rx = 0; rx < RX; rx++) {
+                bool xv = i0 + rx < n && qv;
+                float xf[32];
+                if (stage)
+                    load_x_staged(xs, rx, lane, xf);
+                else
+                    load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
+#pragma unroll
+                for (int r = 0; r < GEMM_RW; r++)
+                    gemm_put<RX>(chunk_dot(xf, wf[r]), cv, cvs[warp], xv && wv[r], q, n, i0, rx,
+                             n_out, o0, r, lane);
             }
         }
         if (!cv) {

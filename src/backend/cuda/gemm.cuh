@@ -82,6 +82,79 @@ __device__ __forceinline__ void load_w_chunk(
     }
 }
 
+/* A lane's chunk as stored (BF16/F16: 64 bytes, FP8: 32, FP4: 16) and its scale byte, so
+ * that the loads can be issued a piece ahead of the decoding (load_w_raw, then decode_w_raw:
+ * the same values as load_w_chunk). Not for F32 weights. */
+struct w_raw {
+    uint4 v[4];
+    uint32_t sc;
+};
+
+template <int WT>
+__device__ __forceinline__ void
+load_w_raw(const struct cu_w &w, const uint8_t *rowp, const uint8_t *srow, int64_t q, w_raw &r) {
+    if (q < 0) return;
+    if (WT == DSI_TYPE_BF16 || WT == DSI_TYPE_F16) {
+        const uint4 *p = (const uint4 *)(rowp + q * 64);
+#pragma unroll
+        for (int v = 0; v < 4; v++)
+            r.v[v] = __ldg(p + v);
+    } else if (WT == DSI_TYPE_F8_E4M3) {
+        const uint4 *p = (const uint4 *)(rowp + q * 32);
+        r.v[0] = __ldg(p);
+        r.v[1] = __ldg(p + 1);
+        r.sc = srow[(q * 32) / w.sb1];
+    } else if (WT == DSI_TYPE_FP4_E2M1) {
+        r.v[0] = __ldg((const uint4 *)(rowp + q * 16));
+        r.sc = srow[(q * 32) / w.sb1];
+    }
+}
+
+template <int WT>
+__device__ __forceinline__ void decode_w_raw(const w_raw &r, int64_t q, float (&wf)[32]) {
+    if (q < 0) {
+#pragma unroll
+        for (int e = 0; e < 32; e++)
+            wf[e] = 0.0f;
+        return;
+    }
+    if (WT == DSI_TYPE_BF16 || WT == DSI_TYPE_F16) {
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                if (WT == DSI_TYPE_BF16) {
+                    wf[v * 8 + 2 * h] = __uint_as_float(u[h] << 16);
+                    wf[v * 8 + 2 * h + 1] = __uint_as_float(u[h] & 0xffff0000u);
+                } else {
+                    wf[v * 8 + 2 * h] = f16_to_f32(u[h] & 0xffffu);
+                    wf[v * 8 + 2 * h + 1] = f16_to_f32(u[h] >> 16);
+                }
+            }
+        }
+    } else if (WT == DSI_TYPE_F8_E4M3) {
+        float sc = e8m0_to_f32((uint8_t)r.sc);
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    wf[v * 16 + h * 4 + b] = e4m3_to_f32((u[h] >> (8 * b)) & 0xffu) * sc;
+        }
+    } else if (WT == DSI_TYPE_FP4_E2M1) {
+        float sc = e8m0_to_f32((uint8_t)r.sc);
+        uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+#pragma unroll
+            for (int b = 0; b < 8; b++)
+                wf[h * 8 + b] = fp4_to_f32((u[h] >> (4 * b)) & 0xfu) * sc;
+    }
+}
+
 /* xf[0..32) = p[0..32) (16-byte aligned), or zeros. */
 __device__ __forceinline__ void load_x_chunk(const float *p, bool valid, float (&xf)[32]) {
 #pragma unroll

@@ -169,6 +169,10 @@ __global__ void k_compress(struct comp_p p) {
     if (t >= (int64_t)p.n_emit * p.width) return;
     int e = (int)(t / p.width), d = (int)(t % p.width);
     int r = p.emit_rows[e];
+    if (r < 0) { /* padding */
+        p.out[(int64_t)e * p.width + d] = 0.0f;
+        return;
+    }
     int64_t tp = p.st.pos[r], i = (tp + 1) / p.ratio - 1, R = p.ratio;
     int n_a = 0, ns;
     if (p.overlap) {
@@ -241,6 +245,7 @@ __global__ void k_entry_store(struct cu_step st,
     if (t >= (int64_t)n_emit * width) return;
     int64_t e = t / width, d = t % width;
     int r = emit_rows[e];
+    if (r < 0) return; /* padding */
     pool[paged(st.page_table, st.max_pages, st.page_tokens, st.slot[r], emit_entry[e], ratio,
                width) +
          d] = src[t];

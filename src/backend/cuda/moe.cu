@@ -293,28 +293,62 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up(struct moe_p p) {
     __syncthreads();
     int64_t nq = p.D / 32, np = (nq + 31) / 32;
     float acc = 0.0f;
+    /* As k_gemm: small tiles issue piece pc + 1's weight loads before using piece pc's. */
+    constexpr bool PF = WT != DSI_TYPE_F32 && RX <= 4;
+    w_raw raw[2], nxt[2];
+    if (PF) {
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+            load_w_raw<WT>(W[m], wr[m], sr[m], lane < nq && wact ? lane : -1, raw[m]);
+    }
     for (int64_t pc = 0; pc < np; pc++) {
         int64_t q = pc * 32 + lane;
         bool qv = q < nq;
+        if (PF && pc + 1 < np) {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                load_w_raw<WT>(W[m], wr[m], sr[m], q + 32 < nq && wact ? q + 32 : -1, nxt[m]);
+        }
         if (p.stage) {
             __syncthreads();
             stage_x<RX>(xs, p.x, xoff, p.D, pc);
         }
-        float wf[2][32];
-        load_w_chunk<WT>(W[0], wr[0], sr[0], qv && wact ? q : -1, wf[0]);
-        load_w_chunk<WT>(W[1], wr[1], sr[1], qv && wact ? q : -1, wf[1]);
         if (p.stage) __syncthreads();
-        if (!wact) continue;
+        if (PF) {
 #pragma unroll
-        for (int rx = 0; rx < RX; rx++) {
-            float xf[32];
-            bool xv = qv && rx < rows;
-            if (p.stage)
-                load_x_staged(xs, rx, lane, xf);
-            else
-                load_x_chunk(p.x + (xv ? xoff[rx] + q * 32 : 0), xv, xf);
-            cvs[warp][rx * 2][lane] = chunk_dot(xf, wf[0]);
-            cvs[warp][rx * 2 + 1][lane] = chunk_dot(xf, wf[1]);
+            for (int m = 0; m < 2; m++) {
+                float wf[32];
+                decode_w_raw<WT>(raw[m], qv && wact ? q : -1, wf);
+                raw[m] = nxt[m];
+                if (!wact) continue;
+#pragma unroll
+                for (int rx = 0; rx < RX; rx++) {
+                    float xf[32];
+                    bool xv = qv && rx < rows;
+                    if (p.stage)
+                        load_x_staged(xs, rx, lane, xf);
+                    else
+                        load_x_chunk(p.x + (xv ? xoff[rx] + q * 32 : 0), xv, xf);
+                    cvs[warp][rx * 2 + m][lane] = chunk_dot(xf, wf);
+                }
+            }
+            if (!wact) continue;
+        } else {
+            float wf[2][32];
+            load_w_chunk<WT>(W[0], wr[0], sr[0], qv && wact ? q : -1, wf[0]);
+            load_w_chunk<WT>(W[1], wr[1], sr[1], qv && wact ? q : -1, wf[1]);
+            if (!wact) continue;
+#pragma unroll
+            for (int rx = 0; rx < RX; rx++) {
+                float xf[32];
+                bool xv = qv && rx < rows;
+                if (p.stage)
+                    load_x_staged(xs, rx, lane, xf);
+                else
+                    load_x_chunk(p.x + (xv ? xoff[rx] + q * 32 : 0), xv, xf);
+                cvs[warp][rx * 2][lane] = chunk_dot(xf, wf[0]);
+                cvs[warp][rx * 2 + 1][lane] = chunk_dot(xf, wf[1]);
+            }
         }
         __syncwarp();
         if (lane < RX * 2) {
@@ -372,30 +406,64 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
     __syncthreads();
     int64_t nq = p.I / 32, np = (nq + 31) / 32;
     float acc = 0.0f;
+    constexpr bool PF = WT != DSI_TYPE_F32 && RX <= 4; /* as k_moe_up */
+    w_raw raw[GEMM_RW], nxt[GEMM_RW];
+    if (PF) {
+#pragma unroll
+        for (int r = 0; r < GEMM_RW; r++)
+            load_w_raw<WT>(W, wr[r], sr[r], lane < nq && wv[r] ? lane : -1, raw[r]);
+    }
     for (int64_t pc = 0; pc < np; pc++) {
         int64_t q = pc * 32 + lane;
         bool qv = q < nq;
+        if (PF && pc + 1 < np) {
+#pragma unroll
+            for (int r = 0; r < GEMM_RW; r++)
+                load_w_raw<WT>(W, wr[r], sr[r], q + 32 < nq && wv[r] ? q + 32 : -1, nxt[r]);
+        }
         if (p.stage) {
             __syncthreads();
             stage_x<RX>(xs, p.h, xoff, p.I, pc);
         }
-        float wf[GEMM_RW][32];
+        if (PF) {
+            if (p.stage) __syncthreads();
 #pragma unroll
-        for (int r = 0; r < GEMM_RW; r++)
-            load_w_chunk<WT>(W, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
-        if (p.stage) __syncthreads();
-        if (!wact) continue;
+            for (int r = 0; r < GEMM_RW; r++) {
+                float wf[32];
+                decode_w_raw<WT>(raw[r], qv && wv[r] ? q : -1, wf);
+                raw[r] = nxt[r];
+                if (!wact) continue;
 #pragma unroll
-        for (int rx = 0; rx < RX; rx++) {
-            float xf[32];
-            bool xv = qv && rx < rows;
-            if (p.stage)
-                load_x_staged(xs, rx, lane, xf);
-            else
-                load_x_chunk(p.h + (xv ? (pos0 + rx) * p.I + q * 32 : 0), xv, xf);
+                for (int rx = 0; rx < RX; rx++) {
+                    float xf[32];
+                    bool xv = qv && rx < rows;
+                    if (p.stage)
+                        load_x_staged(xs, rx, lane, xf);
+                    else
+                        load_x_chunk(p.h + (xv ? (pos0 + rx) * p.I + q * 32 : 0), xv, xf);
+                    cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf);
+                }
+            }
+            if (!wact) continue;
+        } else {
+            float wf[GEMM_RW][32];
 #pragma unroll
             for (int r = 0; r < GEMM_RW; r++)
-                cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf[r]);
+                load_w_chunk<WT>(W, wr[r], sr[r], qv && wv[r] ? q : -1, wf[r]);
+            if (p.stage) __syncthreads();
+            if (!wact) continue;
+#pragma unroll
+            for (int rx = 0; rx < RX; rx++) {
+                float xf[32];
+                bool xv = qv && rx < rows;
+                if (p.stage)
+                    load_x_staged(xs, rx, lane, xf);
+                else
+                    load_x_chunk(p.h + (xv ? (pos0 + rx) * p.I + q * 32 : 0), xv, xf);
+#pragma unroll
+                for (int r = 0; r < GEMM_RW; r++)
+                    cvs[warp][rx * GEMM_RW + r][lane] = chunk_dot(xf, wf[r]);
+            }
         }
         __syncwarp();
         if (lane < RX * GEMM_RW) {
