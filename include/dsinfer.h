@@ -176,13 +176,32 @@ struct dsi_request {
     int top_logprobs; /* 0..20 alternatives per token (implies logprobs) */
     bool stream;      /* DSI_EVENT_TOKENS events as tokens are produced */
     uint64_t tag;     /* opaque, copied to events and the result */
+    /* Structured output (NULL: none): OpenAI's response_format object as NUL-terminated JSON
+     * text (docs/grammar.md, "Serving"):
+     *   {"type": "text"}                                   no constraint
+     *   {"type": "json_object"}                            any JSON object
+     *   {"type": "json_schema", "json_schema": {"name": "x", "schema": {...}, "strict": true}}
+     *   {"type": "regex", "regex": "[a-z]+@[a-z]+\\.com"}  a full match of the regex
+     *   {"type": "grammar", "grammar": "root ::= ..."}     EBNF
+     * json_object / json_schema also take "whitespace": "flexible" (default) | "compact" and
+     * "max_whitespace": N (longest whitespace run; 0: unbounded, the default). Compiled by
+     * dsi_submit against the tokenizer (cached per engine by source); a malformed, invalid or
+     * unsupported one is refused there with a message naming the problem. Every completion
+     * then follows the grammar: disallowed tokens are masked before sampling, EOS is allowed
+     * only where the output may end, and a completion whose output is complete with nothing
+     * but EOS left finishes with DSI_FINISH_STOP (stop_token -1) without sampling EOS. A drawn
+     * EOS ends it even with ignore_eos. max_tokens, stop strings and stop ids still apply (the
+     * output is then a prefix). Needs a tokenizer. Copied: nothing is kept. */
+    const char *response_format;
 };
 
 void dsi_request_init(struct dsi_request *r);
 
 /* Queue a request; *id identifies it in events and dsi_cancel. Nothing of req is kept (strings
  * and arrays are copied). Refuses (DSI_ERR_INVALID, DSI_ERR_CONTEXT_FULL, DSI_ERR_UNSUPPORTED)
- * a malformed request, a prompt longer than the context, text without a tokenizer. */
+ * a malformed request, a prompt longer than the context, text or a response_format without a
+ * tokenizer, a response_format that does not compile. Compiling a response_format not seen
+ * before takes milliseconds (up to seconds for huge schemas) in the calling thread. */
 int dsi_submit(struct dsi_engine *e,
                const struct dsi_request *req,
                uint64_t *id,
@@ -211,7 +230,8 @@ struct dsi_completion {
     char *text; /* NUL-terminated output text: special tokens skipped, cut before
                    a matched stop string; NULL without a tokenizer */
     size_t text_len;
-    float *logprobs;     /* [n_tokens] log-softmax of the model's logits, or NULL */
+    float *logprobs;     /* [n_tokens] log-softmax of the logits the sampler saw (after a
+                            response_format mask: -INFINITY for masked ids), or NULL */
     int32_t *top_ids;    /* [n_tokens, n_top], largest first, or NULL */
     float *top_logprobs; /* [n_tokens, n_top] */
     int n_top;
@@ -291,7 +311,8 @@ int dsi_batch_tokenize(
  * "max_completion_tokens"), "temperature", "top_p", "top_k" (-1 or 0: off), "min_p", "stop"
  * (a string or a list), "stop_token_ids", "seed", "n", "logprobs" (true, or an int N = the
  * number of alternatives), "top_logprobs", "presence_penalty", "frequency_penalty",
- * "repetition_penalty", "ignore_eos". "id" and "custom_id" are echoed in the output line;
+ * "repetition_penalty", "ignore_eos", "response_format" (an object, as in struct dsi_request;
+ * checked by dsi_submit). "id" and "custom_id" are echoed in the output line;
  * "model" is accepted and ignored. Anything else is an error naming the field. */
 struct dsi_jsonl_req;
 

@@ -87,7 +87,8 @@ def format_checker():
     fc = jsonschema.FormatChecker(formats=())
     for name, fn in (("date", is_date), ("time", is_time), ("date-time", is_datetime),
                      ("email", is_email), ("uuid", is_uuid)):
-        fc.checks(name)(fn)
+        # a format applies to strings only (e.g. "type": ["string", "null"] with a null value)
+        fc.checks(name)(lambda x, fn=fn: not isinstance(x, str) or fn(x))
     return fc
 
 

@@ -27,6 +27,7 @@ static void usage(FILE *f) {
             "  --max-batch-tokens N   token budget per step (default 256)\n"
             "  --kv-mb N              cache page pool budget in MiB (default: every sequence at "
             "max-ctx)\n"
+            "  --tokenizer DIR        tokenizer.json from DIR (default: the model directory)\n"
             "  --sync                 turn asynchronous scheduling off\n"
             "  --no-progress          no progress line\n"
             "Each input line: {\"prompt\": \"text\" | [ids], \"prompt_token_ids\": [ids] or "
@@ -35,7 +36,8 @@ static void usage(FILE *f) {
             "\"stop_token_ids\", \"seed\", \"n\",\n"
             "  \"logprobs\", \"top_logprobs\", \"presence_penalty\", \"frequency_penalty\", "
             "\"repetition_penalty\",\n"
-            "  \"ignore_eos\", \"id\" / \"custom_id\" (echoed)}\n"
+            "  \"ignore_eos\", \"response_format\" (json_object, json_schema, regex, grammar),\n"
+            "  \"id\" / \"custom_id\" (echoed)}\n"
             "Each output line: {\"line\", ids, \"seed\", \"choices\": [{\"text\", \"token_ids\", "
             "\"finish_reason\",\n"
             "  \"stop_reason\", \"logprobs\"}], \"usage\", \"timings\"} or {\"line\", ids, "
@@ -167,6 +169,7 @@ static int take_events(struct run *R, struct dsi_engine *e, int timeout_ms) {
 
 int cmd_run(int argc, char **argv) {
     const char *dir = DSI_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
+    const char *tok_dir = NULL;
     long long threads = 0, max_seqs = 16, max_ctx = 4096, mbt = 256, kv_mb = 0;
     bool sync = false, prog = true;
     for (int i = 1; i < argc; i++) {
@@ -182,6 +185,8 @@ int cmd_run(int argc, char **argv) {
             out_path = argv[++i];
         else if (!strcmp(a, "--backend") && v)
             backend = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && v)
+            tok_dir = argv[++i];
         else if (!strcmp(a, "--threads") && v) {
             if (args_int("run", a, argv[++i], 0, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--max-seqs") && v) {
@@ -227,8 +232,10 @@ int cmd_run(int argc, char **argv) {
                                  .max_rows = (int)mbt,
                                  .max_ctx = max_ctx,
                                  .max_seqs = (int)max_seqs};
-    struct dsi_batch_opts bo = {
-        .sync = sync, .kv_bytes = kv_mb << 20, .max_batch_tokens = (int)mbt};
+    struct dsi_batch_opts bo = {.sync = sync,
+                                .kv_bytes = kv_mb << 20,
+                                .max_batch_tokens = (int)mbt,
+                                .tokenizer_dir = tok_dir};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     int rc = 1;

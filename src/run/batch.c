@@ -22,7 +22,9 @@
 #include "dsinfer.h"
 
 #include "core/core.h"
+#include "grammar/grammar.h"
 #include "run/engine_impl.h"
+#include "run/rformat.h"
 #include "run/sched.h"
 #include "tok/bpe.h"
 #include "tok/chat.h"
@@ -78,6 +80,8 @@ struct req {
     int n_top;
     uint64_t seed;
     double t_submit;
+    struct dsi_rformat *rf; /* response_format's grammar (a reference into rfc), or NULL */
+    struct dsi_rformat_cache *rfc;
     int n_open; /* output side: completions not finished */
     int status; /* engine side, before ERROR entries are posted */
     char err[512];
@@ -129,6 +133,7 @@ struct dsi_serve {
     struct dsi_batch_opts o;
     struct dsi_sched *sched;
     struct dsi_bpe *bpe;
+    struct dsi_rformat_cache *rfc; /* compiled response formats (with a tokenizer) */
     int n_vocab;
     int32_t eos;
     float def_temp, def_top_p;
@@ -154,11 +159,11 @@ struct dsi_serve {
     int n_inflight;
     struct dsi_batch_stats stats;
     /* engine-thread timing of decode-only steps (published into stats) */
-    double fwd_s;            /* time inside the forward callback of the current step */
-    double t_decode_start;   /* start of the last step if it was decode-only, else 0 */
-    double decode_fwd_last;  /* its time in the forward */
-    double decode_period_s;  /* sum over decode-only steps: start to the next step's start */
-    double decode_fwd_s;     /* sum over decode-only steps: time in the forward */
+    double fwd_s;           /* time inside the forward callback of the current step */
+    double t_decode_start;  /* start of the last step if it was decode-only, else 0 */
+    double decode_fwd_last; /* its time in the forward */
+    double decode_period_s; /* sum over decode-only steps: start to the next step's start */
+    double decode_fwd_s;    /* sum over decode-only steps: time in the forward */
     int64_t decode_steps, device_sampled_steps;
     /* engine thread state */
     struct req *live_head, *live_tail;
@@ -203,10 +208,13 @@ static void free_req(struct req *r) {
         free(c->q.lp);
         free(c->q.top_id);
         free(c->q.top_lp);
+        dsi_grammar_matcher_free(c->q.matcher);
+        free(c->q.mask);
         dsi_bpe_stream_free(c->ds);
         free(c->text);
     }
     free(r->c);
+    dsi_rformat_put(r->rfc, r->rf);
     for (int i = 0; r->stop && i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->stop);
@@ -481,6 +489,9 @@ static void handle_token(struct dsi_serve *sv, struct rec *rc, const struct entr
         c->stop_token = en->token;
         finish_comp(sv, rc, c, DSI_FINISH_STOP, en->t);
         return;
+    case DSI_SSEQ_FIN_GRAMMAR: /* the constrained output is complete */
+        finish_comp(sv, rc, c, DSI_FINISH_STOP, en->t);
+        return;
     default:
         finish_comp(sv, rc, c, DSI_FINISH_LENGTH, en->t);
         return;
@@ -673,6 +684,19 @@ static void publish_stats(struct dsi_serve *sv) {
 static void collect(struct rec *cur, const struct dsi_sched_tok *tk, int nt, double t) {
     for (int i = 0; i < nt; i++) {
         struct dsi_sseq *q = tk[i].q;
+        if (tk[i].finish == DSI_SSEQ_FIN_GRAMMAR_ERROR) { /* no token: fail the request */
+            struct comp *c = q->user;
+            struct req *r = c->r;
+            if (!r->status) {
+                r->status = DSI_ERR_INVALID;
+                snprintf(r->err, sizeof(r->err),
+                         "response_format: no token of the vocabulary can continue completion %d "
+                         "after %d tokens",
+                         c->index, q->n_gen);
+            }
+            rec_push(cur, (struct entry){.c = c, .kind = ENT_ERROR, .index = -1, .t = t});
+            continue;
+        }
         rec_push(cur, (struct entry){.c = q->user,
                                      .kind = ENT_TOKEN,
                                      .token = tk[i].token,
@@ -846,6 +870,7 @@ int dsi_batch_open(struct dsi_engine **out,
     const char *tdir = bo->tokenizer_dir ? bo->tokenizer_dir : eo->model_dir;
     if (!rc && tdir && *tdir && file_exists(tdir, "tokenizer.json"))
         rc = dsi_bpe_open_limit(&sv->bpe, tdir, sv->n_vocab, err);
+    if (!rc && sv->bpe) rc = dsi_rformat_cache_new(&sv->rfc, sv->bpe, sv->eos, 0, err);
     int budget =
         bo->max_batch_tokens > 0 ? DSI_MIN(bo->max_batch_tokens, e->max_rows) : e->max_rows;
     struct dsi_sched_opts so = {.max_rows = budget,
@@ -926,6 +951,7 @@ static void serve_free(struct dsi_serve *sv) {
         free(sv->rec[i].stopped);
         free(sv->rec[i].finished);
     }
+    dsi_rformat_cache_free(sv->rfc); /* after every request: they hold references */
     dsi_bpe_free(sv->bpe);
     pthread_mutex_destroy(&sv->mu_in);
     pthread_cond_destroy(&sv->cv_in);
@@ -1053,6 +1079,11 @@ build_req(struct dsi_serve *sv, const struct dsi_request *q, struct req *r, stru
     if (q->n_stop && !sv->bpe)
         return dsi_errf(err, DSI_ERR_UNSUPPORTED,
                         "stop strings need a tokenizer (the model has no tokenizer.json)");
+    if (q->response_format) { /* compiled here, in the caller's thread (cached per engine) */
+        rc = dsi_rformat_get(sv->rfc, q->response_format, strlen(q->response_format), &r->rf, err);
+        if (rc) return rc;
+        r->rfc = sv->rfc;
+    }
     r->tag = q->tag;
     r->n = q->n;
     r->stream = q->stream;
@@ -1103,6 +1134,13 @@ build_req(struct dsi_serve *sv, const struct dsi_request *q, struct req *r, stru
         s->user = c;
         s->slot = -1;
         if (!s->gen) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+        if (r->rf) { /* one matcher per completion; its mask buffer */
+            rc = dsi_grammar_matcher_new(&s->matcher, dsi_rformat_grammar(r->rf), err);
+            if (rc) return rc;
+            s->n_mask = dsi_rformat_vocab_size(r->rf);
+            s->mask = dsi_malloc(sizeof(uint32_t) * dsi_grammar_mask_words(s->n_mask));
+            if (!s->mask) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+        }
         if (r->logprobs) {
             s->lp = dsi_malloc(sizeof(float) * (size_t)max_new);
             s->n_top = r->n_top;

@@ -20,6 +20,7 @@ struct dsi_jsonl_req {
     int32_t *stop_ids;
     const char **stop;
     char *messages;
+    char *response_format; /* the object re-serialised (compact) */
 };
 
 const struct dsi_request *dsi_jsonl_request(const struct dsi_jsonl_req *r) { return &r->req; }
@@ -31,6 +32,7 @@ void dsi_jsonl_req_free(struct dsi_jsonl_req *r) {
     free(r->stop_ids);
     free(r->stop);
     free(r->messages);
+    free(r->response_format);
     free(r);
 }
 
@@ -181,6 +183,14 @@ static int field(struct dsi_jsonl_req *r, const char *k, json_t *v, struct dsi_e
     } else if (!strcmp(k, "top_logprobs")) {
         rc = want_int(k, v, 0, 20, &x, err);
         q->top_logprobs = (int)x;
+    } else if (!strcmp(k, "response_format")) {
+        if (!json_is_object(v))
+            return dsi_errf(err, DSI_ERR_INVALID,
+                            "field \"response_format\": want an object such as "
+                            "{\"type\": \"json_object\"}");
+        r->response_format = json_dumps(v, JSON_COMPACT);
+        if (!r->response_format) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
+        q->response_format = r->response_format; /* checked and compiled by dsi_submit */
     } else if (!strcmp(k, "ignore_eos")) {
         if (!json_is_boolean(v))
             return dsi_errf(err, DSI_ERR_INVALID, "field \"ignore_eos\": want true or false");
@@ -285,10 +295,14 @@ static json_t *ids_array(const int32_t *p, int n) {
     return a;
 }
 
+/* A logprob as JSON: -INFINITY (an id masked by a response_format) as -9999.0, the value
+ * OpenAI and vLLM use (JSON has no infinity). */
+static json_t *lp_real(float x) { return json_real(isfinite(x) ? (double)x : -9999.0); }
+
 static json_t *logprobs_obj(const struct dsi_completion *c) {
     json_t *o = json_object(), *lp = json_array();
     for (int i = 0; i < c->n_tokens; i++)
-        json_array_append_new(lp, json_real((double)c->logprobs[i]));
+        json_array_append_new(lp, lp_real(c->logprobs[i]));
     json_object_set_new(o, "token_ids", ids_array(c->tokens, c->n_tokens));
     json_object_set_new(o, "token_logprobs", lp);
     if (c->n_top) {
@@ -298,8 +312,7 @@ static json_t *logprobs_obj(const struct dsi_completion *c) {
             for (int k = 0; k < c->n_top; k++) {
                 json_t *x = json_object();
                 json_object_set_new(x, "id", json_integer(c->top_ids[i * c->n_top + k]));
-                json_object_set_new(x, "logprob",
-                                    json_real((double)c->top_logprobs[i * c->n_top + k]));
+                json_object_set_new(x, "logprob", lp_real(c->top_logprobs[i * c->n_top + k]));
                 json_array_append_new(alt, x);
             }
             json_array_append_new(top, alt);

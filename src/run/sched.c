@@ -6,6 +6,9 @@
  * to waiting.head. */
 #include "sched.h"
 
+#include "grammar/grammar.h"
+
+#include <math.h>
 #include <string.h>
 
 struct list {
@@ -22,9 +25,9 @@ struct dsi_sched {
     int32_t *tokens, *pos, *slot; /* [max_rows] */
     uint8_t *want;                /* [max_rows] */
     struct dsi_batch batch;
-    float *logits;              /* [max_logit_rows, n_vocab] */
-    struct dsi_sseq **sample_q; /* [max_logit_rows] */
-    struct dsi_sched_tok *toks; /* [max_logit_rows] */
+    float *logits;                /* [max_logit_rows, n_vocab] */
+    struct dsi_sseq **sample_q;   /* [max_logit_rows] */
+    struct dsi_sched_tok *toks;   /* [max_logit_rows] */
     struct dsi_sample_row *srows; /* [max_logit_rows] device-sampling parameters */
     int32_t *stoks;               /* [max_logit_rows] device-sampled tokens */
     struct dsi_sampler *sampler;
@@ -226,11 +229,45 @@ static int token_stop(const struct dsi_sched *s, const struct dsi_sseq *q, int32
     return DSI_SSEQ_FIN_NONE;
 }
 
-static void sample_one(struct dsi_sched *s,
-                       struct dsi_sseq *q,
-                       const float *logits,
-                       struct dsi_sched_tok *out) {
+/* Grammar mask on the host logits row: disallowed ids (and ids beyond the grammar's
+ * vocabulary) -> -INFINITY. Returns false when no token at all is allowed. */
+static bool apply_mask(const struct dsi_sched *s, const struct dsi_sseq *q, float *logits) {
+    if (dsi_grammar_matcher_fill_mask(q->matcher, q->mask)) return false;
+    int n = s->o.n_vocab, nm = DSI_MIN(q->n_mask, n);
+    for (int base = 0; base < nm; base += 32) { /* the clear bits of each word */
+        uint32_t z = ~q->mask[base >> 5];
+        if (z == 0xffffffffu && nm - base >= 32) { /* nothing allowed: a plain (vector) store */
+            for (int k = 0; k < 32; k++)
+                logits[base + k] = -INFINITY;
+            continue;
+        }
+        if (nm - base < 32) z &= (1u << (nm - base)) - 1u;
+        for (; z; z &= z - 1u)
+            logits[base + __builtin_ctz(z)] = -INFINITY;
+    }
+    for (int v = nm; v < n; v++)
+        logits[v] = -INFINITY;
+    return true;
+}
+
+/* Finish reason of a constrained sequence after it took token t: EOS ends it whatever
+ * ignore_eos says (the grammar cannot go on), a complete output with nothing but EOS left ends
+ * it before max_new or the context would. */
+static int grammar_stop(const struct dsi_sseq *q, int fin) {
+    if (dsi_grammar_matcher_is_terminated(q->matcher)) return DSI_SSEQ_FIN_EOS;
+    if (fin == DSI_SSEQ_FIN_EOS || fin == DSI_SSEQ_FIN_STOP_ID) return fin;
+    if (dsi_grammar_matcher_is_final(q->matcher)) return DSI_SSEQ_FIN_GRAMMAR;
+    return fin;
+}
+
+static void
+sample_one(struct dsi_sched *s, struct dsi_sseq *q, float *logits, struct dsi_sched_tok *out) {
     int idx = q->n_gen;
+    if (q->matcher && !apply_mask(s, q, logits)) {
+        *out = (struct dsi_sched_tok){q, -1, idx, DSI_SSEQ_FIN_GRAMMAR_ERROR};
+        finish(s, q, out->finish);
+        return;
+    }
     struct dsi_sample_hist h = {q->prompt, q->n_prompt, q->gen, q->n_gen};
     struct dsi_sample_lp lp = {0}, *plp = NULL;
     if (q->lp) {
@@ -241,18 +278,23 @@ static void sample_one(struct dsi_sched *s,
         plp = &lp;
     }
     int32_t t = dsi_sampler_sample(s->sampler, logits, &q->sp, &h, seq_len(q), plp);
+    if (q->matcher && dsi_grammar_matcher_accept_token(q->matcher, t, NULL)) {
+        *out = (struct dsi_sched_tok){q, -1, idx, DSI_SSEQ_FIN_GRAMMAR_ERROR};
+        finish(s, q, out->finish);
+        return;
+    }
     if (plp) q->lp[idx] = lp.chosen;
     q->gen[q->n_gen++] = t;
-    *out = (struct dsi_sched_tok){q, t, idx, token_stop(s, q, t)};
+    int fin = token_stop(s, q, t);
+    if (q->matcher) fin = grammar_stop(q, fin);
+    *out = (struct dsi_sched_tok){q, t, idx, fin};
     if (out->finish) finish(s, q, out->finish);
 }
 
 /* Commit a token sampled on the device (the tail of sample_one for a sequence with no
  * logprobs, penalties or mask). */
-static void take_token(struct dsi_sched *s,
-                       struct dsi_sseq *q,
-                       int32_t t,
-                       struct dsi_sched_tok *out) {
+static void
+take_token(struct dsi_sched *s, struct dsi_sseq *q, int32_t t, struct dsi_sched_tok *out) {
     int idx = q->n_gen;
     q->gen[q->n_gen++] = t;
     *out = (struct dsi_sched_tok){q, t, idx, token_stop(s, q, t)};
@@ -260,10 +302,7 @@ static void take_token(struct dsi_sched *s,
 }
 
 /* A grammar-constrained sequence (its mask is applied on the host). */
-static bool sseq_constrained(const struct dsi_sseq *q) {
-    (void)q;
-    return false;
-}
+static bool sseq_constrained(const struct dsi_sseq *q) { return q->matcher != NULL; }
 
 /* Whether this step's sampled sequences can all be drawn by the device's sample op; fills
  * s->srows. Penalties, logprobs and grammar masks need the logits on the host. */
@@ -407,6 +446,11 @@ int dsi_sched_step(struct dsi_sched *s,
     }
     /* sample in row order; finished sequences leave the running list as they go */
     if (dev) {
+        for (int i = 0; i < ns; i++)
+            if (s->stoks[i] < 0 || s->stoks[i] >= s->o.n_vocab)
+                return dsi_errf(err, DSI_ERR_DEVICE,
+                                "device sampling returned token %d for row %d (vocab %d)",
+                                s->stoks[i], i, s->o.n_vocab);
         s->st.device_sampled_steps++;
         for (int i = 0; i < ns; i++)
             take_token(s, s->sample_q[i], s->stoks[i], &s->toks[i]);

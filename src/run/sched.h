@@ -15,9 +15,11 @@
  *    Invariant: every running sequence is older than every waiting one.
  *  - forward: a flat struct dsi_batch through the forward callback (the real forward, or a
  *    fake one in tests); logits only for rows that complete a sequence's known tokens.
- *  - sample: one token per such sequence (sample.h), logprobs if asked, then the token-level
- *    stops: EOS (unless ignore_eos), stop token ids, max_new, the context. A sequence that
- *    stops is removed at once (slot and pages freed) and reported with its finish reason.
+ *  - sample: one token per such sequence (sample.h; grammar-constrained sequences first mask
+ *    the logits and then advance their matcher), logprobs if asked, then the token-level
+ *    stops: EOS (unless ignore_eos), stop token ids, a finished grammar, max_new, the context.
+ *    A sequence that stops is removed at once (slot and pages freed) and reported with its
+ *    finish reason.
  * Text-level stops (stop strings) and cancellation are decided by the owner, which removes the
  * sequence with dsi_sched_remove.
  *
@@ -39,11 +41,18 @@ enum dsi_sseq_state { DSI_SSEQ_NEW = 0, DSI_SSEQ_WAITING, DSI_SSEQ_RUNNING, DSI_
 /* Token-level finish reasons (0 = still running). */
 enum dsi_sseq_finish {
     DSI_SSEQ_FIN_NONE = 0,
-    DSI_SSEQ_FIN_EOS,     /* the EOS token (kept as the last generated token) */
-    DSI_SSEQ_FIN_STOP_ID, /* a stop token id (kept as the last generated token) */
-    DSI_SSEQ_FIN_LENGTH,  /* max_new tokens generated */
-    DSI_SSEQ_FIN_CONTEXT, /* the sequence filled the context */
+    DSI_SSEQ_FIN_EOS,           /* the EOS token (kept as the last generated token) */
+    DSI_SSEQ_FIN_STOP_ID,       /* a stop token id (kept as the last generated token) */
+    DSI_SSEQ_FIN_LENGTH,        /* max_new tokens generated */
+    DSI_SSEQ_FIN_CONTEXT,       /* the sequence filled the context */
+    DSI_SSEQ_FIN_GRAMMAR,       /* constrained: the output is complete and nothing but EOS may
+                                   follow (the last token is kept; no EOS is sampled) */
+    DSI_SSEQ_FIN_GRAMMAR_ERROR, /* constrained: no token of the vocabulary can continue the
+                                   output, or the matcher refused the sampled token (a bug);
+                                   nothing was added to gen, the sched_tok's token is -1 */
 };
+
+struct dsi_grammar_matcher;
 
 /* One sequence (one completion of a request). */
 struct dsi_sseq {
@@ -63,6 +72,17 @@ struct dsi_sseq {
     int32_t *top_id;
     float *top_lp;
     void *user;
+    /* structured output (optional; grammar/grammar.h): a constrained sequence has a matcher
+     * (fresh, or holding exactly the tokens in gen) and a mask buffer of
+     * dsi_grammar_mask_words(n_mask) words, both owner-allocated. Each sample: the allowed-token
+     * mask is applied to the logits row (disallowed -> -INFINITY; ids >= n_mask never allowed;
+     * EOS only where the output may end) before penalties and the draw, then the matcher
+     * advances on the token. The sequence ends with FIN_GRAMMAR when only EOS may follow, and
+     * with FIN_EOS when EOS is drawn (even with ignore_eos). Preemption keeps gen, so the
+     * matcher is never rewound. Constrained sequences are always sampled on the host. */
+    struct dsi_grammar_matcher *matcher; /* NULL: unconstrained */
+    uint32_t *mask;
+    int32_t n_mask;
     /* ---- scheduler state (read-only for the owner) ---- */
     int state;                    /* enum dsi_sseq_state */
     int finish;                   /* enum dsi_sseq_finish once DONE by a token-level stop */

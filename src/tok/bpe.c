@@ -349,6 +349,10 @@ bool dsi_bpe_is_special(const struct dsi_bpe *b, int32_t id) {
     return id >= 0 && id < b->n_ids && (b->tok_flags[id] & TOKF_SPECIAL);
 }
 
+bool dsi_bpe_is_added(const struct dsi_bpe *b, int32_t id) {
+    return id >= 0 && id < b->n_ids && (b->tok_flags[id] & TOKF_ADDED);
+}
+
 int32_t dsi_bpe_bos_id(const struct dsi_bpe *b) { return b->bos_id; }
 int32_t dsi_bpe_eos_id(const struct dsi_bpe *b) { return b->eos_id; }
 int32_t dsi_bpe_pad_id(const struct dsi_bpe *b) { return b->pad_id; }

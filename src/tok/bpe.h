@@ -96,6 +96,8 @@ int dsi_bpe_token_bytes(
 int32_t dsi_bpe_token_id(const struct dsi_bpe *bpe, const char *name, struct dsi_err *err);
 
 bool dsi_bpe_is_special(const struct dsi_bpe *bpe, int32_t id);
+/* An added token (special or not: <｜User｜>, <think>, ...): control markup, not text. */
+bool dsi_bpe_is_added(const struct dsi_bpe *bpe, int32_t id);
 
 /* Ids from tokenizer_config.json (bos_token, eos_token, pad_token); -1 when not set. */
 int32_t dsi_bpe_bos_id(const struct dsi_bpe *bpe);

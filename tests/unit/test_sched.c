@@ -6,10 +6,13 @@
  *    running older than waiting) and the batch contract the forward relies on;
  *  - every request finishes exactly once, nothing is leaked at idle;
  *  - outputs after preemption + recompute equal the outputs of the same request run alone
- *    with a pool that never preempts (greedy and seeded sampling). */
+ *    with a pool that never preempts (greedy and seeded sampling);
+ *  - grammar-constrained sequences (test_sched_grammar): masked before the draw, the matcher
+ *    advanced, finished when complete, intact across preemption. */
 #include "test.h"
 
 #include "core/core.h"
+#include "grammar/grammar.h"
 #include "run/sched.h"
 
 #include <stdlib.h>
@@ -370,5 +373,203 @@ int test_sched_preempt(struct test_ctx *t) {
     dsi_sched_free(s);
     dsi_kv_free(kv);
     dsi_backend_free(be);
+    return 0;
+}
+
+/* ---- grammar-constrained sequences (matcher + mask in struct dsi_sseq) ------------------ */
+
+/* The fake model's vocabulary as the grammar sees it: 0 a control token, 1 EOS, then single
+ * characters and a few multi-character tokens; the rest have no text (never allowed). */
+static int fake_vocab(struct dsi_grammar_vocab **v) {
+    static const char *const text[] = {"a", "b",  "c",   "d",  "e",  "x",   "y",  "0",  "1",
+                                       "2", "ab", "abc", "cd", "ba", "abd", "dd", "cc", "{",
+                                       "}", "\"", ":",   ",",  " ",  "[",   "]",  "ca", "bab"};
+    const char *tok[FAKE_V] = {0};
+    uint32_t len[FAKE_V] = {0};
+    uint8_t flags[FAKE_V] = {0};
+    tok[0] = "<s>";
+    len[0] = 3;
+    flags[0] = DSI_GRAMMAR_TOKEN_SPECIAL;
+    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++) {
+        tok[i + 2] = text[i];
+        len[i + 2] = (uint32_t)strlen(text[i]);
+    }
+    return dsi_grammar_vocab_new(v, tok, len, flags, FAKE_V, 1, NULL);
+}
+
+static int fake_grammar(struct dsi_grammar_compiled **cg,
+                        const struct dsi_grammar_vocab *v,
+                        const char *regex) {
+    struct dsi_grammar *g = NULL;
+    int rc = dsi_grammar_parse(&g, DSI_GRAMMAR_REGEX, regex, strlen(regex), NULL, NULL);
+    if (!rc) rc = dsi_grammar_compile(cg, g, v, NULL, NULL);
+    dsi_grammar_free(g);
+    return rc;
+}
+
+/* The text of q's tokens (EOS and text-less ids skipped). */
+static void fake_text(const struct dsi_grammar_vocab *v, const struct dsi_sseq *q, char *out) {
+    size_t n = 0;
+    for (int i = 0; i < q->n_gen; i++) {
+        uint32_t l = 0;
+        const char *b = q->gen[i] == 1 ? "" : dsi_grammar_vocab_token(v, q->gen[i], &l);
+        memcpy(out + n, b, l);
+        n += l;
+    }
+    out[n] = 0;
+}
+
+/* s is a whole member of (ab|c){12,}d, or (prefix) could still become one. */
+static bool abcd_match(const char *s, bool prefix) {
+    size_t n = strlen(s), i = 0;
+    int units = 0;
+    for (; i < n && s[i] != 'd'; units++) {
+        if (s[i] == 'c')
+            i++;
+        else if (s[i] == 'a' && (i + 1 == n ? prefix : s[i + 1] == 'b'))
+            i += 2;
+        else
+            return false;
+    }
+    if (i == n) return prefix;
+    return units >= 12 && i + 1 == n;
+}
+
+struct gseq {
+    struct dsi_sseq q;
+    int32_t prompt[300];
+    int32_t gen[80];
+    uint32_t mask[(FAKE_V + 31) / 32];
+};
+
+static void gseq_init(struct gseq *g, int i, const struct dsi_grammar_compiled *cg, bool ws) {
+    memset(g, 0, sizeof(*g));
+    int n = 200 + (i * 37) % 56; /* + the output crosses the 256-position page */
+    for (int k = 0; k < n; k++)
+        g->prompt[k] = 2 + (k * 13 + i) % 60;
+    g->q = (struct dsi_sseq){.order = (uint64_t)i + 1,
+                             .prompt = g->prompt,
+                             .n_prompt = n,
+                             .gen = g->gen,
+                             .max_new = 80,
+                             .sp = {.temperature = i % 3 ? 1.0f : 0.0f,
+                                    .repetition_penalty = 1.0f,
+                                    .frequency_penalty = i % 4 == 1 ? 0.5f : 0.0f,
+                                    .seed = 77u + (uint64_t)i},
+                             .ignore_eos = ws,
+                             .mask = g->mask,
+                             .n_mask = FAKE_V};
+    if (cg) dsi_grammar_matcher_new(&g->q.matcher, cg, NULL);
+}
+
+/* Run sequences to the end on a pool of n_pages pages. */
+static int run_gseqs(struct gseq *g, int n, int n_pages, struct dsi_err *err, int64_t *preempt) {
+    struct dsi_backend *be = NULL;
+    struct dsi_config cfg;
+    struct dsi_kv *kv = NULL;
+    int rc = fake_kv(&be, &cfg, &kv, n_pages, 4, 2048, 64);
+    struct fake f = {.kv = kv};
+    struct dsi_sched *s = NULL;
+    struct dsi_sched_opts so = {.max_rows = 64,
+                                .chunk_align = 16,
+                                .n_vocab = FAKE_V,
+                                .eos = 1,
+                                .fwd = fake_fwd,
+                                .fwd_user = &f};
+    if (!rc) rc = dsi_sched_new(&s, kv, &so, err);
+    for (int i = 0; i < n && !rc; i++)
+        rc = dsi_sched_add(s, &g[i].q, err);
+    for (int steps = 0; !rc && !dsi_sched_idle(s) && steps < 100000; steps++) {
+        const struct dsi_sched_tok *tk;
+        int nt;
+        rc = dsi_sched_step(s, &tk, &nt, err);
+        if (!rc) rc = dsi_sched_check(s, err);
+    }
+    struct dsi_sched_stats st;
+    if (s) dsi_sched_get_stats(s, &st);
+    if (!rc && preempt) *preempt = st.preemptions;
+    if (!rc && !dsi_sched_idle(s)) rc = dsi_errf(err, DSI_ERR_INVALID, "not idle");
+    dsi_sched_free(s);
+    dsi_kv_free(kv);
+    dsi_backend_free(be);
+    return rc;
+}
+
+/* Masks before the draw: every completion of (ab|c){12,}d is a member (or a prefix when cut by
+ * max_new), finishes with FIN_GRAMMAR after its 'd' without an EOS; the same requests
+ * unconstrained leave the language (the mask did something); outputs after preemption equal
+ * outputs alone; a grammar the vocabulary cannot spell fails cleanly; EOS ends a complete
+ * output even with ignore_eos. */
+int test_sched_grammar(struct test_ctx *t) {
+    enum { N = 24 };
+    struct dsi_grammar_vocab *v = NULL;
+    struct dsi_grammar_compiled *cg = NULL, *cz = NULL, *ca = NULL;
+    TEST_ASSERT(!fake_vocab(&v));
+    TEST_ASSERT(!fake_grammar(&cg, v, "(ab|c){12,}d"));
+    TEST_ASSERT(!fake_grammar(&cz, v, "z"));        /* no token spells 'z' */
+    TEST_ASSERT(!fake_grammar(&ca, v, "a{1,200}")); /* complete after every token */
+    struct gseq *g = calloc(4 * N, sizeof(*g)), *alone = g + N, *free_run = g + 2 * N;
+    struct gseq *ge = g + 3 * N;
+    struct dsi_err err = {0};
+    int64_t pre = 0;
+    for (int i = 0; i < N; i++)
+        gseq_init(&g[i], i, cg, false);
+    TEST_ASSERTF(!run_gseqs(g, N, 2, &err, &pre), "%s", err.msg);
+    TEST_ASSERT(pre > 0); /* 2 pages of 256 positions: preempted and recomputed */
+    int n_gram = 0, outside = 0;
+    char text[1024];
+    for (int i = 0; i < N; i++) {
+        struct dsi_sseq *q = &g[i].q;
+        fake_text(v, q, text);
+        if (q->finish == DSI_SSEQ_FIN_GRAMMAR) {
+            n_gram++;
+            TEST_ASSERTF(abcd_match(text, false), "seq %d: '%s'", i, text);
+            TEST_ASSERT(q->gen[q->n_gen - 1] != 1);
+        } else {
+            TEST_ASSERTF(q->finish == DSI_SSEQ_FIN_LENGTH && q->n_gen == q->max_new &&
+                             abcd_match(text, true),
+                         "seq %d: finish %d '%s'", i, q->finish, text);
+        }
+        /* alone on a roomy pool, with a fresh matcher: the same tokens */
+        gseq_init(&alone[i], i, cg, false);
+        TEST_ASSERTF(!run_gseqs(&alone[i], 1, 64, &err, NULL), "%s", err.msg);
+        TEST_ASSERTF(alone[i].q.n_gen == q->n_gen &&
+                         !memcmp(alone[i].gen, q->gen, sizeof(int32_t) * (size_t)q->n_gen),
+                     "seq %d (%d preemptions) differs alone", i, q->n_preempt);
+        /* unconstrained */
+        gseq_init(&free_run[i], i, NULL, false);
+        TEST_ASSERTF(!run_gseqs(&free_run[i], 1, 64, &err, NULL), "%s", err.msg);
+        fake_text(v, &free_run[i].q, text);
+        outside += !abcd_match(text, true);
+    }
+    fprintf(stderr, "[%lld preemptions, %d of %d complete] ", (long long)pre, n_gram, N);
+    TEST_ASSERT(n_gram >= N / 2 && outside >= N / 2);
+    /* a vocabulary that cannot continue: FIN_GRAMMAR_ERROR, no token, nothing leaked */
+    gseq_init(&ge[0], 0, cz, false);
+    TEST_ASSERTF(!run_gseqs(&ge[0], 1, 4, &err, NULL), "%s", err.msg);
+    TEST_ASSERT(ge[0].q.finish == DSI_SSEQ_FIN_GRAMMAR_ERROR && ge[0].q.n_gen == 0);
+    dsi_grammar_matcher_free(ge[0].q.matcher);
+    /* a{1,50} with ignore_eos: EOS (allowed after every token) still ends it */
+    int n_eos = 0;
+    for (int i = 0; i < N; i++) {
+        gseq_init(&ge[i], i, ca, true);
+        ge[i].q.sp.temperature = 1.0f;
+        TEST_ASSERTF(!run_gseqs(&ge[i], 1, 4, &err, NULL), "%s", err.msg);
+        struct dsi_sseq *q = &ge[i].q;
+        fake_text(v, q, text);
+        bool eos = q->finish == DSI_SSEQ_FIN_EOS;
+        n_eos += eos;
+        TEST_ASSERTF(eos ? q->gen[q->n_gen - 1] == 1 : q->finish == DSI_SSEQ_FIN_LENGTH,
+                     "seq %d finish %d", i, q->finish);
+        TEST_ASSERT(strspn(text, "a") == strlen(text) && strlen(text) >= (eos ? 1u : 50u));
+    }
+    TEST_ASSERT(n_eos > 0);
+    for (int i = 0; i < 4 * N; i++)
+        dsi_grammar_matcher_free(g[i].q.matcher);
+    free(g);
+    dsi_grammar_compiled_free(cg);
+    dsi_grammar_compiled_free(cz);
+    dsi_grammar_compiled_free(ca);
+    dsi_grammar_vocab_free(v);
     return 0;
 }
