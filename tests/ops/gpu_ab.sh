@@ -5,7 +5,7 @@
 #   mkdir -p build/base_cuda && for f in $(git ls-tree --name-only HEAD src/backend/cuda/); do
 #     git show HEAD:$f > build/base_cuda/$(basename $f); done
 # and carry build/base_cuda with build/deps), runs the CUDA op and model tests on this tree, the
-# layer benchmark on both (base, new, base, new, new with DSI_CUDA_NOGRAPH=1), a per-op
+# layer benchmark on both (base, new, base, new, new with $AB_VAR, default DSI_CUDA_NOGEMV=1), a per-op
 # profile of the timed steps at batch 1 and 64, then the CLI check and the sanitizers while time
 # is left (RUN_BUDGET seconds, default 300). All logs in $OUT/logs.tgz, the key lines in
 # $OUT/summary.txt and at the end of the output.
@@ -55,7 +55,7 @@ wait $BB
 log "builds done (base rc $(cat $L/build_base.rc))"
 bench_link() { # lib out
     cc -std=c11 -O2 -D_GNU_SOURCE -DDSI_CUDA -DDSI_BENCH_LAYER_MAIN -Iinclude -Isrc ${CFLAGS:-} \
-        -o "$2" tools/cmd_bench_layer.c "$1" ${LDFLAGS:-} -L/usr/local/cuda/lib64 -ljansson \
+        -o "$2" ${BENCH_SRC:-tools/cmd_bench_layer.c} "$1" ${LDFLAGS:-} -L/usr/local/cuda/lib64 -ljansson \
         -lpcre2-8 -lpthread -lm -lcudart -lstdc++ 2>&1 | tail -5
 }
 bench_link build/cuda/libdsinfer.a build/cuda/bench_layer
@@ -74,7 +74,8 @@ fi
 bench() { # name binary batches [VAR=value...]
     local name=$1 bin=$2 bs=$3
     shift 3
-    env "$@" timeout 120 $bin -m $M --ctx 4096 --steps 7 --batch $bs >$L/bench_$name.txt 2>&1
+    env "$@" timeout 120 $bin -m $M --ctx 4096 --steps 7 --batch $bs ${BENCH_ARGS:---no-split --prefill 0} \
+        >$L/bench_$name.txt 2>&1
     log "bench $name rc $?"
 }
 if [ -x build/cuda/bench_layer_base ]; then
@@ -85,7 +86,7 @@ if [ -x build/cuda/bench_layer_base ]; then
 else
     bench new1 build/cuda/bench_layer $BATCH
 fi
-left 70 && bench nograph build/cuda/bench_layer $BATCH DSI_CUDA_NOGRAPH=1
+left 70 && bench ${AB_VAR_NAME:-nogemv} build/cuda/bench_layer $BATCH ${AB_VAR:-DSI_CUDA_NOGEMV=1}
 left 60 && bench profile build/cuda/bench_layer 1,64 DSI_CUDA_PROFILE=1
 # the serving sweep on the GPU (issue 5: decode step period vs forward time at c = 64)
 SWEEP=${SWEEP_CONC:-1,8,64}

@@ -361,6 +361,13 @@ int test_cuda_gemm(struct test_ctx *t) {
         {DSI_TYPE_FP4_E2M1, 2048, 4096, 3, 0, 2048, 0, 0, true},
         {DSI_TYPE_FP4_E2M1, 4096, 2048, 1, 0, 4096, 0, 0, true},
         {DSI_TYPE_BF16, 8192, 4096, 2, 0, 8192, 0, 0, false},
+        /* the decode kernel (k_gemv, n <= 2): odd outputs with an offset, padded ld, K = 8192
+         * and K = 16384 (split forced by its shared memory), enough pairs for no split */
+        {DSI_TYPE_FP4_E2M1, 130, 2048, 1, 1, 129, 0, 0, false},
+        {DSI_TYPE_F8_E4M3, 8192, 4096, 2, 1024, 1023, 32768, 8192, true},
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 1, 0, 4096, 0, 0, true},
+        {DSI_TYPE_BF16, 96, 16384, 2, 0, 96, 0, 0, false},
+        {DSI_TYPE_BF16, 65536, 256, 1, 0, 65536, 0, 0, false},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++) {

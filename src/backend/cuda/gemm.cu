@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
                     else
                         load_x_chunk(x + (xv ? (i0 + rx) * ldx + q * 32 : 0), xv, xf);
                     gemm_put<RX>(chunk_dot(xf, wf), cv, cvs[warp], xv && wv[r], q, n, i0, rx, n_out,
-                             o0, r, lane);
+                                 o0, r, lane);
                 }
             }
             if (!wact) continue;
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
 #pragma unroll
                 for (int r = 0; r < GEMM_RW; r++)
                     gemm_put<RX>(chunk_dot(xf, wf[r]), cv, cvs[warp], xv && wv[r], q, n, i0, rx,
-                             n_out, o0, r, lane);
+                                 n_out, o0, r, lane);
             }
         }
         if (!cv) {
@@ -319,13 +319,22 @@ static void launch_fast(struct cu_ctx *c,
 #undef GEMM_LAUNCH
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemm")) return;
-    if (cv) {
-        int pr = cu_prof_begin(c, "gemm.reduce");
-        k_gemm_reduce<<<(unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, c->stream>>>(
-            cv, nq, n, n_out, y, ldy, round);
-        cu_prof_end(c, pr);
-        cu_check(c, "gemm reduce");
-    }
+    if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
+}
+
+void launch_gemm_reduce(struct cu_ctx *c,
+                        const float *cv,
+                        int64_t nq,
+                        int64_t n,
+                        int64_t n_out,
+                        float *y,
+                        int64_t ldy,
+                        bool round) {
+    int pr = cu_prof_begin(c, "gemm.reduce");
+    k_gemm_reduce<<<(unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, c->stream>>>(
+        cv, nq, n, n_out, y, ldy, round);
+    cu_prof_end(c, pr);
+    cu_check(c, "gemm reduce");
 }
 
 void launch_gemm(struct cu_ctx *c,
@@ -351,6 +360,7 @@ void launch_gemm(struct cu_ctx *c,
         cu_check(c, "gemm (generic)");
         return;
     }
+    if (launch_gemv(c, w, row0, n_out, x, n, ldx, y, ldy, round)) return;
     switch (w->type) {
     case DSI_TYPE_F32:
         launch_fast<DSI_TYPE_F32>(c, w, row0, n_out, x, n, ldx, y, ldy, round);

@@ -9,6 +9,27 @@
 #define GEMM_RW 2 /* weight rows per warp */
 
 bool gemm_w_ok(const struct cu_w *w); /* the weight fits the fast kernel */
+/* The split-K second pass of k_gemm / k_gemv (gemm.cu). */
+void launch_gemm_reduce(struct cu_ctx *c,
+                        const float *cv,
+                        int64_t nq,
+                        int64_t n,
+                        int64_t n_out,
+                        float *y,
+                        int64_t ldy,
+                        bool round);
+/* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes;
+ * false: not taken (the caller runs k_gemm). */
+bool launch_gemv(struct cu_ctx *c,
+                 const struct cu_w *w,
+                 int64_t row0,
+                 int64_t n_out,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round);
 bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
 
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {

@@ -13,6 +13,7 @@
  * vector loads); the op uses backend scratch instead. */
 #include "common.cuh"
 #include "gemm.cuh"
+#include "moe.cuh"
 
 #include <string.h>
 
@@ -216,43 +217,6 @@ __global__ void __launch_bounds__(1024) k_moe_group(
 
 /* ---- expert GEMMs
  * -------------------------------------------------------------------------------- */
-
-struct moe_p {
-    const float *x; /* [n, D] */
-    int64_t n, D, I;
-    int topk;
-    const int32_t *perm; /* [nk] */
-    const int4 *tiles;   /* routed tiles, or NULL: shared expert (implicit tiles) */
-    const int32_t *n_tiles;
-    const struct cu_moe_ent *tab;
-    struct cu_w w1, w3, w2; /* formats (and, for the shared expert, the data) */
-    const float *weight;    /* [nk] */
-    float limit;
-    bool round;
-    bool stage; /* stage x rows in shared memory (c->xstage) */
-    float *h;   /* [nk + n, I] */
-    float *out; /* [nk + n, D] */
-};
-
-/* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
-__device__ __forceinline__ bool
-moe_tile(const struct moe_p &p, int RX, int *e, int64_t *pos0, int *rows) {
-    int64_t nk = p.n * p.topk;
-    if (p.tiles) {
-        if ((int)blockIdx.y >= *p.n_tiles) return false;
-        int4 t = p.tiles[blockIdx.y];
-        *e = t.x;
-        *pos0 = t.y;
-        *rows = t.z;
-    } else {
-        int64_t r0 = (int64_t)blockIdx.y * RX;
-        if (r0 >= p.n) return false;
-        *e = -1;
-        *pos0 = nk + r0;
-        *rows = (int)(p.n - r0 < RX ? p.n - r0 : RX);
-    }
-    return true;
-}
 
 /* Up projection + SwiGLU: a warp computes GEMM_RW = 2 rows: W1 row c and W3 row c. Dynamic
  * shared memory gemm_smem_bytes(RX); with p.stage the tile's x rows are staged there (gemm.cuh);
@@ -535,6 +499,7 @@ static void launch_down(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 gr
 }
 
 static bool moe_up(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
+    if (launch_moe_up_gv(c, p, type, rx, grid.y)) return cu_check(c, "moe up") && !c->sticky;
     switch (type) {
     case DSI_TYPE_F32:
         launch_up<DSI_TYPE_F32>(c, p, rx, grid);
@@ -558,6 +523,7 @@ static bool moe_up(struct cu_ctx *c, const struct moe_p *p, int type, int rx, di
 }
 
 static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, dim3 grid) {
+    if (launch_moe_down_gv(c, p, type, rx, grid.y)) return cu_check(c, "moe down") && !c->sticky;
     switch (type) {
     case DSI_TYPE_F32:
         launch_down<DSI_TYPE_F32>(c, p, rx, grid);
