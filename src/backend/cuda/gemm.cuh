@@ -38,6 +38,45 @@ __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int6
     return nullptr;
 }
 
+/* Dequantising a chunk with few instructions, to the same values as e4m3_to_f32(c) * scale and
+ * fp4_to_f32(c) * scale. The code's magnitude bits are placed where a float keeps its exponent
+ * and mantissa (e4m3: s eeee mmm -> sign bit 31, bits 20-26; e2m1: s ee m -> bit 31, bits
+ * 22-24): that float is exactly the code's value times 2^-120 (e4m3) or 2^-126 (e2m1), the
+ * subnormal codes included (they land on float subnormals), so one multiply by 2^120 (2^126)
+ * times the scale gives the value times the scale. Every product here is a power-of-two scaling
+ * of a value with at most 4 significant bits: exact, as the reference's own product is, unless
+ * it overflows, which it does the same way. When 2^120 (2^126) times the scale itself would
+ * overflow (scale byte > 134 / > 128) the two multiplies are done in turn. The e4m3 NaN code
+ * (s 1111 111) is mapped to the NaN the reference returns. */
+__device__ __forceinline__ float pow2f(int k) { /* 2^k for -126 <= k <= 127 */
+    return __uint_as_float((uint32_t)(k + 127) << 23);
+}
+
+__device__ __forceinline__ void e4m3x4(uint32_t u, uint32_t sb, float *out) {
+    bool one = sb != 0xffu && sb <= 134u;
+    float mul = one ? (sb == 0 ? pow2f(-7) : pow2f((int)sb - 7)) : pow2f(120);
+    float sc = e8m0_to_f32(sb);
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        uint32_t t = u >> (8 * b);
+        float r = __uint_as_float(((t & 0x80u) << 24) | ((t & 0x7fu) << 20));
+        float v = one ? r * mul : (r * mul) * sc;
+        out[b] = (t & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) * sc : v;
+    }
+}
+
+__device__ __forceinline__ void e2m1x8(uint32_t u, uint32_t sb, float *out) {
+    bool one = sb != 0xffu && sb <= 128u;
+    float mul = one ? (sb == 0 ? pow2f(-1) : pow2f((int)sb - 1)) : pow2f(126);
+    float sc = e8m0_to_f32(sb);
+#pragma unroll
+    for (int b = 0; b < 8; b++) {
+        uint32_t t = u >> (4 * b);
+        float r = __uint_as_float(((t & 8u) << 28) | ((t & 7u) << 22));
+        out[b] = one ? r * mul : (r * mul) * sc;
+    }
+}
+
 /* wf[0..32) = elements 32q .. 32q+31 of the row at rowp (q < 0: zeros). */
 template <int WT>
 __device__ __forceinline__ void load_w_chunk(
@@ -81,25 +120,21 @@ __device__ __forceinline__ void load_w_chunk(
     } else if (WT == DSI_TYPE_F8_E4M3) {
         const uint4 *p = (const uint4 *)(rowp + q * 32);
         uint4 r[2] = {__ldg(p), __ldg(p + 1)};
-        float sc = e8m0_to_f32(srow[(q * 32) / w.sb1]);
+        uint32_t sb = srow[(q * 32) / w.sb1];
 #pragma unroll
         for (int v = 0; v < 2; v++) {
             uint32_t u[4] = {r[v].x, r[v].y, r[v].z, r[v].w};
 #pragma unroll
             for (int h = 0; h < 4; h++)
-#pragma unroll
-                for (int b = 0; b < 4; b++)
-                    wf[v * 16 + h * 4 + b] = e4m3_to_f32((u[h] >> (8 * b)) & 0xffu) * sc;
+                e4m3x4(u[h], sb, &wf[v * 16 + h * 4]);
         }
     } else { /* FP4: two codes per byte, low nibble first */
         uint4 r = __ldg((const uint4 *)(rowp + q * 16));
-        float sc = e8m0_to_f32(srow[(q * 32) / w.sb1]);
+        uint32_t sb = srow[(q * 32) / w.sb1];
         uint32_t u[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
         for (int h = 0; h < 4; h++)
-#pragma unroll
-            for (int b = 0; b < 8; b++)
-                wf[h * 8 + b] = fp4_to_f32((u[h] >> (4 * b)) & 0xfu) * sc;
+            e2m1x8(u[h], sb, &wf[h * 8]);
     }
 }
 
@@ -155,24 +190,18 @@ __device__ __forceinline__ void decode_w_raw(const w_raw &r, int64_t q, float (&
             }
         }
     } else if (WT == DSI_TYPE_F8_E4M3) {
-        float sc = e8m0_to_f32((uint8_t)r.sc);
 #pragma unroll
         for (int v = 0; v < 2; v++) {
             uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
 #pragma unroll
             for (int h = 0; h < 4; h++)
-#pragma unroll
-                for (int b = 0; b < 4; b++)
-                    wf[v * 16 + h * 4 + b] = e4m3_to_f32((u[h] >> (8 * b)) & 0xffu) * sc;
+                e4m3x4(u[h], r.sc & 0xffu, &wf[v * 16 + h * 4]);
         }
     } else if (WT == DSI_TYPE_FP4_E2M1) {
-        float sc = e8m0_to_f32((uint8_t)r.sc);
         uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
 #pragma unroll
         for (int h = 0; h < 4; h++)
-#pragma unroll
-            for (int b = 0; b < 8; b++)
-                wf[h * 8 + b] = fp4_to_f32((u[h] >> (4 * b)) & 0xfu) * sc;
+            e2m1x8(u[h], r.sc & 0xffu, &wf[h * 8]);
     }
 }
 

@@ -227,6 +227,12 @@ static unsigned gv_blocks(struct cu_ctx *c, int64_t units, unsigned tiles) {
     return (unsigned)std::min(cu_div_up(units, CU_WARPS), want);
 }
 
+/* Measured (docs/cuda.md, step 4): with more tiles than about a quarter of the SMs, the tiled
+ * kernels (several blocks per tile, each a slice of the columns) are faster. */
+static bool gv_wanted(struct cu_ctx *c, int rx, unsigned tiles) {
+    return rx <= 2 && c->gemv && (int)tiles <= c->n_sms / 4;
+}
+
 template <int WT>
 static bool up_t(struct cu_ctx *c, const struct moe_p *p, int rx, unsigned tiles) {
     size_t smem = gv_smem(rx, p->D);
@@ -260,7 +266,7 @@ static bool down_t(struct cu_ctx *c, const struct moe_p *p, int rx, unsigned til
 }
 
 bool launch_moe_up_gv(struct cu_ctx *c, const struct moe_p *p, int type, int rx, unsigned tiles) {
-    if (rx > 2 || !c->gemv) return false;
+    if (!gv_wanted(c, rx, tiles)) return false;
     switch (type) {
     case DSI_TYPE_BF16:
         return up_t<DSI_TYPE_BF16>(c, p, rx, tiles);
@@ -276,7 +282,7 @@ bool launch_moe_up_gv(struct cu_ctx *c, const struct moe_p *p, int type, int rx,
 }
 
 bool launch_moe_down_gv(struct cu_ctx *c, const struct moe_p *p, int type, int rx, unsigned tiles) {
-    if (rx > 2 || !c->gemv) return false;
+    if (!gv_wanted(c, rx, tiles)) return false;
     switch (type) {
     case DSI_TYPE_BF16:
         return down_t<DSI_TYPE_BF16>(c, p, rx, tiles);
