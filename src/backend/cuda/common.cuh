@@ -69,7 +69,6 @@ struct cu_ctx {
     bool xstage; /* GEMM kernels stage activations in shared memory (see gemm.cuh);
                     DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
     bool gemv;   /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
-    bool gv_all_tiles; /* DSI_CUDA_GV_ALL=1: moe_gv.cu's kernels for any tile count (A/B) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[64];

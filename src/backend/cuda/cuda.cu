@@ -446,8 +446,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->xstage = !(ns && *ns && *ns != '0');
     const char *nv = getenv("DSI_CUDA_NOGEMV");
     c->gemv = !(nv && *nv && *nv != '0');
-    const char *ga = getenv("DSI_CUDA_GV_ALL");
-    c->gv_all_tiles = ga && *ga && *ga != '0';
     const char *ng = getenv("DSI_CUDA_NOGRAPH");
     c->use_graphs = !c->prof && !(ng && *ng && *ng != '0');
     c->cur_graph = -1;

@@ -51,12 +51,6 @@ __device__ __forceinline__ void gv_rows(const struct cu_w (&W)[GEMM_RW],
                            r[k]);
 }
 
-/* Loads in flight per warp: the (unit, piece) items a warp walks form one sequence t = 0, 1, ...
- * (unit first + (t / np) * stride, piece t % np); the raw bytes of items t + 1 .. t + GV_DEPTH - 1
- * are loaded while item t is decoded. FP4 chunks are 16 bytes a row, so 4 stages fit the
- * registers; FP8 (32) and BF16 (64) take 2. */
-template <int WT> struct gv_depth { static constexpr int value = WT == DSI_TYPE_FP4_E2M1 ? 4 : 2; };
-
 /* The shared walk: units u = first, first + stride, ... < units; rows_of(u) gives the GEMM_RW
  * weight rows of a unit (-1: none), done(u, acc) receives each owner lane's sum (lanes
  * < RX * GEMM_RW: x row lane / GEMM_RW, weight row lane % GEMM_RW; other lanes get 0). */
@@ -70,32 +64,35 @@ __device__ __forceinline__ void gv_walk(const struct cu_w (&W)[GEMM_RW],
                                         int64_t stride,
                                         Rows rows_of,
                                         Done done) {
-    constexpr int DP = gv_depth<WT>::value;
     int lane = threadIdx.x & 31;
     int64_t nq = K / 32, np = (nq + 31) / 32;
     int nqs = (int)np * 32;
-    if (first >= units) return;
-    int64_t total = (units - first + stride - 1) / stride * np; /* items of this warp */
-    w_raw st[DP][GEMM_RW];
-    auto issue = [&](int64_t t, w_raw(&r)[GEMM_RW]) {
-        int64_t k = t / np, row[GEMM_RW];
-        rows_of(first + k * stride, row);
-        gv_rows<WT>(W, row, nq, t - k * np, lane, r);
-    };
-#pragma unroll
-    for (int d = 0; d < DP - 1; d++)
-        if (d < total) issue(d, st[d]);
+    int64_t u = first, p = 0;
+    if (u >= units) return;
+    int64_t row[GEMM_RW], nrow[GEMM_RW];
+    rows_of(u, row);
+    w_raw raw[GEMM_RW], nxt[GEMM_RW];
+    gv_rows<WT>(W, row, nq, p, lane, raw);
     float acc = 0.0f;
-    for (int64_t t = 0; t < total; t++) {
-        if (t + DP - 1 < total) issue(t + DP - 1, st[DP - 1]);
-        int64_t k = t / np, u = first + k * stride, p = t - k * np, row[GEMM_RW];
-        rows_of(u, row);
+    for (;;) {
+        bool wrap = p + 1 >= np;
+        int64_t un = wrap ? u + stride : u, pn = wrap ? 0 : p + 1;
+        bool more = un < units;
+        if (more) {
+            if (wrap)
+                rows_of(un, nrow);
+            else
+#pragma unroll
+                for (int k = 0; k < GEMM_RW; k++)
+                    nrow[k] = row[k];
+            gv_rows<WT>(W, nrow, nq, pn, lane, nxt);
+        }
         int64_t q = p * 32 + lane;
         bool qv = q < nq;
 #pragma unroll
         for (int r = 0; r < GEMM_RW; r++) {
             float wf[32];
-            decode_w_raw<WT>(st[0][r], qv && row[r] >= 0 ? q : -1, wf);
+            decode_w_raw<WT>(raw[r], qv && row[r] >= 0 ? q : -1, wf);
 #pragma unroll
             for (int rx = 0; rx < RX; rx++) {
                 float xf[32];
@@ -110,15 +107,18 @@ __device__ __forceinline__ void gv_walk(const struct cu_w (&W)[GEMM_RW],
                 acc += cvs[lane][L];
         }
         __syncwarp();
-        if (p == np - 1) {
+        if (wrap) {
             done(u, acc);
             acc = 0.0f;
         }
+        if (!more) break;
+        u = un;
+        p = pn;
 #pragma unroll
-        for (int d = 0; d < DP - 1; d++)
-#pragma unroll
-            for (int r = 0; r < GEMM_RW; r++)
-                st[d][r] = st[d + 1][r];
+        for (int k = 0; k < GEMM_RW; k++) {
+            row[k] = nrow[k];
+            raw[k] = nxt[k];
+        }
     }
 }
 
@@ -230,7 +230,7 @@ static unsigned gv_blocks(struct cu_ctx *c, int64_t units, unsigned tiles) {
 /* Measured (docs/cuda.md, step 4): with more tiles than about a quarter of the SMs, the tiled
  * kernels (several blocks per tile, each a slice of the columns) are faster. */
 static bool gv_wanted(struct cu_ctx *c, int rx, unsigned tiles) {
-    return rx <= 2 && c->gemv && (c->gv_all_tiles || (int)tiles <= c->n_sms / 4);
+    return rx <= 2 && c->gemv && (int)tiles <= c->n_sms / 4;
 }
 
 template <int WT>
