@@ -111,6 +111,7 @@ tsan:
 	    build/tsan/dsinfer-test
 	$(Q)build/tsan/dsinfer-test --root . --only 'test_batch*'
 	$(Q)build/tsan/dsinfer-test --root . --only 'test_sched*'
+	$(Q)build/tsan/dsinfer-test --root . --only 'test_sample_op*'
 
 FUZZ_TARGETS := $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c)))
 fuzz:
