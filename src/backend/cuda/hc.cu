@@ -12,7 +12,8 @@ __device__ __forceinline__ void small_sync(int nt) {
         asm volatile("bar.sync 1, 64;" ::: "memory");
 }
 
-/* Per row: rho from the flattened streams, then the small maths, then y. The small maths
+/* Per row: rho from the flattened streams, then pre and post, then the collapse y (warps past the
+ * first one or two) alongside the rest of the small maths (the first one or two). The small maths
  * (pre/post, the comb softmax and the Sinkhorn iterations) run on hc * hc threads, one per comb
  * element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
@@ -36,20 +37,41 @@ __global__ void k_hc_pre_finish(const float *X,
     int64_t r = blockIdx.x, len = hc * dim;
     const float *Xr = X + r * len;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
-        ss += (double)Xr[i] * (double)Xr[i];
-    ss = block_sum_d(ss, red); /* the same value in every thread */
-    int nt = hc * hc, tid = threadIdx.x;
-    if (tid < (nt <= 32 ? 32 : 64)) {
-        float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
-        int n_mix = (2 + hc) * hc;
-        const float *mr = mraw + r * n_mix;
-        if (tid < hc) {
-            int k = tid;
-            float m0 = mr[k] * rho, m1 = mr[hc + k] * rho;
-            pre_s[k] = sigmoid_ref(m0 * vec_get(scale, 0) + vec_get(base, k)) + hc_eps;
-            post[r * hc + k] = 2.0f * sigmoid_ref(m1 * vec_get(scale, 1) + vec_get(base, hc + k));
+    if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) { /* all of a thread's loads in flight */
+        const float4 *X4 = (const float4 *)Xr;
+        for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
+            float4 v = X4[i];
+            ss += (double)v.x * (double)v.x;
+            ss += (double)v.y * (double)v.y;
+            ss += (double)v.z * (double)v.z;
+            ss += (double)v.w * (double)v.w;
         }
+    } else {
+        for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+            ss += (double)Xr[i] * (double)Xr[i];
+    }
+    ss = block_sum_d(ss, red); /* the same value in every thread */
+    int nt = hc * hc, tid = threadIdx.x, small = nt <= 32 ? 32 : 64;
+    float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
+    int n_mix = (2 + hc) * hc;
+    const float *mr = mraw + r * n_mix;
+    if (tid < hc) {
+        int k = tid;
+        float m0 = mr[k] * rho, m1 = mr[hc + k] * rho;
+        pre_s[k] = sigmoid_ref(m0 * vec_get(scale, 0) + vec_get(base, k)) + hc_eps;
+        post[r * hc + k] = 2.0f * sigmoid_ref(m1 * vec_get(scale, 1) + vec_get(base, hc + k));
+    }
+    __syncthreads();
+    if (tid >= small) { /* the collapse, while the first warp(s) run the Sinkhorn iterations */
+        for (int64_t d = tid - small; d < dim; d += blockDim.x - small) {
+            float acc = 0.0f;
+            for (int k = 0; k < hc; k++)
+                acc += pre_s[k] * Xr[k * dim + d];
+            y[r * dim + d] = rbf(acc, round);
+        }
+        return;
+    }
+    {
         bool act = tid < nt;
         int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
         float v = 0.0f;
@@ -99,13 +121,6 @@ __global__ void k_hc_pre_finish(const float *X,
             small_sync(nt);
         }
         if (act) comb[r * nt + tid] = v;
-    }
-    __syncthreads();
-    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < hc; k++)
-            acc += pre_s[k] * Xr[k * dim + d];
-        y[r * dim + d] = rbf(acc, round);
     }
 }
 
