@@ -130,6 +130,8 @@ struct dsi_batch_opts {
     int chunk_align;           /* prefill chunk ends aligned to this many positions; 0: 128 */
     const char *tokenizer_dir; /* NULL: the model directory (no tokenizer.json: ids only) */
     int sampling;              /* enum dsi_batch_sampling: where tokens are drawn */
+    bool no_prefill_share;     /* n > 1: prefill the prompt once per completion (tests, A/B);
+                                  default: once, the others copy its cache state */
 };
 /* DSI_BATCH_SAMPLE_AUTO: on the device for a device backend (CUDA: a step copies back token
  * ids only) when every sequence of the step can be (no penalties, logprobs or grammar, top-k
@@ -297,6 +299,7 @@ struct dsi_batch_stats {
     int64_t decode_steps;
     double decode_period_s, decode_fwd_s;
     int64_t device_sampled_steps; /* steps whose tokens were drawn by the backend's sample op */
+    int64_t prompt_forks; /* n > 1 completions that copied completion 0's prompt cache state */
 };
 void dsi_batch_get_stats(struct dsi_engine *e, struct dsi_batch_stats *st);
 

@@ -153,3 +153,48 @@ int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n, struct dsi_err *err) 
                         sizeof(int32_t) * (size_t)(s->n_pages - first));
     return DSI_OK;
 }
+
+/* dst[0..n) = src[0..n) (floats) through the backend's copy op (rows of up to 2^20 floats). */
+static void copy_floats(struct dsi_backend *be, float *dst, const float *src, int64_t n) {
+    const int64_t row = 1 << 20;
+    while (n > 0) {
+        int64_t k = DSI_MIN(n, row);
+        struct dsi_copy_args a = {.src = src, .dst = dst, .n = 1, .dim = k, .lds = k, .ldd = k};
+        be->ops->copy(be, &a);
+        src += k;
+        dst += k;
+        n -= k;
+    }
+}
+
+void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions) {
+    const struct dsi_config *c = kv->cfg;
+    struct dsi_backend *be = kv->be;
+    int64_t hd = c->head_dim, ihd = c->index_head_dim, np = dsi_kv_pages_for(kv, n_positions);
+    DSI_ASSERT(kv->seqs[src].n_past == n_positions && kv->seqs[dst].n_pages >= np);
+    for (int il = 0; il < c->n_layers_total; il++) {
+        struct dsi_layer_cache *L = &kv->layers[il];
+        int64_t rs = (int64_t)kv->ring_cap * hd;
+        copy_floats(be, L->ring + dst * rs, L->ring + src * rs, rs);
+        if (!L->ratio) continue;
+        int64_t ss = (int64_t)L->n_slots * L->comp_width, per_page = kv->page_tokens / L->ratio;
+        copy_floats(be, L->slot_a + dst * ss, L->slot_a + src * ss, ss);
+        copy_floats(be, L->slot_b + dst * ss, L->slot_b + src * ss, ss);
+        bool csa = L->islot_a != NULL;
+        int64_t is = (int64_t)L->n_slots * 2 * ihd;
+        if (csa) {
+            copy_floats(be, L->islot_a + dst * is, L->islot_a + src * is, is);
+            copy_floats(be, L->islot_b + dst * is, L->islot_b + src * is, is);
+        }
+        for (int64_t j = 0; j < np; j++) {
+            int64_t ps = kv->pt_host[(int64_t)src * kv->max_pages + j];
+            int64_t pd = kv->pt_host[(int64_t)dst * kv->max_pages + j];
+            copy_floats(be, L->entries + pd * per_page * hd, L->entries + ps * per_page * hd,
+                        per_page * hd);
+            if (csa)
+                copy_floats(be, L->ikeys + pd * per_page * ihd, L->ikeys + ps * per_page * ihd,
+                            per_page * ihd);
+        }
+    }
+    kv->seqs[dst].n_past = n_positions;
+}

@@ -52,6 +52,12 @@ void dsi_kv_seq_free(struct dsi_kv *kv, int slot);
 /* Make sure positions < n_positions of the slot have pages. DSI_ERR_CONTEXT_FULL beyond
  * max_ctx, DSI_ERR_NOMEM when the pool has no free page (nothing is assigned then). */
 int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n_positions, struct dsi_err *err);
+/* Copy the cache state of slot src (its window ring, compressor slots and the pages of its
+ * first n_positions positions) into slot dst, which must hold pages for n_positions; dst's
+ * n_past becomes n_positions. src must have processed exactly n_positions positions (the
+ * compressor slots hold the last tokens). Stream-ordered backend copies: the next forward sees
+ * them. */
+void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions);
 /* Backend bytes one page adds to the pool (compressed entries and indexer keys of every
  * layer), and the positions per page, for a config (before a pool exists). */
 int64_t dsi_kv_page_bytes(const struct dsi_config *cfg);

@@ -671,6 +671,7 @@ static void publish_stats(struct dsi_serve *sv) {
     o->prefill_rows = st.prefill_rows;
     o->decode_rows = st.decode_rows;
     o->preemptions = st.preemptions;
+    o->prompt_forks = st.forks;
     o->n_waiting = st.n_waiting;
     o->n_running = st.n_running;
     o->pages_free = kv->n_free;
@@ -1133,6 +1134,7 @@ build_req(struct dsi_serve *sv, const struct dsi_request *q, struct req *r, stru
         s->n_stop_ids = r->n_stop_ids;
         s->user = c;
         s->slot = -1;
+        s->leader = i > 0 && !sv->o.no_prefill_share ? &r->c[0].q : NULL;
         if (!s->gen) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
         if (r->rf) { /* one matcher per completion; its mask buffer */
             rc = dsi_grammar_matcher_new(&s->matcher, dsi_rformat_grammar(r->rf), err);

@@ -27,7 +27,9 @@ struct dsi_sched {
     struct dsi_batch batch;
     float *logits;                /* [max_logit_rows, n_vocab] */
     struct dsi_sseq **sample_q;   /* [max_logit_rows] */
-    struct dsi_sched_tok *toks;   /* [max_logit_rows] */
+    struct dsi_sched_tok *toks;   /* [max_seqs] */
+    struct dsi_sseq **fork_q;     /* [max_seqs] this step's forked followers */
+    int *fork_row;                /* [max_seqs] their leader's logits row */
     struct dsi_sample_row *srows; /* [max_logit_rows] device-sampling parameters */
     int32_t *stoks;               /* [max_logit_rows] device-sampled tokens */
     struct dsi_sampler *sampler;
@@ -141,6 +143,62 @@ reserve_rows(struct dsi_sched *s, struct dsi_sseq *q, int *rows, int *budget, bo
     }
 }
 
+/* ---- n > 1: followers take their leader's prompt state ------------------------------------ */
+
+/* The leader has not finished its prompt yet (waiting, or running without a generated token). */
+static bool leader_pending(const struct dsi_sseq *q) {
+    const struct dsi_sseq *l = q->leader;
+    return l->state == DSI_SSEQ_WAITING || (l->state == DSI_SSEQ_RUNNING && l->n_gen == 0);
+}
+
+/* Whether a sampled sequence that is finishing its prompt this step has followers waiting. */
+static bool forks_due(const struct dsi_sched *s, int ns) {
+    for (int i = 0; i < ns; i++) {
+        const struct dsi_sseq *l = s->sample_q[i];
+        if (l->n_gen) continue;
+        for (const struct dsi_sseq *q = s->waiting.head; q; q = q->next)
+            if (q->leader == l) return true;
+    }
+    return false;
+}
+
+/* After the forward: followers of the leaders that just finished their prompt, while they are
+ * at the head of the waiting list, get a slot, pages and a copy of the leader's state; the
+ * others fall back to their own prefill. Fills fork_q / fork_row; returns their count. */
+static int fork_followers(struct dsi_sched *s, int ns) {
+    struct dsi_kv *kv = s->kv;
+    int nf = 0;
+    for (int i = 0; i < ns; i++) {
+        struct dsi_sseq *l = s->sample_q[i];
+        if (l->n_gen) continue;
+        struct dsi_sseq *q = s->waiting.head;
+        while (q && q->leader == l) {
+            struct dsi_sseq *next = q->next;
+            int slot;
+            if (dsi_kv_seq_new(kv, &slot, NULL)) break;
+            if (dsi_kv_reserve(kv, slot, l->n_past, NULL)) {
+                dsi_kv_seq_free(kv, slot);
+                break;
+            }
+            dsi_kv_fork(kv, l->slot, slot, l->n_past);
+            q->slot = slot;
+            q->n_past = l->n_past;
+            q->leader = NULL;
+            list_unlink(&s->waiting, q);
+            q->state = DSI_SSEQ_RUNNING;
+            if (q->t_admit == 0.0) q->t_admit = dsi_time_s();
+            list_insert(&s->running, q, true);
+            s->fork_q[nf] = q;
+            s->fork_row[nf++] = i;
+            s->st.forks++;
+            q = next;
+        }
+        for (q = s->waiting.head; q; q = q->next) /* not forked: prefill as usual */
+            if (q->leader == l) q->leader = NULL;
+    }
+    return nf;
+}
+
 /* ---- schedule ------------------------------------------------------------------------------- */
 
 static void plan(struct dsi_sched *s) {
@@ -166,6 +224,10 @@ static void plan(struct dsi_sched *s) {
     struct dsi_kv *kv = s->kv;
     while (!preempted && budget > 0 && s->waiting.head) {
         struct dsi_sseq *q = s->waiting.head;
+        if (q->leader) {
+            if (leader_pending(q)) break; /* head of line until the leader's prompt is done */
+            q->leader = NULL;
+        }
         int rows = chunk_rows(s, q, budget);
         int64_t cap = kv->n_free * kv->page_tokens;
         if (cap < rows) rows = (int)cap;
@@ -347,12 +409,14 @@ int dsi_sched_new(struct dsi_sched **out,
     s->want = dsi_malloc(R);
     s->logits = dsi_malloc(L * (size_t)o->n_vocab * sizeof(float));
     s->sample_q = dsi_malloc(L * sizeof(*s->sample_q));
-    s->toks = dsi_malloc(L * sizeof(*s->toks));
+    s->toks = dsi_malloc((size_t)kv->max_seqs * sizeof(*s->toks)); /* forks sample too */
+    s->fork_q = dsi_malloc((size_t)kv->max_seqs * sizeof(*s->fork_q));
+    s->fork_row = dsi_malloc((size_t)kv->max_seqs * sizeof(*s->fork_row));
     s->srows = dsi_calloc(L, sizeof(*s->srows));
     s->stoks = dsi_calloc(L, sizeof(*s->stoks));
     s->sampler = dsi_sampler_new(o->n_vocab);
     if (!s->tokens || !s->pos || !s->slot || !s->want || !s->logits || !s->sample_q || !s->toks ||
-        !s->sampler || !s->srows || !s->stoks) {
+        !s->sampler || !s->srows || !s->stoks || !s->fork_q || !s->fork_row) {
         dsi_sched_free(s);
         return dsi_errf(err, DSI_ERR_NOMEM, "sched: out of memory for %d rows", o->max_rows);
     }
@@ -381,6 +445,8 @@ void dsi_sched_free(struct dsi_sched *s) {
     free(s->sample_q);
     free(s->srows);
     free(s->stoks);
+    free(s->fork_q);
+    free(s->fork_row);
     free(s->toks);
     dsi_sampler_free(s->sampler);
     free(s);
@@ -410,11 +476,19 @@ int dsi_sched_add(struct dsi_sched *s, struct dsi_sseq *q, struct dsi_err *err) 
     q->t_admit = 0.0;
     q->plan_rows = 0;
     q->prev = q->next = NULL;
+    const struct dsi_sseq *l = q->leader;
+    if (l && (l->state != DSI_SSEQ_WAITING && l->state != DSI_SSEQ_RUNNING))
+        q->leader = NULL; /* the leader is not in the scheduler: prefill as usual */
+    if (l && (l->n_prompt != q->n_prompt ||
+              memcmp(l->prompt, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt)))
+        q->leader = NULL;
     list_insert(&s->waiting, q, true);
     return DSI_OK;
 }
 
 void dsi_sched_remove(struct dsi_sched *s, struct dsi_sseq *q) {
+    for (struct dsi_sseq *f = s->waiting.head; f; f = f->next) /* its followers prefill */
+        if (f->leader == q) f->leader = NULL;
     if (q->state == DSI_SSEQ_RUNNING) {
         release_slot(s, q);
         list_unlink(&s->running, q);
@@ -436,7 +510,8 @@ int dsi_sched_step(struct dsi_sched *s,
     if (!n) return DSI_OK;
     s->st.steps++;
     s->st.rows += n;
-    bool dev = ns > 0 && device_sampling(s, ns);
+    bool forking = ns > 0 && forks_due(s, ns);
+    bool dev = ns > 0 && !forking && device_sampling(s, ns);
     int rc = dev ? s->o.fwd_sample(s->o.fwd_user, &s->batch, s->srows, s->stoks, err)
                  : s->o.fwd(s->o.fwd_user, &s->batch, s->logits, err);
     if (rc) return rc;
@@ -455,8 +530,13 @@ int dsi_sched_step(struct dsi_sched *s,
         for (int i = 0; i < ns; i++)
             take_token(s, s->sample_q[i], s->stoks[i], &s->toks[i]);
     } else {
+        int nf = forking ? fork_followers(s, ns) : 0; /* before a leader may finish */
         for (int i = 0; i < ns; i++)
             sample_one(s, s->sample_q[i], s->logits + (int64_t)i * s->o.n_vocab, &s->toks[i]);
+        for (int j = 0; j < nf; j++)
+            sample_one(s, s->fork_q[j], s->logits + (int64_t)s->fork_row[j] * s->o.n_vocab,
+                       &s->toks[ns + j]);
+        ns += nf;
     }
     *n_toks = ns;
     return DSI_OK;

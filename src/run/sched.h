@@ -83,6 +83,15 @@ struct dsi_sseq {
     struct dsi_grammar_matcher *matcher; /* NULL: unconstrained */
     uint32_t *mask;
     int32_t n_mask;
+    /* n > 1 completions of one prompt (optional): leader = completion 0 of the same prompt
+     * (older, added first), set on the others. Such a follower waits (head of line) while its
+     * leader has not finished the prompt; in the step where the leader's last prompt row runs,
+     * the follower, if it is then at the head of the waiting list and a slot and pages are free,
+     * takes a copy of the leader's cache state (dsi_kv_fork) and samples its first token from
+     * the leader's logits (the same logits its own prefill would give: the forward is
+     * chunk-invariant), so the prompt is computed once. Otherwise it prefills as usual. The
+     * scheduler clears leader once it is decided. */
+    struct dsi_sseq *leader;
     /* ---- scheduler state (read-only for the owner) ---- */
     int state;                    /* enum dsi_sseq_state */
     int finish;                   /* enum dsi_sseq_finish once DONE by a token-level stop */
@@ -135,6 +144,7 @@ struct dsi_sched_tok {
 struct dsi_sched_stats {
     int64_t steps, rows, prefill_rows, decode_rows, preemptions;
     int64_t device_sampled_steps; /* steps sampled by fwd_sample */
+    int64_t forks;                /* followers that took their leader's prompt state */
     int n_waiting, n_running;
 };
 

@@ -557,3 +557,67 @@ int test_batch_stop_strings(struct test_ctx *t) {
     free(p);
     return 0;
 }
+
+/* n > 1: the prompt is computed once and the other completions copy completion 0's cache state
+ * (dsi_kv_fork); their outputs equal those of prefilling the prompt once per completion, bit
+ * for bit, with the expected saving in prefill rows; with too few slots for every fork the
+ * others fall back to their own prefill, with the same outputs. */
+static int open_share(struct dsi_engine **e, const char *dir, int max_seqs, bool no_share) {
+    struct dsi_engine_opts eo = {
+        .model_dir = dir, .n_threads = 1, .max_rows = 128, .max_ctx = 1024, .max_seqs = max_seqs};
+    struct dsi_batch_opts bo = {.chunk_align = 32, .no_prefill_share = no_share};
+    struct dsi_err err = {0};
+    int rc = dsi_batch_open(e, &eo, &bo, &err);
+    if (rc) fprintf(stderr, "  dsi_batch_open: %s\n", err.msg);
+    return rc;
+}
+
+int test_batch_prefill_share(struct test_ctx *t) {
+    const char *dir = model_dir(t);
+    if (!dir) return 0;
+    unsigned rs = t->seed + 11;
+    int np = 300, nb = 40;
+    int32_t *p = rand_prompt(&rs, np), *pb = rand_prompt(&rs, nb);
+    struct dsi_request q[2];
+    q[0] = greedy_req(p, np, 12);
+    q[0].n = 4;
+    q[0].temperature = 1.0f;
+    q[0].has_seed = true;
+    q[0].seed = 77;
+    q[0].logprobs = true;          /* compared bit for bit: any change of the logits shows */
+    q[1] = greedy_req(pb, nb, 10); /* alongside */
+    struct dsi_result *shared[2], *own[2], *few[1];
+    struct dsi_batch_stats s1, s2, s3;
+    struct dsi_engine *e = NULL;
+    TEST_ASSERT(!open_share(&e, dir, 8, false));
+    TEST_ASSERT(!run_all(e, q, 2, shared));
+    TEST_ASSERT(!wait_idle(e, &s1));
+    dsi_batch_close(e);
+    TEST_ASSERT(!open_share(&e, dir, 8, true));
+    TEST_ASSERT(!run_all(e, q, 2, own));
+    TEST_ASSERT(!wait_idle(e, &s2));
+    dsi_batch_close(e);
+    TEST_ASSERT(!open_share(&e, dir, 2, false)); /* slots for the leader and one fork */
+    TEST_ASSERT(!run_all(e, q, 1, few));
+    TEST_ASSERT(!wait_idle(e, &s3));
+    dsi_batch_close(e);
+    fprintf(stderr, "[prefill rows %lld shared / %lld own, %lld + %lld forks] ",
+            (long long)s1.prefill_rows, (long long)s2.prefill_rows, (long long)s1.prompt_forks,
+            (long long)s3.prompt_forks);
+    TEST_ASSERT(shared[0]->n == 4);
+    TEST_ASSERTF(same_result(shared[0], own[0]) && same_result(shared[1], own[1]),
+                 "outputs differ with the prompt computed once");
+    TEST_ASSERTF(same_result(few[0], own[0]), "outputs differ when not every fork fits");
+    TEST_ASSERT(!same_completion(&shared[0]->c[1], &shared[0]->c[0]) ||
+                !same_completion(&shared[0]->c[2], &shared[0]->c[0]));
+    TEST_ASSERT(s1.prompt_forks == 3 && s2.prompt_forks == 0);
+    TEST_ASSERTF(s2.prefill_rows - s1.prefill_rows == 3 * np, "prefill rows %lld vs %lld",
+                 (long long)s1.prefill_rows, (long long)s2.prefill_rows);
+    TEST_ASSERT(s3.prompt_forks == 1);
+    free_all(shared, 2);
+    free_all(own, 2);
+    free_all(few, 1);
+    free(p);
+    free(pb);
+    return 0;
+}
