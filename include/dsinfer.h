@@ -120,7 +120,8 @@ int dsi_inspect(const char *model_dir, void *file, struct dsi_err *err);
  * Requests never fail the batch: a bad request is refused by dsi_submit (status + message); a
  * request that fails later ends with a result whose status is set. Seeded requests give the
  * same tokens whatever else runs (keyed sampling); n > 1 completions use the seed with
- * Philox stream 0, 1, ... (completion 0 equals the n = 1 output). */
+ * Philox stream 0, 1, ... (completion 0 equals the n = 1 output); their prompt is computed once
+ * (the other completions copy completion 0's cache state), with the same outputs. */
 
 struct dsi_batch_opts {
     bool sync;                 /* true: asynchronous scheduling off (no overlap) */
