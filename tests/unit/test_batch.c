@@ -16,6 +16,7 @@
 #include "core/core.h"
 #include "dsinfer.h"
 #include "tok/bpe.h"
+#include "batch_util.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -30,57 +31,6 @@ static const char *model_dir(struct test_ctx *t) {
         return NULL;
     }
     return dir;
-}
-
-static int open_batch(struct dsi_engine **e,
-                      const char *dir,
-                      int max_seqs,
-                      int64_t kv_pages,
-                      bool sync,
-                      const char *tok_dir) {
-    struct dsi_engine_opts eo = {
-        .model_dir = dir, .n_threads = 1, .max_rows = 128, .max_ctx = 1024, .max_seqs = max_seqs};
-    struct dsi_batch_opts bo = {
-        .sync = sync, .kv_pages = kv_pages, .chunk_align = 32, .tokenizer_dir = tok_dir};
-    struct dsi_err err = {0};
-    int rc = dsi_batch_open(e, &eo, &bo, &err);
-    if (rc) fprintf(stderr, "  dsi_batch_open: %s\n", err.msg);
-    return rc;
-}
-
-/* Submit n requests (tag = index) and collect their results in res[tag]. */
-static int
-run_all(struct dsi_engine *e, const struct dsi_request *q, int n, struct dsi_result **res) {
-    for (int i = 0; i < n; i++) {
-        struct dsi_request r = q[i];
-        r.tag = (uint64_t)i;
-        struct dsi_err err = {0};
-        res[i] = NULL;
-        if (dsi_submit(e, &r, NULL, &err)) {
-            fprintf(stderr, "  submit %d: %s\n", i, err.msg);
-            return -1;
-        }
-    }
-    int got = 0;
-    struct dsi_event ev[16];
-    while (got < n) {
-        int k = dsi_poll(e, ev, 16, 20000);
-        if (k <= 0) {
-            fprintf(stderr, "  poll: %d (%d of %d results)\n", k, got, n);
-            return -1;
-        }
-        for (int i = 0; i < k; i++)
-            if (ev[i].kind == DSI_EVENT_DONE) {
-                res[ev[i].tag] = ev[i].result;
-                got++;
-            }
-    }
-    return 0;
-}
-
-static void free_all(struct dsi_result **res, int n) {
-    for (int i = 0; i < n; i++)
-        dsi_result_free(res[i]);
 }
 
 /* Wait until the engine thread is idle with every page back (results can arrive a moment
@@ -161,11 +111,11 @@ int test_batch_invariance(struct test_ctx *t) {
     }
     struct dsi_engine *e = NULL;
     struct dsi_result *alone[1], *all[N];
-    TEST_ASSERT(!open_batch(&e, dir, 8, 0, false, NULL)); /* alone: async */
-    TEST_ASSERT(!run_all(e, &q[0], 1, alone));
+    TEST_ASSERT(!tb_open(&e, dir, 8, 0, false, NULL)); /* alone: async */
+    TEST_ASSERT(!tb_run(e, &q[0], 1, alone));
     dsi_batch_close(e);
-    TEST_ASSERT(!open_batch(&e, dir, 8, 0, true, NULL)); /* in a batch: sync */
-    TEST_ASSERT(!run_all(e, q, N, all));
+    TEST_ASSERT(!tb_open(&e, dir, 8, 0, true, NULL)); /* in a batch: sync */
+    TEST_ASSERT(!tb_run(e, q, N, all));
     TEST_ASSERT(alone[0]->status == 0 && alone[0]->c[0].n_tokens == 6);
     TEST_ASSERT(same_result(alone[0], all[0]));
     TEST_ASSERT(all[0]->c[0].finish == DSI_FINISH_LENGTH);
@@ -180,8 +130,8 @@ int test_batch_invariance(struct test_ctx *t) {
     TEST_ASSERT(!dsi_engine_generate(e, p[0], q[0].n_prompt_ids, 6, &s, collect_token, &w, NULL));
     TEST_ASSERT(w - got == 6 && !memcmp(got, alone[0]->c[0].tokens, sizeof(int32_t) * 6));
     dsi_engine_close(e);
-    free_all(alone, 1);
-    free_all(all, N);
+    tb_free(alone, 1);
+    tb_free(all, N);
     for (int i = 0; i < N; i++)
         free(p[i]);
     return 0;
@@ -232,15 +182,15 @@ int test_batch_oversubscribe(struct test_ctx *t) {
     struct dsi_engine *e = NULL;
     struct dsi_batch_stats st;
     for (int mode = t->slow ? 0 : 1; mode < 2; mode++) { /* sync (--slow), async */
-        TEST_ASSERT(!open_batch(&e, dir, 8, 2, mode == 0, NULL));
-        TEST_ASSERT(!run_all(e, q, n, res[mode]));
+        TEST_ASSERT(!tb_open(&e, dir, 8, 2, mode == 0, NULL));
+        TEST_ASSERT(!tb_run(e, q, n, res[mode]));
         TEST_ASSERT(!wait_idle(e, &st));
         fprintf(stderr, "[%s: %lld preemptions, %lld steps] ", mode ? "async" : "sync",
                 (long long)st.preemptions, (long long)st.steps);
         TEST_ASSERT(st.preemptions > 0 && st.pages_total == 2);
         dsi_batch_close(e);
     }
-    TEST_ASSERT(!open_batch(&e, dir, 8, 0, false, NULL)); /* room for all: no preemption */
+    TEST_ASSERT(!tb_open(&e, dir, 8, 0, false, NULL)); /* room for all: no preemption */
     int preempted = 0;
     for (int i = 0; i < n; i++) {
         struct dsi_result *r = res[1][i];
@@ -263,7 +213,7 @@ int test_batch_oversubscribe(struct test_ctx *t) {
         if (!pre) continue;
         preempted++;
         struct dsi_result *alone[1];
-        TEST_ASSERT(!run_all(e, &q[i], 1, alone));
+        TEST_ASSERT(!tb_run(e, &q[i], 1, alone));
         TEST_ASSERTF(same_result(r, alone[0]), "request %d differs after preemption", i);
         dsi_result_free(alone[0]);
     }
@@ -271,8 +221,8 @@ int test_batch_oversubscribe(struct test_ctx *t) {
     dsi_batch_get_stats(e, &st);
     TEST_ASSERT(st.preemptions == 0);
     dsi_batch_close(e);
-    if (t->slow) free_all(res[0], n);
-    free_all(res[1], n);
+    if (t->slow) tb_free(res[0], n);
+    tb_free(res[1], n);
     for (int i = 0; i < n; i++)
         free(p[i]);
     return 0;
@@ -304,10 +254,10 @@ int test_batch_seed_logprobs(struct test_ctx *t) {
         q[i].seed = (uint64_t)i;
     }
     struct dsi_engine *e = NULL;
-    TEST_ASSERT(!open_batch(&e, dir, 8, 0, false, NULL));
+    TEST_ASSERT(!tb_open(&e, dir, 8, 0, false, NULL));
     struct dsi_result *alone[1], *r[6];
-    TEST_ASSERT(!run_all(e, q, 1, alone));
-    TEST_ASSERT(!run_all(e, q, 6, r));
+    TEST_ASSERT(!tb_run(e, q, 1, alone));
+    TEST_ASSERT(!tb_run(e, q, 6, r));
     dsi_batch_close(e);
     TEST_ASSERT(same_result(alone[0], r[0]));
     TEST_ASSERT(r[1]->n == 3 && same_completion(&r[1]->c[0], &r[0]->c[0]));
@@ -348,8 +298,8 @@ int test_batch_seed_logprobs(struct test_ctx *t) {
     }
     free(lg);
     free(seq);
-    free_all(alone, 1);
-    free_all(r, 6);
+    tb_free(alone, 1);
+    tb_free(r, 6);
     free(p);
     for (int i = 0; i < 3; i++)
         free(other[i]);
@@ -362,10 +312,10 @@ int test_batch_kv_budget(struct test_ctx *t) {
     if (!dir) return 0;
     struct dsi_engine *e = NULL;
     struct dsi_batch_stats full, one, two;
-    TEST_ASSERT(!open_batch(&e, dir, 4, 0, false, NULL));
+    TEST_ASSERT(!tb_open(&e, dir, 4, 0, false, NULL));
     dsi_batch_get_stats(e, &full);
     dsi_batch_close(e);
-    TEST_ASSERT(!open_batch(&e, dir, 4, 1, false, NULL));
+    TEST_ASSERT(!tb_open(&e, dir, 4, 1, false, NULL));
     dsi_batch_get_stats(e, &one);
     dsi_batch_close(e);
     TEST_ASSERT(full.pages_total == 16 && one.pages_total == 1 && one.max_positions == 256);
@@ -392,7 +342,7 @@ int test_batch_bad_and_cancel(struct test_ctx *t) {
     const char *dir = model_dir(t);
     if (!dir) return 0;
     struct dsi_engine *e = NULL;
-    TEST_ASSERT(!open_batch(&e, dir, 4, 0, false, NULL));
+    TEST_ASSERT(!tb_open(&e, dir, 4, 0, false, NULL));
     int32_t ok[3] = {5, 6, 7}, bad[2] = {5, 4000};
     struct dsi_err err;
     struct dsi_request q = greedy_req(ok, 3, 4);
@@ -459,7 +409,7 @@ int test_batch_bad_and_cancel(struct test_ctx *t) {
     TEST_ASSERT(dsi_poll(e, ev, 8, 50) == 0);
     struct dsi_batch_stats st;
     TEST_ASSERT(!wait_idle(e, &st));
-    free_all(res, 2);
+    tb_free(res, 2);
     dsi_batch_close(e);
     return 0;
 }
@@ -478,14 +428,14 @@ int test_batch_stop_strings(struct test_ctx *t) {
         return 0;
     }
     struct dsi_engine *e = NULL;
-    TEST_ASSERT(!open_batch(&e, dir, 4, 0, false, tok_dir));
+    TEST_ASSERT(!tb_open(&e, dir, 4, 0, false, tok_dir));
     unsigned rs = t->seed + 4;
     int32_t *p = rand_prompt(&rs, 9);
     for (int i = 0; i < 9; i++)
         p[i] = 40 + p[i] % 60; /* printable bytes */
     struct dsi_request q = greedy_req(p, 9, 40);
     struct dsi_result *full[1];
-    TEST_ASSERT(!run_all(e, &q, 1, full));
+    TEST_ASSERT(!tb_run(e, &q, 1, full));
     const struct dsi_completion *c = &full[0]->c[0];
     TEST_ASSERT(c->text && c->n_tokens == 40);
     /* per-token text boundaries: decode prefixes with the tokenizer */
@@ -553,7 +503,7 @@ int test_batch_stop_strings(struct test_ctx *t) {
     struct dsi_batch_stats st;
     TEST_ASSERT(!wait_idle(e, &st) && st.has_tokenizer);
     dsi_batch_close(e);
-    free_all(full, 1);
+    tb_free(full, 1);
     free(p);
     return 0;
 }
@@ -590,15 +540,15 @@ int test_batch_prefill_share(struct test_ctx *t) {
     struct dsi_batch_stats s1, s2, s3;
     struct dsi_engine *e = NULL;
     TEST_ASSERT(!open_share(&e, dir, 8, false));
-    TEST_ASSERT(!run_all(e, q, 2, shared));
+    TEST_ASSERT(!tb_run(e, q, 2, shared));
     TEST_ASSERT(!wait_idle(e, &s1));
     dsi_batch_close(e);
     TEST_ASSERT(!open_share(&e, dir, 8, true));
-    TEST_ASSERT(!run_all(e, q, 2, own));
+    TEST_ASSERT(!tb_run(e, q, 2, own));
     TEST_ASSERT(!wait_idle(e, &s2));
     dsi_batch_close(e);
     TEST_ASSERT(!open_share(&e, dir, 2, false)); /* slots for the leader and one fork */
-    TEST_ASSERT(!run_all(e, q, 1, few));
+    TEST_ASSERT(!tb_run(e, q, 1, few));
     TEST_ASSERT(!wait_idle(e, &s3));
     dsi_batch_close(e);
     fprintf(stderr, "[prefill rows %lld shared / %lld own, %lld + %lld forks] ",
@@ -614,9 +564,9 @@ int test_batch_prefill_share(struct test_ctx *t) {
     TEST_ASSERTF(s2.prefill_rows - s1.prefill_rows == 3 * np, "prefill rows %lld vs %lld",
                  (long long)s1.prefill_rows, (long long)s2.prefill_rows);
     TEST_ASSERT(s3.prompt_forks == 1);
-    free_all(shared, 2);
-    free_all(own, 2);
-    free_all(few, 1);
+    tb_free(shared, 2);
+    tb_free(own, 2);
+    tb_free(few, 1);
     free(p);
     free(pb);
     return 0;

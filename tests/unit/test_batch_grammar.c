@@ -18,6 +18,7 @@
 #include "grammar/grammar.h"
 #include "run/rformat.h"
 #include "tok/bpe.h"
+#include "batch_util.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
@@ -43,56 +44,6 @@ static bool dirs(struct test_ctx *t, const char **model, const char **tok) {
     *model = gdir(t, "tests/golden/tiny-a/model", "config.json");
     *tok = *model ? gdir(t, "models/dsv4-tiny", "tokenizer.json") : NULL;
     return *model && *tok;
-}
-
-static int open_g(struct dsi_engine **e,
-                  const char *model,
-                  const char *tok,
-                  int max_seqs,
-                  int64_t kv_pages,
-                  bool sync) {
-    struct dsi_engine_opts eo = {
-        .model_dir = model, .n_threads = 1, .max_rows = 128, .max_ctx = 1024, .max_seqs = max_seqs};
-    struct dsi_batch_opts bo = {
-        .sync = sync, .kv_pages = kv_pages, .chunk_align = 32, .tokenizer_dir = tok};
-    struct dsi_err err = {0};
-    int rc = dsi_batch_open(e, &eo, &bo, &err);
-    if (rc) fprintf(stderr, "  dsi_batch_open: %s\n", err.msg);
-    return rc;
-}
-
-/* Submit n requests (tag = index); results in res[tag]. */
-static int
-run_n(struct dsi_engine *e, const struct dsi_request *q, int n, struct dsi_result **res) {
-    for (int i = 0; i < n; i++) {
-        struct dsi_request r = q[i];
-        r.tag = (uint64_t)i;
-        struct dsi_err err = {0};
-        res[i] = NULL;
-        if (dsi_submit(e, &r, NULL, &err)) {
-            fprintf(stderr, "  submit %d: %s\n", i, err.msg);
-            return -1;
-        }
-    }
-    struct dsi_event ev[16];
-    for (int got = 0; got < n;) {
-        int k = dsi_poll(e, ev, 16, 30000);
-        if (k <= 0) {
-            fprintf(stderr, "  poll: %d (%d of %d results)\n", k, got, n);
-            return -1;
-        }
-        for (int i = 0; i < k; i++)
-            if (ev[i].kind == DSI_EVENT_DONE) {
-                res[ev[i].tag] = ev[i].result;
-                got++;
-            }
-    }
-    return 0;
-}
-
-static void free_n(struct dsi_result **res, int n) {
-    for (int i = 0; i < n; i++)
-        dsi_result_free(res[i]);
 }
 
 static bool same_comp(const struct dsi_completion *a, const struct dsi_completion *b) {
@@ -215,8 +166,8 @@ int test_batch_grammar_greedy(struct test_ctx *t) {
     }
     struct dsi_engine *e = NULL;
     struct dsi_result *res[9];
-    TEST_ASSERT(!open_g(&e, model, tok, 8, 0, false));
-    TEST_ASSERT(!run_n(e, q, 9, res));
+    TEST_ASSERT(!tb_open(&e, model, 8, 0, false, tok));
+    TEST_ASSERT(!tb_run(e, q, 9, res));
     char why[128] = "";
     for (int i = 0; i < 9; i++) {
         TEST_ASSERTF(res[i]->status == 0, "%d: %s", i, res[i]->error);
@@ -242,7 +193,7 @@ int test_batch_grammar_greedy(struct test_ctx *t) {
     }
     TEST_ASSERT(neg_inf); /* some step allowed fewer than 3 tokens ("{" first) */
     fprintf(stderr, "[%s | %s | %s] ", res[0]->c[0].text, res[3]->c[0].text, res[6]->c[0].text);
-    free_n(res, 9);
+    tb_free(res, 9);
     dsi_batch_close(e);
     return 0;
 }
@@ -274,7 +225,7 @@ int test_batch_grammar_bad(struct test_ctx *t) {
     int nb = (int)(sizeof(bad) / sizeof(bad[0]));
     int32_t p[4] = {5, 6, 7, 8};
     struct dsi_engine *e = NULL;
-    TEST_ASSERT(!open_g(&e, model, tok, 4, 0, false));
+    TEST_ASSERT(!tb_open(&e, model, 4, 0, false, tok));
     struct dsi_request a = creq(p, 4, REGEX, 1.0f, 3), b = creq(p, 4, SCHEMA, 1.0f, 4);
     uint64_t ida = 0, idb = 0;
     struct dsi_err err = {0};
@@ -305,16 +256,16 @@ int test_batch_grammar_bad(struct test_ctx *t) {
     }
     dsi_batch_close(e);
     /* no tokenizer: refused */
-    TEST_ASSERT(!open_g(&e, model, NULL, 4, 0, false));
+    TEST_ASSERT(!tb_open(&e, model, 4, 0, false, NULL));
     memset(&err, 0, sizeof(err));
     TEST_ASSERT(dsi_submit(e, &a, NULL, &err) == DSI_ERR_UNSUPPORTED);
     TEST_ASSERTF(strstr(err.msg, "response_format") && strstr(err.msg, "tokenizer"), "%s", err.msg);
     struct dsi_request txt = creq(p, 4, "{\"type\": \"text\"}", 0.0f, 1); /* no constraint */
     txt.max_tokens = 3;
     struct dsi_result *r1[1];
-    TEST_ASSERT(!run_n(e, &txt, 1, r1));
+    TEST_ASSERT(!tb_run(e, &txt, 1, r1));
     TEST_ASSERT(r1[0]->status == 0 && r1[0]->c[0].n_tokens == 3);
-    free_n(r1, 1);
+    tb_free(r1, 1);
     dsi_batch_close(e);
     return 0;
 }
@@ -337,14 +288,14 @@ int test_batch_grammar_seeds(struct test_ctx *t) {
     }
     struct dsi_engine *e = NULL;
     struct dsi_result *alone[1], *all[N], *one[1];
-    TEST_ASSERT(!open_g(&e, model, tok, 8, 0, false)); /* alone, async */
-    TEST_ASSERT(!run_n(e, &q[0], 1, alone));
+    TEST_ASSERT(!tb_open(&e, model, 8, 0, false, tok)); /* alone, async */
+    TEST_ASSERT(!tb_run(e, &q[0], 1, alone));
     struct dsi_request q1 = q[0];
     q1.n = 1;
-    TEST_ASSERT(!run_n(e, &q1, 1, one));
+    TEST_ASSERT(!tb_run(e, &q1, 1, one));
     dsi_batch_close(e);
-    TEST_ASSERT(!open_g(&e, model, tok, 8, 0, true)); /* in a batch, sync */
-    TEST_ASSERT(!run_n(e, q, N, all));
+    TEST_ASSERT(!tb_open(&e, model, 8, 0, true, tok)); /* in a batch, sync */
+    TEST_ASSERT(!tb_run(e, q, N, all));
     dsi_batch_close(e);
     TEST_ASSERT(alone[0]->status == 0 && all[0]->status == 0 && alone[0]->n == 2);
     for (int k = 0; k < 2; k++)
@@ -368,9 +319,9 @@ int test_batch_grammar_seeds(struct test_ctx *t) {
             }
         }
     }
-    free_n(alone, 1);
-    free_n(one, 1);
-    free_n(all, N);
+    tb_free(alone, 1);
+    tb_free(one, 1);
+    tb_free(all, N);
     return 0;
 }
 
@@ -394,13 +345,13 @@ int test_batch_grammar_preempt(struct test_ctx *t) {
     struct dsi_engine *e = NULL;
     struct dsi_result *res[NMAX];
     struct dsi_batch_stats st;
-    TEST_ASSERT(!open_g(&e, model, tok, 8, 2, false)); /* 2 pages: 512 positions */
-    TEST_ASSERT(!run_n(e, q, N, res));
+    TEST_ASSERT(!tb_open(&e, model, 8, 2, false, tok)); /* 2 pages: 512 positions */
+    TEST_ASSERT(!tb_run(e, q, N, res));
     dsi_batch_get_stats(e, &st);
     dsi_batch_close(e);
     fprintf(stderr, "[%lld preemptions] ", (long long)st.preemptions);
     TEST_ASSERT(st.preemptions > 0);
-    TEST_ASSERT(!open_g(&e, model, tok, 8, 0, false)); /* room for all */
+    TEST_ASSERT(!tb_open(&e, model, 8, 0, false, tok)); /* room for all */
     int preempted = 0;
     for (int i = 0; i < N; i++) {
         TEST_ASSERTF(res[i]->status == 0, "%s", res[i]->error);
@@ -410,17 +361,17 @@ int test_batch_grammar_preempt(struct test_ctx *t) {
         if (!pre) continue;
         preempted++;
         struct dsi_result *alone[1];
-        TEST_ASSERT(!run_n(e, &q[i], 1, alone));
+        TEST_ASSERT(!tb_run(e, &q[i], 1, alone));
         for (int k = 0; k < res[i]->n; k++)
             TEST_ASSERTF(same_comp(&res[i]->c[k], &alone[0]->c[k]),
                          "request %d completion %d differs after preemption", i, k);
-        free_n(alone, 1);
+        tb_free(alone, 1);
     }
     TEST_ASSERT(preempted > 0);
     dsi_batch_get_stats(e, &st);
     TEST_ASSERT(st.preemptions == 0);
     dsi_batch_close(e);
-    free_n(res, N);
+    tb_free(res, N);
     for (int i = 0; i < N; i++)
         free(p[i]);
     return 0;
