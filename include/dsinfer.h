@@ -13,7 +13,14 @@
 struct dsi_err;
 struct dsi_engine;
 
-enum dsi_numerics_opt { DSI_OPT_NUMERICS_PLAIN = 0, DSI_OPT_NUMERICS_REFERENCE = 1 };
+/* plain: fp32 activations; reference: the released model's rounding points (FP8 activation
+ * quantisation, bf16 roundings), bit for bit on every backend; fast: reference's rounding
+ * points with GEMMs a backend may sum in another order (tensor cores): within 2e-2 of it. */
+enum dsi_numerics_opt {
+    DSI_OPT_NUMERICS_PLAIN = 0,
+    DSI_OPT_NUMERICS_REFERENCE = 1,
+    DSI_OPT_NUMERICS_FAST = 2
+};
 
 struct dsi_engine_opts {
     const char *model_dir; /* checkpoint directory (config.json, safetensors) */

@@ -90,3 +90,15 @@ int args_float(const char *cmd, const char *opt, const char *v, double *out) {
     *out = x;
     return 0;
 }
+
+int args_numerics(const char *cmd, const char *v, int *out) {
+    static const char *names[] = {"plain", "reference", "fast"}; /* enum dsi_numerics_opt */
+    for (int i = 0; i < 3; i++)
+        if (v && !strcmp(v, names[i])) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "dsinfer %s: --numerics: want plain, reference or fast, got '%s'\n", cmd,
+            v ? v : "(nothing)");
+    return -1;
+}

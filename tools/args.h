@@ -15,5 +15,7 @@ int args_parse_ids(const char *s, int32_t **out);
 int args_int(
     const char *cmd, const char *opt, const char *v, long long lo, long long hi, long long *out);
 int args_float(const char *cmd, const char *opt, const char *v, double *out);
+/* "plain" | "reference" | "fast" -> enum dsi_numerics_opt, or a message and -1. */
+int args_numerics(const char *cmd, const char *v, int *out);
 
 #endif

@@ -47,6 +47,7 @@
  * weights) and writes JSON; --hf FILE prints "x faster than HF" beside each figure it has.
  *
  * This tool sits below the public API (it drives the forward pass directly). */
+#include "args.h"
 #include "backend/backend.h"
 #include "cache/kv.h"
 #include "core/core.h"
@@ -310,7 +311,7 @@ static void usage(FILE *f) {
         "  --warmup N             untimed steps before them (default 2: with CUDA graphs the "
         "first\n"
         "                         step of a shape runs eagerly, the second is captured)\n"
-        "  --numerics plain|reference   (default plain)\n"
+        "  --numerics plain|reference|fast   (default plain; fast: reference rounding, tensor cores)\n"
         "  --no-split             leave out the per-layer, MoE and head timings and the "
         "projection\n"
         "  --prefill N            prefill a prompt of N tokens (default 8192; 0 = no prefill)\n"
@@ -1085,12 +1086,9 @@ int cmd_bench_layer(int argc, char **argv) {
             else
                 prefill_reps = (int)x;
         } else if (!strcmp(a, "--numerics")) {
-            if (strcmp(v, "plain") && strcmp(v, "reference")) {
-                fprintf(stderr,
-                        "dsinfer bench layer: --numerics: want plain or reference, got '%s'\n", v);
-                return 2;
-            }
-            b.num = !strcmp(v, "reference") ? DSI_NUMERICS_REFERENCE : DSI_NUMERICS_PLAIN;
+            int num;
+            if (args_numerics("bench layer", v, &num)) return 2;
+            b.num = (enum dsi_numerics)num; /* the same values as enum dsi_numerics_opt */
         } else if (!strcmp(a, "--prefill") || !strcmp(a, "--prefill-chunk")) {
             bool p = !strcmp(a, "--prefill");
             if (!parse_num(v, p ? 0 : 1, 1 << 22, &x) || x != floor(x)) {
@@ -1263,7 +1261,9 @@ int cmd_bench_layer(int argc, char **argv) {
         printf("%s%s%s", il ? ", " : "", kind_name(c->layers[il].kind),
                c->layers[il].hash_routed ? "/hash" : "");
     printf("), backend %s, numerics %s\n", b.be->name,
-           b.num == DSI_NUMERICS_REFERENCE ? "reference" : "plain");
+           b.num == DSI_NUMERICS_REFERENCE ? "reference"
+           : b.num == DSI_NUMERICS_FAST    ? "fast"
+                                           : "plain");
     printf("# device: %s\n", dev[0] ? dev : "?");
     printf(
         "# load+import %.1f s; copy bandwidth %.0f GB/s (read+write); download to host %.1f GB/s; "

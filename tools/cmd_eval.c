@@ -11,7 +11,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer eval ppl [-m DIR] FILE [--window N] [--max-windows N]\n"
                "               [--batch N] [--threads N] [--backend cpu|cuda]\n"
-               "               [--numerics plain|reference]\n"
+               "               [--numerics plain|reference|fast]\n"
                "Tokenizes FILE (no special tokens), cuts it into non-overlapping windows of N-1\n"
                "tokens (default N = 256), prepends BOS to each, and reports the perplexity over\n"
                "every predicted token, and the MTP layer's next-next-token top-1 accuracy.\n");
@@ -47,13 +47,7 @@ int cmd_eval(int argc, char **argv) {
         } else if (!strcmp(a, "--threads") && v) {
             if (args_int("eval", a, argv[++i], 0, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--numerics") && v) {
-            v = argv[++i];
-            if (!strcmp(v, "reference"))
-                numerics = DSI_OPT_NUMERICS_REFERENCE;
-            else if (strcmp(v, "plain") != 0) {
-                fprintf(stderr, "dsinfer eval: --numerics: want plain or reference\n");
-                return 2;
-            }
+            if (args_numerics("eval", argv[++i], &numerics)) return 2;
         } else if (a[0] != '-' && !file)
             file = a;
         else {

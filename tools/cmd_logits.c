@@ -8,7 +8,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer logits -m DIR --prompt-ids 1,2,3 [--prompt-ids ...] --out FILE\n"
-               "                      [--chunk N] [--numerics plain|reference] [--mtp-out FILE]\n"
+               "                      [--chunk N] [--numerics plain|reference|fast] [--mtp-out FILE]\n"
                "                      [--threads N] [--backend cpu|cuda]\n"
                "Writes float32 little-endian logits, one row of vocab_size per prompt position\n"
                "(row i predicts token i+1), prompts in order. Several --prompt-ids run as several\n"
@@ -50,16 +50,7 @@ int cmd_logits(int argc, char **argv) {
         } else if (!strcmp(a, "--threads") && v) {
             if (args_int("logits", a, argv[++i], 0, 1024, &threads)) goto out;
         } else if (!strcmp(a, "--numerics") && v) {
-            v = argv[++i];
-            if (!strcmp(v, "plain"))
-                numerics = DSI_OPT_NUMERICS_PLAIN;
-            else if (!strcmp(v, "reference"))
-                numerics = DSI_OPT_NUMERICS_REFERENCE;
-            else {
-                fprintf(stderr, "dsinfer logits: --numerics: want plain or reference, got '%s'\n",
-                        v);
-                goto out;
-            }
+            if (args_numerics("logits", argv[++i], &numerics)) goto out;
         } else {
             fprintf(stderr, "dsinfer logits: unknown or incomplete option '%s'\n", a);
             usage(stderr);

@@ -22,6 +22,8 @@ static void usage(FILE *f) {
             "  --output FILE          JSONL results, in input order ('-': stdout)\n"
             "  --threads N            CPU threads (default: all cores)\n"
             "  --backend cpu|cuda     (default cpu)\n"
+            "  --numerics plain|reference|fast   arithmetic profile (default plain; fast: the\n"
+            "                         reference rounding points, GEMMs on tensor cores)\n"
             "  --max-seqs N           sequences in flight (default 16)\n"
             "  --max-ctx N            positions per sequence (default 4096)\n"
             "  --max-batch-tokens N   token budget per step (default 256)\n"
@@ -169,6 +171,7 @@ static int take_events(struct run *R, struct dsi_engine *e, int timeout_ms) {
 
 int cmd_run(int argc, char **argv) {
     const char *dir = DSI_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
+    int numerics = DSI_OPT_NUMERICS_PLAIN;
     const char *tok_dir = NULL;
     long long threads = 0, max_seqs = 16, max_ctx = 4096, mbt = 256, kv_mb = 0;
     bool sync = false, prog = true;
@@ -185,6 +188,9 @@ int cmd_run(int argc, char **argv) {
             out_path = argv[++i];
         else if (!strcmp(a, "--backend") && v)
             backend = argv[++i];
+        else if (!strcmp(a, "--numerics") && v) {
+            if (args_numerics("run", argv[++i], &numerics)) return 2;
+        }
         else if (!strcmp(a, "--tokenizer") && v)
             tok_dir = argv[++i];
         else if (!strcmp(a, "--threads") && v) {
@@ -228,6 +234,7 @@ int cmd_run(int argc, char **argv) {
     R.total = in != stdin ? count_lines(in_path) : -1;
     struct dsi_engine_opts eo = {.model_dir = dir,
                                  .backend = backend,
+                                 .numerics = numerics,
                                  .n_threads = (int)threads,
                                  .max_rows = (int)mbt,
                                  .max_ctx = max_ctx,

@@ -44,6 +44,7 @@ static void usage(FILE *f) {
             "  --output-len N         generated tokens per request (default 64)\n"
             "  --requests N           requests per level (default max(2c, 4))\n"
             "  --threads N --backend cpu|cuda --max-batch-tokens N --kv-mb N --sync\n"
+            "  --numerics plain|reference|fast   (default plain)\n"
             "  --sampling auto|host|device   where tokens are drawn (default auto: device on "
             "CUDA)\n"
             "  --csv FILE             (default sweep.csv)\n"
@@ -287,6 +288,7 @@ static int write_svg(const char *path,
 
 int cmd_bench_sweep(int argc, char **argv) {
     const char *dir = DSI_DEFAULT_MODEL, *backend = "cpu", *csv = "sweep.csv", *svg = "sweep.svg";
+    int numerics = DSI_OPT_NUMERICS_PLAIN;
     long long maxc = 256, in_len = 128, out_len = 64, n_req = 0, threads = 0, mbt = 256, kv_mb = 0,
               seed = 1;
     bool sync = false;
@@ -301,6 +303,9 @@ int cmd_bench_sweep(int argc, char **argv) {
             dir = argv[++i];
         else if (!strcmp(a, "--backend") && v)
             backend = argv[++i];
+        else if (!strcmp(a, "--numerics") && v) {
+            if (args_numerics("bench sweep", argv[++i], &numerics)) return 2;
+        }
         else if (!strcmp(a, "--csv") && v)
             csv = argv[++i];
         else if (!strcmp(a, "--svg") && v)
@@ -367,6 +372,7 @@ int cmd_bench_sweep(int argc, char **argv) {
         cmax = DSI_MAX(cmax, levels[i]);
     struct dsi_engine_opts eo = {.model_dir = dir,
                                  .backend = backend,
+                                 .numerics = numerics,
                                  .n_threads = (int)threads,
                                  .max_rows = (int)mbt,
                                  .max_ctx = in_len + out_len + 1,

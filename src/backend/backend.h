@@ -24,6 +24,8 @@ struct dsi_gemm_args {
     float *y; /* [n, ldy] */
     int64_t ldy;
     bool round_bf16;
+    bool fast; /* `fast` numerics: the sum may run in another order (tensor cores); the CPU
+                  backend, the reference, ignores it */
 };
 
 /* Activation quantisation (spec 4.1, act_quant): FP8 round trip in blocks of 128 along each
@@ -270,6 +272,7 @@ struct dsi_moe_args {
     int n_experts;
     float limit;
     bool act_quant, round_bf16; /* act_quant: x must already be quantised by the caller */
+    bool fast;                  /* as dsi_gemm_args.fast */
     float *y;                   /* [n, D] */
     float *work;                /* dsi_moe_work_floats(n, topk, D, inter) floats */
 };

@@ -10,7 +10,8 @@
 #include "load/config.h"
 #include "load/safetensors.h"
 
-enum dsi_numerics { DSI_NUMERICS_PLAIN = 0, DSI_NUMERICS_REFERENCE = 1 };
+/* See enum dsi_numerics_opt (dsinfer.h). */
+enum dsi_numerics { DSI_NUMERICS_PLAIN = 0, DSI_NUMERICS_REFERENCE = 1, DSI_NUMERICS_FAST = 2 };
 
 /* One mHC site. */
 struct dsi_hc_w {

@@ -32,7 +32,8 @@ struct dsi_fwd {
     struct dsi_backend *be;
     struct dsi_kv *kv;
     int max_rows;
-    bool R;             /* reference numerics */
+    bool R;             /* reference (or fast) numerics: the rounding points */
+    bool F;             /* fast numerics: GEMMs may take tensor cores */
     struct dsi_step st; /* arrays below, in backend memory */
     int32_t *d_tokens, *d_pos, *d_slot, *d_row0, *d_idx;
     struct ratio_class rc[MAX_RATIO_CLASSES];
@@ -84,7 +85,8 @@ int dsi_fwd_new(struct dsi_fwd **out,
     f->be = be;
     f->kv = kv;
     f->max_rows = max_rows;
-    f->R = numerics == DSI_NUMERICS_REFERENCE;
+    f->R = numerics == DSI_NUMERICS_REFERENCE || numerics == DSI_NUMERICS_FAST;
+    f->F = numerics == DSI_NUMERICS_FAST;
     int64_t n = max_rows, D = c->hidden_size, HD = (int64_t)c->num_attention_heads * c->head_dim;
     int64_t widest = DSI_MAX(DSI_MAX(D, c->q_lora_rank), DSI_MAX(c->wo_b_in, HD));
     bool ok = true;
@@ -216,7 +218,8 @@ static void gemm(struct dsi_fwd *f,
                               .ldx = ldx,
                               .y = y,
                               .ldy = ldy,
-                              .round_bf16 = round};
+                              .round_bf16 = round,
+                              .fast = f->F};
     f->be->ops->gemm(f->be, &a);
 }
 
@@ -441,7 +444,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                    .ldx = HD,
                                    .y = f->z + g * c->o_lora_rank,
                                    .ldy = c->wo_b_in,
-                                   .round_bf16 = f->R};
+                                   .round_bf16 = f->R,
+                                   .fast = f->F};
         be->ops->gemm(be, &ga);
     }
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
@@ -486,6 +490,7 @@ static void moe(struct dsi_fwd *f, int il) {
                               .limit = (float)c->swiglu_limit,
                               .act_quant = f->R,
                               .round_bf16 = f->R,
+                              .fast = f->F,
                               .y = f->f,
                               .work = f->moe_work};
     f->be->ops->moe(f->be, &ma);

@@ -81,8 +81,9 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     if (!e) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
     e->max_rows = o->max_rows > 0 ? o->max_rows : 256;
     e->max_ctx = o->max_ctx > 0 ? o->max_ctx : 4096;
-    e->numerics =
-        o->numerics == DSI_OPT_NUMERICS_REFERENCE ? DSI_NUMERICS_REFERENCE : DSI_NUMERICS_PLAIN;
+    e->numerics = o->numerics == DSI_OPT_NUMERICS_REFERENCE ? DSI_NUMERICS_REFERENCE
+                  : o->numerics == DSI_OPT_NUMERICS_FAST    ? DSI_NUMERICS_FAST
+                                                            : DSI_NUMERICS_PLAIN;
     int rc = dsi_model_load(&e->m, o->model_dir, err);
     if (!rc) rc = open_backend(&e->be, o, err);
     if (!rc) rc = dsi_model_import(e->m, e->be, err);

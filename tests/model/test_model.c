@@ -155,6 +155,11 @@ static int check_case(struct test_ctx *t, const char *name) {
     TEST_ASSERT(run(&g, 5, 0, DSI_OPT_NUMERICS_REFERENCE, other, NULL) == 0);
     TEST_ASSERTF(memcmp(other, ref, sizeof(float) * (size_t)n) == 0,
                  "%s: reference numerics differ between chunked and whole prefill", name);
+    /* `fast` numerics is reference's arithmetic with freedom for a device's GEMMs; the CPU
+     * backend, the reference, computes it exactly as reference. */
+    TEST_ASSERT(run(&g, 0, 0, DSI_OPT_NUMERICS_FAST, other, NULL) == 0);
+    TEST_ASSERTF(memcmp(other, ref, sizeof(float) * (size_t)n) == 0,
+                 "%s: fast numerics differ from reference on the CPU", name);
     double er = compare(ref, whole, g.total, g.vocab, &ad);
     fprintf(stderr, "[reference vs plain %.2e] ", er);
     /* Random-weight models amplify the [QAT] noise, so only "it differs" is checked here; the

@@ -144,6 +144,26 @@ static int model_case(struct test_ctx *t, const char *name) {
         TEST_ASSERTF(nd * 100 <= rows && ndm * 100 <= mrows,
                      "%s %s: argmax differs on %lld rows (MTP %lld)", name, pn, (long long)nd,
                      (long long)ndm);
+        if (num) {
+            /* `fast` numerics (tensor-core GEMMs) against the CPU in reference numerics, by the
+             * same rule; every GEMM that fits the tensor-core kernels takes them (thresholds
+             * at their minimum, read when the backend is created) */
+            setenv("DSI_CUDA_TC_DENSE", "1", 1);
+            setenv("DSI_CUDA_TC_MOE", "0", 1);
+            int rc = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, 0, &ps, o, gm);
+            unsetenv("DSI_CUDA_TC_DENSE");
+            unsetenv("DSI_CUDA_TC_MOE");
+            TEST_ASSERT(rc == 0);
+            double ef = rows_rel(o, c, rows, V, &nd, &ov);
+            double efm = rows_rel(gm, cm, mrows, V, &ndm, &ovm);
+            fprintf(stderr, "[%s fast: rel %.2e, argmax differs %lld/%lld; MTP rel %.2e] ", name,
+                    ef, (long long)nd, (long long)rows, efm);
+            TEST_ASSERTF(ef <= 2e-2, "%s fast: CUDA vs CPU reference relative error %.3g", name,
+                         ef);
+            TEST_ASSERTF(nd * 100 <= rows && ndm * 100 <= mrows,
+                         "%s fast: argmax differs on %lld rows (MTP %lld)", name, (long long)nd,
+                         (long long)ndm);
+        }
         static const int chunks[] = {1, 3, 17};
         for (int i = 0; i < 3; i++) {
             TEST_ASSERT(engine_logits(model, "cuda", num, chunks[i], &ps, o, NULL) == 0);

@@ -287,11 +287,20 @@ struct gemm_case {
     bool round;
 };
 
-static int run_gemm(struct rng *r, const struct gemm_case *gc) {
+/* fast: the `fast` numerics flag, the x rows FP8-quantised as that profile's forward does
+ * (the tensor-core kernels' bf16 operands are then exact), compared within a tolerance. */
+static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
     struct wt w;
     wt_make(&w, r, gc->type, gc->rows, gc->K, 0.05f);
     int64_t ldx = gc->ldx ? gc->ldx : gc->K, ldy = gc->ldy ? gc->ldy : gc->n_out;
     float *x = fnorm(r, gc->n * ldx, 1.0f);
+    if (fast && gc->K % 128 == 0) {
+        struct dsi_act_quant_args q = {x, x, gc->n, gc->K, ldx, ldx, 128};
+        g_cpu->ops->act_quant(g_cpu, &q);
+    } else if (fast) { /* as a bf16-rounded activation of reference numerics */
+        for (int64_t i = 0; i < gc->n * ldx; i++)
+            x[i] = dsi_bf16_round(x[i]);
+    }
     float *yc = hpoison(gc->n * ldy), *yg = hpoison(gc->n * ldy);
     float *dx = dput(x, sizeof(float) * (size_t)(gc->n * ldx));
     float *dy = dpoison(sizeof(float) * (size_t)(gc->n * ldy));
@@ -303,7 +312,8 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
                               .ldx = ldx,
                               .y = yc,
                               .ldy = ldy,
-                              .round_bf16 = gc->round};
+                              .round_bf16 = gc->round,
+                              .fast = fast};
     g_cpu->ops->gemm(g_cpu, &a);
     a.w = &w.d;
     a.x = dx;
@@ -312,10 +322,13 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
     int ok = gsync("gemm") == 0;
     dget(yg, dy, sizeof(float) * (size_t)(gc->n * ldy));
     char what[160];
-    snprintf(what, sizeof(what), "gemm type %d [%lld x %lld] n %lld rows %lld+%lld", gc->type,
-             (long long)gc->rows, (long long)gc->K, (long long)gc->n, (long long)gc->row0,
-             (long long)gc->n_out);
-    ok = ok && same(what, yg, yc, sizeof(float) * (size_t)(gc->n * ldy));
+    snprintf(what, sizeof(what), "gemm%s type %d [%lld x %lld] n %lld rows %lld+%lld",
+             fast ? " fast" : "", gc->type, (long long)gc->rows, (long long)gc->K,
+             (long long)gc->n, (long long)gc->row0, (long long)gc->n_out);
+    /* fast: fp32 sums in another order, then (round) one bf16 rounding that may land on the
+     * neighbour: 2^-8 of the value at most */
+    ok = ok && (fast ? close_to(what, yg, yc, gc->n * ldy, gc->round ? 8e-3 : 1e-5)
+                     : same(what, yg, yc, sizeof(float) * (size_t)(gc->n * ldy)));
     dfree(dx);
     dfree(dy);
     free(x);
@@ -323,6 +336,34 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
     free(yg);
     wt_free(&w);
     return ok;
+}
+
+static int run_gemm(struct rng *r, const struct gemm_case *gc) { return run_gemm_mode(r, gc, false); }
+
+/* `fast` numerics: the tensor-core kernel (tc.cu) for n >= 64 rows on FP8/BF16 weights with
+ * K % 64 == 0, every block width (32, 64, 128 rows), partial weight and row tiles, padded
+ * ld, an offset row0; other calls (FP4, K % 64 != 0, few rows) the exact kernels. */
+int test_cuda_gemm_fast(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 21);
+    const struct gemm_case cases[] = {
+        {DSI_TYPE_F8_E4M3, 256, 256, 64, 0, 256, 0, 0, false},
+        {DSI_TYPE_F8_E4M3, 384, 256, 65, 128, 200, 300, 333, true},
+        {DSI_TYPE_BF16, 200, 192, 130, 0, 200, 0, 0, false},
+        {DSI_TYPE_BF16, 256, 128, 600, 3, 250, 0, 0, true},
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 520, 0, 1024, 0, 0, true},   /* wq_a, prefill */
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 96, 0, 4096, 0, 0, false},   /* wo_b */
+        {DSI_TYPE_F8_E4M3, 8192, 4096, 70, 1024, 1024, 32768, 8192, true}, /* wo_a group */
+        {DSI_TYPE_FP4_E2M1, 256, 128, 100, 0, 256, 0, 0, false},    /* not taken */
+        {DSI_TYPE_BF16, 70, 96, 80, 0, 70, 0, 0, false},            /* K % 64: not taken */
+        {DSI_TYPE_F8_E4M3, 256, 256, 7, 0, 256, 0, 0, true},        /* few rows: not taken */
+    };
+    int n = (int)(sizeof(cases) / sizeof(cases[0]));
+    for (int i = 0; i < n; i++) {
+        if (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)) continue;
+        TEST_ASSERTF(run_gemm_mode(&r, &cases[i], true), "gemm fast case %d", i);
+    }
+    return 0;
 }
 
 int test_cuda_gemm(struct test_ctx *t) {
@@ -1297,7 +1338,9 @@ struct moe_case {
     enum dsi_type rt, st;
 };
 
-static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
+/* reference: FP8 activations and bf16 roundings; fast (implies reference): the `fast` flag
+ * (tensor-core kernels for tiles of many rows). */
+static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
     int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
     struct wt *ew = calloc((size_t)E * 3, sizeof(struct wt)), sh[3];
@@ -1366,6 +1409,7 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
                              .limit = 10.0f,
                              .act_quant = reference,
                              .round_bf16 = reference,
+                             .fast = fast,
                              .y = yc,
                              .work = work};
     g_cpu->ops->moe(g_cpu, &a);
@@ -1385,7 +1429,7 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
     dget(yg, dy, sizeof(float) * (size_t)(n * D));
     char what[96];
     snprintf(what, sizeof(what), "moe E%d D%lld n%lld %s", E, (long long)D, (long long)n,
-             reference ? "ref" : "plain");
+             fast ? "fast" : reference ? "ref" : "plain");
     ok = ok && close_to(what, yg, yc, n * D, reference ? 1e-2 : 1e-5);
     dfree(dx);
     dfree(dwt);
@@ -1410,6 +1454,31 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
     free(yc);
     free(yg);
     return ok;
+}
+
+static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
+    return run_moe_mode(r, mc, reference, false);
+}
+
+/* `fast` numerics against the CPU in reference numerics: the tensor-core expert kernels for
+ * every block width (tiles of 16..128 rows; expert 0 is in every row, so it has several tiles
+ * and a partial one), FP4 and FP8 experts, the shared expert on tensor cores from 64 rows. */
+int test_cuda_moe_fast(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 22);
+    const struct moe_case cases[] = {
+        {8, 2, 128, 128, 40, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* 10 rows per expert */
+        {8, 2, 128, 128, 100, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 25 */
+        {8, 2, 192, 128, 200, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},  /* 50 */
+        {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 112 */
+        {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* few rows: not taken */
+        {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (tiny_only() && cases[i].D > 256) continue;
+        TEST_ASSERTF(run_moe_mode(&r, &cases[i], true, true), "moe fast case %zu", i);
+    }
+    return 0;
 }
 
 int test_cuda_moe(struct test_ctx *t) {

@@ -69,6 +69,10 @@ struct cu_ctx {
     bool xstage; /* GEMM kernels stage activations in shared memory (see gemm.cuh);
                     DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
     bool gemv;   /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
+    /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
+       this many rows per expert on average (MoE); DSI_CUDA_TC_DENSE / DSI_CUDA_TC_MOE */
+    int tc_dense_min;
+    double tc_moe_min;
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[64];

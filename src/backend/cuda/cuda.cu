@@ -446,6 +446,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->xstage = !(ns && *ns && *ns != '0');
     const char *nv = getenv("DSI_CUDA_NOGEMV");
     c->gemv = !(nv && *nv && *nv != '0');
+    const char *td = getenv("DSI_CUDA_TC_DENSE"), *tm = getenv("DSI_CUDA_TC_MOE");
+    c->tc_dense_min = td && *td ? atoi(td) : 64;
+    c->tc_moe_min = tm && *tm ? atof(tm) : 4.0;
     const char *ng = getenv("DSI_CUDA_NOGRAPH");
     c->use_graphs = !c->prof && !(ng && *ng && *ng != '0');
     c->cur_graph = -1;

@@ -31,6 +31,18 @@ bool launch_gemv(struct cu_ctx *c,
                  int64_t ldy,
                  bool round);
 bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
+/* The tensor-core GEMM of `fast` numerics (tc.cu) for n >= c->tc_dense_min rows on FP8/BF16
+ * weights with K % 64 == 0; false: not taken (the caller runs the exact kernels). */
+bool launch_tc_gemm(struct cu_ctx *c,
+                    const struct cu_w *w,
+                    int64_t row0,
+                    int64_t n_out,
+                    const float *x,
+                    int64_t n,
+                    int64_t ldx,
+                    float *y,
+                    int64_t ldy,
+                    bool round);
 
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
     if (w.type == DSI_TYPE_F8_E4M3) return w.scale + (row / w.sb0) * w.srs;

@@ -578,7 +578,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     }
     const struct cu_moe_ent *tab = cu_moe_table(c, a);
     if (!tab) return;
-    int rx = pick_rx((double)nk / E);
+    /* `fast` numerics: the tensor-core kernels for tiles of many rows (tiles of rx = their
+       block's activation rows) */
+    bool tc = a->fast && (double)nk / E >= c->tc_moe_min && tc_moe_ok(&r1, &r3, &r2, D, I, a->x);
+    int rx = tc ? tc_pick_bn((double)nk / E) : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -614,7 +617,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = moe_up(c, &p, r1.type, rx, gu);
+    bool ok = tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
+                 : moe_up(c, &p, r1.type, rx, gu);
     cu_prof_end(c, pp);
     if (!ok) return;
     /* shared expert: implicit tiles over all rows */
@@ -623,21 +627,25 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w1 = s1;
     ps.w3 = s3;
     ps.w2 = s2;
-    int srx = pick_rx((double)n);
+    bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
+    int srx = stc ? tc_pick_bn((double)n) : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    ok = moe_up(c, &ps, s1.type, srx, gsu);
+    ok = stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
+             : moe_up(c, &ps, s1.type, srx, gsu);
     cu_prof_end(c, pp);
     if (!ok) return;
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = moe_down(c, &p, r2.type, rx, gd);
+    ok = tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
+            : moe_down(c, &p, r2.type, rx, gd);
     cu_prof_end(c, pp);
     if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_down");
-    ok = moe_down(c, &ps, s2.type, srx, gsd);
+    ok = stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+             : moe_down(c, &ps, s2.type, srx, gsd);
     cu_prof_end(c, pp);
     if (!ok) return;
     k_moe_combine<<<(unsigned)cu_div_up(n * D, 256), 256, 0, c->stream>>>(p.out, n, a->topk, D,

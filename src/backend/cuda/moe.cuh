@@ -47,4 +47,16 @@ moe_tile(const struct moe_p &p, int RX, int *e, int64_t *pos0, int *rows) {
 bool launch_moe_up_gv(struct cu_ctx *c, const struct moe_p *p, int type, int rx, unsigned tiles);
 bool launch_moe_down_gv(struct cu_ctx *c, const struct moe_p *p, int type, int rx, unsigned tiles);
 
+/* Tensor-core expert GEMMs of `fast` numerics (tc.cu): whether the weights fit them, the
+ * activation rows per block for a mean of `rows` rows per tile (16, 32, 64 or 128: the tiles'
+ * RX), and the launch (grid.y = tiles; up: h = SwiGLU(W1 x, W3 x) * weight, down: out). */
+bool tc_moe_ok(const struct cu_w *w1,
+               const struct cu_w *w3,
+               const struct cu_w *w2,
+               int64_t D,
+               int64_t I,
+               const float *x);
+int tc_pick_bn(double rows);
+bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
+
 #endif
