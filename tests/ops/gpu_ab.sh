@@ -55,7 +55,7 @@ wait $BB
 log "builds done (base rc $(cat $L/build_base.rc))"
 bench_link() { # lib out
     cc -std=c11 -O2 -D_GNU_SOURCE -DDSI_CUDA -DDSI_BENCH_LAYER_MAIN -Iinclude -Isrc ${CFLAGS:-} \
-        -o "$2" ${BENCH_SRC:-tools/cmd_bench_layer.c} "$1" ${LDFLAGS:-} -L/usr/local/cuda/lib64 -ljansson \
+        -o "$2" ${BENCH_SRC:-tools/cmd_bench_layer.c} tools/args.c "$1" ${LDFLAGS:-} -L/usr/local/cuda/lib64 -ljansson \
         -lpcre2-8 -lpthread -lm -lcudart -lstdc++ 2>&1 | tail -5
 }
 bench_link build/cuda/libdsinfer.a build/cuda/bench_layer
