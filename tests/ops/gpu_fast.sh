@@ -31,9 +31,9 @@ if [ -x build/cuda/dsinfer ]; then
     BL="build/cuda/dsinfer bench layer"
 else
     cc -std=c11 -O2 -D_GNU_SOURCE -DDSI_CUDA -DDSI_BENCH_LAYER_MAIN -Iinclude -Isrc ${CFLAGS:-} \
-        -o build/cuda/bench_layer tools/cmd_bench_layer.c tools/args.c build/cuda/libdsinfer.a \
-        ${LDFLAGS:-} -L/usr/local/cuda/lib64 -ljansson -lpcre2-8 -lpthread -lm -lcudart \
-        -lstdc++ 2>&1 | tail -5
+        -o build/cuda/bench_layer tools/cmd_bench_layer.c tools/args.c build/cuda/src/backend/cuda/peak.o \
+        build/cuda/libdsinfer.a ${LDFLAGS:-} -L/usr/local/cuda/lib64 -ljansson -lpcre2-8 -lpthread -lm \
+        -lcublasLt -lcublas -lcudart -lstdc++ 2>&1 | tail -5
     BL=build/cuda/bench_layer
 fi
 log "build done ($BL)"
