@@ -218,6 +218,7 @@ struct dsi_attn_args {
     const struct dsi_tensor *sinks; /* [n_heads] */
     float scale;
     bool round_probs, round_bf16;
+    bool fast; /* as dsi_gemm_args.fast: the products may run on tensor cores */
 };
 
 /* Lightning indexer: score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale

@@ -431,7 +431,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                .sinks = &L->attn_sink,
                                .scale = 1.0f / sqrtf((float)hd),
                                .round_probs = f->R,
-                               .round_bf16 = f->R};
+                               .round_bf16 = f->R,
+                               .fast = f->F};
     be->ops->attn(be, &aa);
     rope(f, f->o, n, HD, H, hd, pos, tab, true);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */

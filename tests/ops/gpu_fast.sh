@@ -9,7 +9,8 @@
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
 mkdir -p "$OUT"
-L=$OUT
+L=/tmp/fast-logs
+rm -rf $L && mkdir -p $L
 T0=$(date +%s)
 log() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a $L/summary.txt; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee -a $L/summary.txt
@@ -37,7 +38,7 @@ else
     BL=build/cuda/bench_layer
 fi
 log "build done ($BL)"
-for t in test_cuda_gemm_fast test_cuda_moe_fast 'test_cuda_model_*'; do
+for t in test_cuda_gemm_fast test_cuda_moe_fast test_cuda_attn 'test_cuda_model_*'; do
     timeout 120 build/cuda/dsinfer-test --root . --only "$t" >$L/test_$t.log 2>&1
     log "$t rc $?: $(tail -1 $L/test_$t.log)"
     grep -oE "\[[^]]*(fast|differ)[^]]*\]" $L/test_$t.log | head -30 | tee -a $L/summary.txt
@@ -47,7 +48,7 @@ log "all test_cuda rc $?: $(tail -1 $L/test_cuda.log)"
 grep -E "FAIL|fail" $L/test_cuda.log | head -20 | tee -a $L/summary.txt
 [ -n "${GEN:-}" ] && { wait $GEN; log "checkpoint: $(tail -1 $L/gen.log)"; }
 B=${FAST_BATCH:-1,8,64,256}
-for num in fast plain reference; do
+for num in ${FAST_NUMS:-fast plain}; do
     timeout 150 $BL -m $M --ctx 4096 --steps 5 --batch $B --no-split --prefill 8192 \
         --prefill-reps 1 --numerics $num >$L/bench_$num.txt 2>&1
     log "bench $num rc $?"
@@ -58,11 +59,17 @@ DSI_CUDA_PROFILE=1 timeout 120 $BL -m $M --ctx 4096 --steps 3 --batch 256 --no-s
 log "profile fast rc $?"
 grep -A45 "# profile" $L/bench_profile_fast.txt | tee -a $L/summary.txt
 DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
-    build/cuda/dsinfer-test --root . --only 'test_cuda_*_fast' >$L/memcheck.log 2>&1
+    build/cuda/dsinfer-test --root . --only 'test_cuda_*' >$L/memcheck.log 2>&1
 log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' $L/memcheck.log | tr '\n' ' ')"
 for t in test_cuda_gemm_fast test_cuda_moe_fast; do
     DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
         build/cuda/dsinfer-test --root . --only $t >$L/racecheck_$t.log 2>&1
     log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|passed' $L/racecheck_$t.log | tr '\n' ' ')"
 done
+if [ -x build/cuda/dsinfer ]; then
+    DSINFER=build/cuda/dsinfer timeout 200 sh tests/cli/t_cuda.sh >$L/t_cuda.log 2>&1
+    log "t_cuda.sh rc $?: $(tail -4 $L/t_cuda.log | tr '\n' ' ')"
+fi
 log "done"
+cp $L/summary.txt $L/bench_*.txt "$OUT/" 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C /tmp fast-logs

@@ -153,15 +153,18 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
              * carries that into the next positions (rel 3e-2; with index_topk raised over the
              * entry count, 3.6e-7: tests/ops/fast_flips.sh). The trained default model's
              * perplexity under fast numerics is checked in tests/cli/t_cuda.sh. */
-            bool set = !getenv("DSI_CUDA_TC_DENSE") && !getenv("DSI_CUDA_TC_MOE");
+            bool set = !getenv("DSI_CUDA_TC_DENSE") && !getenv("DSI_CUDA_TC_MOE") &&
+                       !getenv("DSI_CUDA_TC_ATTN");
             if (set) {
                 setenv("DSI_CUDA_TC_DENSE", "1", 1);
                 setenv("DSI_CUDA_TC_MOE", "0", 1);
+                setenv("DSI_CUDA_TC_ATTN", "1", 1);
             }
             int rc = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, 0, &ps, o, gm);
             if (set) {
                 unsetenv("DSI_CUDA_TC_DENSE");
                 unsetenv("DSI_CUDA_TC_MOE");
+                unsetenv("DSI_CUDA_TC_ATTN");
             }
             TEST_ASSERT(rc == 0);
             double ef = rows_rel(o, c, rows, V, &nd, &ov);

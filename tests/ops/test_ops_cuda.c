@@ -1045,7 +1045,14 @@ struct attn_case {
     bool use_sel, reference;
     int nseq;
     int start[6], len[6];
+    bool fast; /* `fast` numerics (reference rounding, tensor cores from 128 rows): q and the
+                  keys bf16 values, as the forward makes them */
 };
+
+static void round_bf16_all(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = dsi_bf16_round(x[i]);
+}
 
 static int run_attn(struct rng *r, const struct attn_case *ac) {
     int maxpos = 0;
@@ -1057,6 +1064,10 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     int n = s.n, H = ac->H, hd = ac->hd;
     int64_t nring = (int64_t)S * s.ring_cap * hd;
     float *ring = fnorm(r, nring, 1), *q = fnorm(r, (int64_t)n * H * hd, 0.3f);
+    if (ac->fast) {
+        round_bf16_all(ring, nring);
+        round_bf16_all(q, (int64_t)n * H * hd);
+    }
     float *dring = dput(ring, sizeof(float) * (size_t)nring),
           *dq = dput(q, sizeof(float) * (size_t)n * H * hd);
     float *ent = NULL, *dent = NULL;
@@ -1064,6 +1075,7 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     if (ac->ratio) {
         nent = (int64_t)S * MP * (PT / ac->ratio) * hd;
         ent = fnorm(r, nent, 1);
+        if (ac->fast) round_bf16_all(ent, nent);
         dent = dput(ent, sizeof(float) * (size_t)nent);
     }
     int32_t *sel = NULL, *nsel = NULL, *dsel = NULL, *dnsel = NULL;
@@ -1103,7 +1115,8 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
                               .sinks = &sinks.h,
                               .scale = 1.0f / sqrtf((float)hd),
                               .round_probs = ac->reference,
-                              .round_bf16 = ac->reference};
+                              .round_bf16 = ac->reference,
+                              .fast = ac->fast};
     g_cpu->ops->attn(g_cpu, &a);
     a.st = &s.dst;
     a.q = dq;
@@ -1141,14 +1154,20 @@ int test_cuda_attn(struct test_ctx *t) {
     struct rng r = rng_of(t, 9);
     const struct attn_case cases[] = {
         /* tiny-a shapes: window 16, ratios 0 / 4 with selection / 8 all entries */
-        {4, 128, 16, 0, 4, false, true, 4, {0, 14, 200, 255}, {20, 5, 1, 2}},
-        {4, 128, 16, 4, 4, true, true, 4, {0, 14, 200, 255}, {20, 5, 1, 2}},
-        {4, 128, 16, 8, 4, false, true, 4, {0, 14, 200, 255}, {20, 5, 1, 2}},
-        {4, 128, 16, 4, 4, false, false, 2, {3, 63}, {1, 3}},
+        {4, 128, 16, 0, 4, false, true, 4, {0, 14, 200, 255}, {20, 5, 1, 2}, false},
+        {4, 128, 16, 4, 4, true, true, 4, {0, 14, 200, 255}, {20, 5, 1, 2}, false},
+        {4, 128, 16, 8, 4, false, true, 4, {0, 14, 200, 255}, {20, 5, 1, 2}, false},
+        {4, 128, 16, 4, 4, false, false, 2, {3, 63}, {1, 3}, false},
         /* V4-Flash: 64 heads x 512, window 128, CSA top-512, HCA ratio 128 */
-        {64, 512, 128, 4, 512, true, true, 5, {0, 126, 1000, 4095, 300}, {3, 4, 1, 2, 8}},
-        {64, 512, 128, 128, 512, false, true, 5, {0, 126, 1000, 4095, 300}, {3, 4, 1, 2, 8}},
-        {64, 512, 128, 0, 512, false, false, 3, {0, 127, 2000}, {2, 3, 1}},
+        {64, 512, 128, 4, 512, true, true, 5, {0, 126, 1000, 4095, 300}, {3, 4, 1, 2, 8}, false},
+        {64, 512, 128, 128, 512, false, true, 5, {0, 126, 1000, 4095, 300}, {3, 4, 1, 2, 8}, false},
+        {64, 512, 128, 0, 512, false, false, 3, {0, 127, 2000}, {2, 3, 1}, false},
+        /* fast numerics with >= 128 rows (the tensor-core products): tiny heads (4 of a
+         * 64-head block), V4-Flash CSA with selection (short and full top-k), HCA, window */
+        {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {100, 50, 3}, true},
+        {64, 512, 128, 4, 512, true, true, 4, {0, 1000, 4095, 126}, {40, 40, 40, 9}, true},
+        {64, 512, 128, 128, 512, false, true, 3, {0, 2000, 8000}, {60, 50, 30}, true},
+        {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {100, 40}, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].H > 4) continue;

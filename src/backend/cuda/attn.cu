@@ -8,49 +8,13 @@
  * under 256 MiB. K = V = the stored 512-vector; the key set is shared by all heads (MQA), so
  * the score kernel loads each key tile once for 16 heads.
  * Later: FlashMLA-style fused kernel with FP8 keys for the fast (non-batch-invariant) path. */
-#include "common.cuh"
+#include "attn.cuh"
 
 #define ATT_HG 16 /* heads per score block */
 #define ATT_TK 32 /* keys per score tile */
 #define PV_HG  8  /* heads per pv block */
 #define PV_DS  64 /* dims per pv block */
 #define PV_TK  32
-
-struct attn_p {
-    struct cu_step st;
-    const float *q;
-    float *out;
-    int H, hd;
-    const float *ring, *entries;
-    int ratio;
-    const int32_t *sel, *n_sel;
-    int topk;
-    struct cu_vec sinks;
-    float scale;
-    bool round_probs, round_bf16;
-    float *S;
-    int64_t maxk;
-    int r0;
-};
-
-__device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {
-    int64_t t = p.st.pos[r];
-    *w0 = t - p.st.window + 1 > 0 ? t - p.st.window + 1 : 0;
-    int64_t nk = t - *w0 + 1;
-    if (p.entries) nk += p.sel ? p.n_sel[r] : (t + 1) / p.ratio;
-    return (int)(nk < p.maxk ? nk : p.maxk);
-}
-
-__device__ __forceinline__ const float *attn_key(const struct attn_p &p, int r, int64_t w0, int j) {
-    int64_t t = p.st.pos[r];
-    int64_t nwin = t - w0 + 1;
-    int slot = p.st.slot[r];
-    if (j < nwin) return p.ring + ((int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap) * p.hd;
-    int64_t i = j - nwin;
-    if (p.sel) i = p.sel[(int64_t)r * p.topk + i];
-    return p.entries +
-           paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot, i, p.ratio, p.hd);
-}
 
 /* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
 __device__ __forceinline__ float dot_smem(const float *a, const float *b, int n) {
@@ -236,15 +200,25 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.round_bf16 = a->round_bf16;
     p.S = S;
     p.maxk = maxk;
+    /* `fast` numerics: the two products on tensor cores (attn_tc.cu) for many rows */
+    bool tc = a->fast && n >= c->tc_attn_min && attn_tc_ok(&p);
     for (int r0 = 0; r0 < n; r0 += nb) {
         int rows = n - r0 < nb ? n - r0 : nb;
         p.r0 = r0;
-        dim3 g1(rows, (unsigned)cu_div_up(H, ATT_HG), (unsigned)cu_div_up(maxk, ATT_TK));
-        k_attn_scores<<<g1, 256, smem, c->stream>>>(p);
+        if (tc) {
+            if (!launch_attn_scores_tc(c, &p, rows)) return;
+        } else {
+            dim3 g1(rows, (unsigned)cu_div_up(H, ATT_HG), (unsigned)cu_div_up(maxk, ATT_TK));
+            k_attn_scores<<<g1, 256, smem, c->stream>>>(p);
+        }
         dim3 g2(rows, (unsigned)cu_div_up(H, 8));
         k_attn_softmax<<<g2, 256, 0, c->stream>>>(p);
-        dim3 g3(rows, (unsigned)cu_div_up(H, PV_HG), (unsigned)cu_div_up(hd, PV_DS));
-        k_attn_pv<<<g3, 256, 0, c->stream>>>(p);
+        if (tc) {
+            if (!launch_attn_pv_tc(c, &p, rows)) return;
+        } else {
+            dim3 g3(rows, (unsigned)cu_div_up(H, PV_HG), (unsigned)cu_div_up(hd, PV_DS));
+            k_attn_pv<<<g3, 256, 0, c->stream>>>(p);
+        }
         if (!cu_check(c, "attn")) return;
     }
 }

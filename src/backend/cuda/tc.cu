@@ -19,8 +19,7 @@
  * gate and the up value of the same (column, row) and applies SwiGLU in registers. */
 #include "gemm.cuh"
 #include "moe.cuh"
-
-#include <cuda_bf16.h>
+#include "tc.cuh"
 
 #define TC_BM 128
 #define TC_BK 64
@@ -41,40 +40,6 @@ struct tc_p {
 };
 
 static size_t tc_smem_bytes(int BN) { return (size_t)2 * (TC_BM + BN) * TC_LD * 2; }
-
-__device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* Upper halves of two floats that are exact in bf16. */
-__device__ __forceinline__ uint32_t bf16x2_exact(float lo, float hi) {
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t a, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x2(uint32_t a, uint32_t &r0, uint32_t &r1) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r0), "=r"(r1)
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* One thread's share of a step's weight tile: 32 consecutive K values of one row. */
 struct tc_wraw {
@@ -231,12 +196,14 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[f][j][i] = 0.0f;
-    struct tc_wraw wr;
+    /* Weight bytes are loaded PF steps ahead (wr[u] holds step s with s % PF == u: the loop is
+     * unrolled by PF so the register arrays are indexed statically), activations one step. */
+    constexpr int PF = BN <= 32 ? 4 : 2;
+    struct tc_wraw wr[PF];
     float4 xr[XV];
     int64_t steps = K / TC_BK;
-    auto load = [&](int64_t s) {
+    auto load_x = [&](int64_t s) {
         int64_t k0 = s * TC_BK;
-        tc_load_w<WT>(wrow, wsrow, sb1, k0 + khalf * 32, wr);
 #pragma unroll
         for (int v = 0; v < XV; v++) {
             int idx = tid + v * TC_T, j = idx >> 4, q = idx & 15;
@@ -244,11 +211,10 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
             xr[v] = src ? __ldg((const float4 *)(src + k0) + q) : make_float4(0, 0, 0, 0);
         }
     };
-    load(0);
-    for (int64_t s = 0; s < steps; s++) {
+    auto step = [&](int64_t s, struct tc_wraw &w) {
         int buf = (int)(s & 1);
         uint16_t *W = Ws + buf * TC_BM * TC_LD, *X = Xs + buf * BN * TC_LD;
-        tc_store_w<WT>(wr, wrow != nullptr, W + srow * TC_LD + khalf * 32);
+        tc_store_w<WT>(w, wrow != nullptr, W + srow * TC_LD + khalf * 32);
 #pragma unroll
         for (int v = 0; v < XV; v++) {
             int idx = tid + v * TC_T, j = idx >> 4, q = idx & 15;
@@ -256,7 +222,8 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
                 make_uint2(bf16x2_rn(xr[v].x, xr[v].y), bf16x2_rn(xr[v].z, xr[v].w));
         }
         __syncthreads();
-        if (s + 1 < steps) load(s + 1);
+        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sb1, (s + PF) * TC_BK + khalf * 32, w);
+        if (s + 1 < steps) load_x(s + 1);
 #pragma unroll
         for (int kk = 0; kk < TC_BK / 16; kk++) {
             uint32_t a[2][4];
@@ -289,6 +256,15 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
                 }
             }
         }
+    };
+#pragma unroll
+    for (int u = 0; u < PF; u++)
+        if (u < steps) tc_load_w<WT>(wrow, wsrow, sb1, (int64_t)u * TC_BK + khalf * 32, wr[u]);
+    load_x(0);
+    for (int64_t s = 0; s < steps; s += PF) {
+#pragma unroll
+        for (int u = 0; u < PF; u++)
+            if (s + u < steps) step(s + u, wr[u]);
     }
 
     /* ---- epilogue: c[i] is (row g + 8 (i / 2), activation row 2 t + i % 2) of the fragment */

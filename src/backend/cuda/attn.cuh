@@ -1,0 +1,51 @@
+/* attn.cuh - the attention op's parameters and key lookup, shared by attn.cu (the exact
+ * kernels) and attn_tc.cu (the tensor-core kernels of `fast` numerics). */
+#ifndef DSI_CUDA_ATTN_CUH
+#define DSI_CUDA_ATTN_CUH
+
+#include "common.cuh"
+
+struct attn_p {
+    struct cu_step st;
+    const float *q;
+    float *out;
+    int H, hd;
+    const float *ring, *entries;
+    int ratio;
+    const int32_t *sel, *n_sel;
+    int topk;
+    struct cu_vec sinks;
+    float scale;
+    bool round_probs, round_bf16;
+    float *S;
+    int64_t maxk;
+    int r0;
+};
+
+__device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {
+    int64_t t = p.st.pos[r];
+    *w0 = t - p.st.window + 1 > 0 ? t - p.st.window + 1 : 0;
+    int64_t nk = t - *w0 + 1;
+    if (p.entries) nk += p.sel ? p.n_sel[r] : (t + 1) / p.ratio;
+    return (int)(nk < p.maxk ? nk : p.maxk);
+}
+
+__device__ __forceinline__ const float *attn_key(const struct attn_p &p, int r, int64_t w0, int j) {
+    int64_t t = p.st.pos[r];
+    int64_t nwin = t - w0 + 1;
+    int slot = p.st.slot[r];
+    if (j < nwin) return p.ring + ((int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap) * p.hd;
+    int64_t i = j - nwin;
+    if (p.sel) i = p.sel[(int64_t)r * p.topk + i];
+    return p.entries +
+           paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot, i, p.ratio, p.hd);
+}
+
+/* The tensor-core score and p.v kernels (attn_tc.cu) for one batch of rows [p.r0, p.r0 + rows);
+ * false: not taken (shapes), the caller runs the exact ones. The softmax between them is
+ * attn.cu's. */
+bool attn_tc_ok(const struct attn_p *p);
+bool launch_attn_scores_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
+bool launch_attn_pv_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
+
+#endif
