@@ -61,7 +61,7 @@ grep -A45 "# profile" $L/bench_profile_fast.txt | tee -a $L/summary.txt
 DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
     build/cuda/dsinfer-test --root . --only 'test_cuda_*' >$L/memcheck.log 2>&1
 log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' $L/memcheck.log | tr '\n' ' ')"
-for t in test_cuda_gemm_fast test_cuda_moe_fast; do
+for t in test_cuda_gemm_fast test_cuda_moe_fast test_cuda_attn; do
     DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
         build/cuda/dsinfer-test --root . --only $t >$L/racecheck_$t.log 2>&1
     log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|passed' $L/racecheck_$t.log | tr '\n' ' ')"
