@@ -7,14 +7,15 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dsinfer logits -m DIR --prompt-ids 1,2,3 [--prompt-ids ...] --out FILE\n"
-               "                      [--chunk N] [--numerics plain|reference|fast] [--mtp-out FILE]\n"
-               "                      [--threads N] [--backend cpu|cuda]\n"
-               "Writes float32 little-endian logits, one row of vocab_size per prompt position\n"
-               "(row i predicts token i+1), prompts in order. Several --prompt-ids run as several\n"
-               "sequences in one batch. --chunk N feeds N tokens of each prompt per step (1 = the\n"
-               "decode path); default: whole prompts. --mtp-out writes the MTP layer's logits\n"
-               "(len-1 rows per prompt; row t predicts token t+2).\n");
+    fprintf(f,
+            "usage: dsinfer logits -m DIR --prompt-ids 1,2,3 [--prompt-ids ...] --out FILE\n"
+            "                      [--chunk N] [--numerics plain|reference|fast] [--mtp-out FILE]\n"
+            "                      [--threads N] [--backend cpu|cuda]\n"
+            "Writes float32 little-endian logits, one row of vocab_size per prompt position\n"
+            "(row i predicts token i+1), prompts in order. Several --prompt-ids run as several\n"
+            "sequences in one batch. --chunk N feeds N tokens of each prompt per step (1 = the\n"
+            "decode path); default: whole prompts. --mtp-out writes the MTP layer's logits\n"
+            "(len-1 rows per prompt; row t predicts token t+2).\n");
 }
 
 int cmd_logits(int argc, char **argv) {

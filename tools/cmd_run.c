@@ -190,8 +190,7 @@ int cmd_run(int argc, char **argv) {
             backend = argv[++i];
         else if (!strcmp(a, "--numerics") && v) {
             if (args_numerics("run", argv[++i], &numerics)) return 2;
-        }
-        else if (!strcmp(a, "--tokenizer") && v)
+        } else if (!strcmp(a, "--tokenizer") && v)
             tok_dir = argv[++i];
         else if (!strcmp(a, "--threads") && v) {
             if (args_int("run", a, argv[++i], 0, 1024, &threads)) return 2;

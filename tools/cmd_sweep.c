@@ -305,8 +305,7 @@ int cmd_bench_sweep(int argc, char **argv) {
             backend = argv[++i];
         else if (!strcmp(a, "--numerics") && v) {
             if (args_numerics("bench sweep", argv[++i], &numerics)) return 2;
-        }
-        else if (!strcmp(a, "--csv") && v)
+        } else if (!strcmp(a, "--csv") && v)
             csv = argv[++i];
         else if (!strcmp(a, "--svg") && v)
             svg = argv[++i];

@@ -323,8 +323,8 @@ static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
     dget(yg, dy, sizeof(float) * (size_t)(gc->n * ldy));
     char what[160];
     snprintf(what, sizeof(what), "gemm%s type %d [%lld x %lld] n %lld rows %lld+%lld",
-             fast ? " fast" : "", gc->type, (long long)gc->rows, (long long)gc->K,
-             (long long)gc->n, (long long)gc->row0, (long long)gc->n_out);
+             fast ? " fast" : "", gc->type, (long long)gc->rows, (long long)gc->K, (long long)gc->n,
+             (long long)gc->row0, (long long)gc->n_out);
     /* fast: fp32 sums in another order (the tensor cores' adds truncate), then (round) one
      * bf16 rounding that may land on the neighbour: 2^-8 of the value at most */
     ok = ok && (fast ? close_to(what, yg, yc, gc->n * ldy, gc->round ? 8e-3 : 1e-4)
@@ -338,7 +338,9 @@ static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
     return ok;
 }
 
-static int run_gemm(struct rng *r, const struct gemm_case *gc) { return run_gemm_mode(r, gc, false); }
+static int run_gemm(struct rng *r, const struct gemm_case *gc) {
+    return run_gemm_mode(r, gc, false);
+}
 
 /* `fast` numerics: the tensor-core kernel (tc.cu) for n >= 64 rows on FP8/BF16 weights with
  * K % 64 == 0, every block width (32, 64, 128 rows), partial weight and row tiles, padded
@@ -351,14 +353,14 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, 384, 256, 65, 128, 200, 300, 333, true},
         {DSI_TYPE_BF16, 200, 192, 130, 0, 200, 0, 0, false},
         {DSI_TYPE_BF16, 256, 128, 600, 3, 250, 0, 0, true},
-        {DSI_TYPE_F8_E4M3, 1024, 4096, 520, 0, 1024, 0, 0, true},   /* wq_a, prefill */
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 520, 0, 1024, 0, 0, true}, /* wq_a, prefill */
         {DSI_TYPE_F8_E4M3, 256, 256, 200, 0, 256, 0, 0, false},
         {DSI_TYPE_F8_E4M3, 384, 128, 600, 0, 384, 0, 0, false},
-        {DSI_TYPE_F8_E4M3, 4096, 8192, 96, 0, 4096, 0, 0, false},   /* wo_b */
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 96, 0, 4096, 0, 0, false},          /* wo_b */
         {DSI_TYPE_F8_E4M3, 8192, 4096, 70, 1024, 1024, 32768, 8192, true}, /* wo_a group */
-        {DSI_TYPE_FP4_E2M1, 256, 128, 100, 0, 256, 0, 0, false},    /* not taken */
-        {DSI_TYPE_BF16, 70, 96, 80, 0, 70, 0, 0, false},            /* K % 64: not taken */
-        {DSI_TYPE_F8_E4M3, 256, 256, 7, 0, 256, 0, 0, true},        /* few rows: not taken */
+        {DSI_TYPE_FP4_E2M1, 256, 128, 100, 0, 256, 0, 0, false},           /* not taken */
+        {DSI_TYPE_BF16, 70, 96, 80, 0, 70, 0, 0, false},                   /* K % 64: not taken */
+        {DSI_TYPE_F8_E4M3, 256, 256, 7, 0, 256, 0, 0, true},               /* few rows: not taken */
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++) {
@@ -1450,7 +1452,9 @@ static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference
     dget(yg, dy, sizeof(float) * (size_t)(n * D));
     char what[96];
     snprintf(what, sizeof(what), "moe E%d D%lld n%lld %s", E, (long long)D, (long long)n,
-             fast ? "fast" : reference ? "ref" : "plain");
+             fast        ? "fast"
+             : reference ? "ref"
+                         : "plain");
     ok = ok && close_to(what, yg, yc, n * D, reference ? 1e-2 : 1e-5);
     dfree(dx);
     dfree(dwt);
@@ -1488,13 +1492,13 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 22);
     const struct moe_case cases[] = {
-        {8, 2, 128, 128, 40, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* 10 rows per expert */
-        {8, 2, 128, 128, 100, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 25 */
-        {8, 2, 256, 128, 200, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},  /* 50 */
-        {16, 3, 128, 128, 270, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 50 */
-        {16, 3, 128, 128, 440, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 82 (tiny-b) */
-        {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 112 */
-        {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* few rows: not taken */
+        {8, 2, 128, 128, 40, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},     /* 10 rows per expert */
+        {8, 2, 128, 128, 100, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 25 */
+        {8, 2, 256, 128, 200, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},     /* 50 */
+        {16, 3, 128, 128, 270, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 50 */
+        {16, 3, 128, 128, 440, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 82 (tiny-b) */
+        {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 112 */
+        {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* few rows: not taken */
         {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

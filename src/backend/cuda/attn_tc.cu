@@ -26,7 +26,9 @@
 #define PV_LDP (PV_KC + 8)
 #define PV_LDV (PV_DB + 8)
 
-static size_t scores_smem(int hd) { return (size_t)AT_HB * (hd + 8) * 2 + (size_t)2 * AT_KT * AT_LDK * 2; }
+static size_t scores_smem(int hd) {
+    return (size_t)AT_HB * (hd + 8) * 2 + (size_t)2 * AT_KT * AT_LDK * 2;
+}
 static size_t pv_smem(void) { return (size_t)2 * (AT_HB * PV_LDP + PV_KC * PV_LDV) * 2; }
 
 bool attn_tc_ok(const struct attn_p *p) {
@@ -117,8 +119,8 @@ __global__ void __launch_bounds__(AT_T, 2) k_attn_scores_tc(struct attn_p p) {
 /* grid (rows, heads / 64, head_dim / 128). */
 __global__ void __launch_bounds__(AT_T, 2) k_attn_pv_tc(struct attn_p p) {
     extern __shared__ uint4 at_smem[];
-    uint16_t *Ps = (uint16_t *)at_smem;        /* [2][64][PV_LDP] */
-    uint16_t *Vs = Ps + 2 * AT_HB * PV_LDP;    /* [2][PV_KC][PV_LDV] */
+    uint16_t *Ps = (uint16_t *)at_smem;     /* [2][64][PV_LDP] */
+    uint16_t *Vs = Ps + 2 * AT_HB * PV_LDP; /* [2][PV_KC][PV_LDV] */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp & 3, wn = warp >> 2;
     int r = p.r0 + blockIdx.x, h0 = blockIdx.y * AT_HB, d0 = blockIdx.z * PV_DB;
     int64_t w0;

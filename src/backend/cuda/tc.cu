@@ -114,7 +114,7 @@ template <int MODE> __device__ __forceinline__ int tc_arow(int wm, int f) {
 
 template <int MODE, int WT, int BN>
 __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
-    constexpr int NF = BN / 16;       /* n8 fragments per warp (a warp has BN / 2 rows) */
+    constexpr int NF = BN / 16;        /* n8 fragments per warp (a warp has BN / 2 rows) */
     constexpr int XV = BN * 16 / TC_T; /* float4 activation loads per thread per step */
     extern __shared__ uint4 tc_smem[];
     uint16_t *Ws = (uint16_t *)tc_smem;    /* [2][TC_BM][TC_LD] */
@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
             int tb = wn * (BN / 2);
             if (NF == 1) {
                 uint32_t b0, b1;
-                const uint16_t *bp = X + (tb + (lane & 7)) * TC_LD + kk * 16 + ((lane >> 3) & 1) * 8;
+                const uint16_t *bp =
+                    X + (tb + (lane & 7)) * TC_LD + kk * 16 + ((lane >> 3) & 1) * 8;
                 ldsm_x2(smem_u32(bp), b0, b1);
 #pragma unroll
                 for (int f = 0; f < 2; f++)
@@ -245,7 +246,8 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
 #pragma unroll
                 for (int j = 0; j < NF; j += 2) {
                     uint32_t b[4];
-                    const uint16_t *bp = X + (tb + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * TC_LD +
+                    const uint16_t *bp = X +
+                                         (tb + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * TC_LD +
                                          kk * 16 + ((lane >> 3) & 1) * 8;
                     ldsm_x4(smem_u32(bp), b);
 #pragma unroll
@@ -285,7 +287,8 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
             } else if (MODE == TC_UP) {
                 int64_t pos = opos[jr], col = (int64_t)blockIdx.x * 64 + wm * 16 + m;
                 if (pos < 0 || col >= p.m.I) continue;
-                float gt = rbf(acc[0][j][i] + 0.0f, p.m.round), u = rbf(acc[1][j][i] + 0.0f, p.m.round);
+                float gt = rbf(acc[0][j][i] + 0.0f, p.m.round),
+                      u = rbf(acc[1][j][i] + 0.0f, p.m.round);
                 float wi = pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;
                 float gv = fminf(gt, p.m.limit), uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
                 float silu = gv / (1.0f + exp_ref(-gv));
@@ -363,8 +366,9 @@ bool launch_tc_gemm(struct cu_ctx *c,
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
     dim3 grid((unsigned)cu_div_up(n_out, TC_BM), (unsigned)cu_div_up(n, bn));
     int pp = cu_prof_begin(c, "gemm.tc");
-    bool ok = w->type == DSI_TYPE_F8_E4M3 ? tc_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &p, bn, grid)
-                                          : tc_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &p, bn, grid);
+    bool ok = w->type == DSI_TYPE_F8_E4M3
+                  ? tc_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &p, bn, grid)
+                  : tc_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &p, bn, grid);
     cu_prof_end(c, pp);
     return ok || c->sticky;
 }
