@@ -58,6 +58,10 @@ DSI_CUDA_PROFILE=1 timeout 120 $BL -m $M --ctx 4096 --steps 3 --batch 256 --no-s
     --prefill-reps 1 --numerics fast >$L/bench_profile_fast.txt 2>&1
 log "profile fast rc $?"
 grep -A45 "# profile" $L/bench_profile_fast.txt | tee -a $L/summary.txt
+DSI_CUDA_PROFILE=1 timeout 60 $BL -m $M --ctx 4096 --steps 5 --batch 1 --no-split --prefill 0 \
+    --numerics fast >$L/bench_profile_fast1.txt 2>&1
+log "profile fast batch 1 rc $?"
+grep -A45 "# profile" $L/bench_profile_fast1.txt | tee -a $L/summary.txt
 DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
     build/cuda/dsinfer-test --root . --only 'test_cuda_*' >$L/memcheck.log 2>&1
 log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' $L/memcheck.log | tr '\n' ' ')"

@@ -449,6 +449,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *td = getenv("DSI_CUDA_TC_DENSE"), *tm = getenv("DSI_CUDA_TC_MOE");
     c->tc_dense_min = td && *td ? atoi(td) : 64;
     c->tc_moe_min = tm && *tm ? atof(tm) : 4.0;
+    const char *gf = getenv("DSI_CUDA_GVF");
+    c->gvf_max = gf && *gf ? atoi(gf) : 32;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ng = getenv("DSI_CUDA_NOGRAPH");

@@ -384,7 +384,9 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
     struct cu_ctx *c = cu_ctx_of(be);
     struct cu_w w = cu_w_of(a->w);
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
-        launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16))
+        (launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
+                         a->round_bf16) ||
+         launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);
 }

@@ -44,6 +44,19 @@ bool launch_tc_gemm(struct cu_ctx *c,
                     int64_t ldy,
                     bool round);
 
+/* The decode GEMM of `fast` numerics (gvf.cu) for n <= min(32, c->gvf_max) rows on FP8/FP4/BF16
+ * weights; false: not taken. */
+bool launch_gvf_gemm(struct cu_ctx *c,
+                     const struct cu_w *w,
+                     int64_t row0,
+                     int64_t n_out,
+                     const float *x,
+                     int64_t n,
+                     int64_t ldx,
+                     float *y,
+                     int64_t ldy,
+                     bool round);
+
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
     if (w.type == DSI_TYPE_F8_E4M3) return w.scale + (row / w.sb0) * w.srs;
     if (w.type == DSI_TYPE_FP4_E2M1) return w.scale + row * w.srs;

@@ -581,7 +581,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* `fast` numerics: the tensor-core kernels for tiles of many rows (tiles of rx = their
        block's activation rows) */
     bool tc = a->fast && (double)nk / E >= c->tc_moe_min && tc_moe_ok(&r1, &r3, &r2, D, I, a->x);
-    int rx = tc ? tc_pick_bn((double)nk / E) : pick_rx((double)nk / E);
+    /* `fast` numerics, fewer rows: the decode tensor-core kernels (tiles of up to 8 rows) */
+    bool gv = a->fast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x);
+    int rx = tc ? tc_pick_bn((double)nk / E) : gv ? 8 : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -617,8 +619,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
-                 : moe_up(c, &p, r1.type, rx, gu);
+    bool ok = tc   ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
+              : gv ? launch_gvf_moe(c, &p, true, 1, (unsigned)max_tiles) && !c->sticky
+                   : moe_up(c, &p, r1.type, rx, gu);
     cu_prof_end(c, pp);
     if (!ok) return;
     /* shared expert: implicit tiles over all rows */
@@ -628,24 +631,30 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w3 = s3;
     ps.w2 = s2;
     bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
-    int srx = stc ? tc_pick_bn((double)n) : pick_rx((double)n);
+    bool sgv =
+        a->fast && !stc && n <= 32 && n <= c->gvf_max && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x);
+    int snt = gvf_moe_nt(n);
+    int srx = stc ? tc_pick_bn((double)n) : sgv ? 8 * snt : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    ok = stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
-             : moe_up(c, &ps, s1.type, srx, gsu);
+    ok = stc   ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
+         : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
+               : moe_up(c, &ps, s1.type, srx, gsu);
     cu_prof_end(c, pp);
     if (!ok) return;
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
-            : moe_down(c, &p, r2.type, rx, gd);
+    ok = tc   ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
+         : gv ? launch_gvf_moe(c, &p, false, 1, (unsigned)max_tiles) && !c->sticky
+              : moe_down(c, &p, r2.type, rx, gd);
     cu_prof_end(c, pp);
     if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_down");
-    ok = stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
-             : moe_down(c, &ps, s2.type, srx, gsd);
+    ok = stc   ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+         : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
+               : moe_down(c, &ps, s2.type, srx, gsd);
     cu_prof_end(c, pp);
     if (!ok) return;
     k_moe_combine<<<(unsigned)cu_div_up(n * D, 256), 256, 0, c->stream>>>(p.out, n, a->topk, D,
