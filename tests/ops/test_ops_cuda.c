@@ -1524,6 +1524,30 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         if (tiny_only() && cases[i].D > 256) continue;
         TEST_ASSERTF(run_moe_mode(&r, &cases[i], true, true), "moe fast case %zu", i);
     }
+    /* The decode kernels' routed tiles of 16 and 32 rows (6 and 12 rows per expert on average,
+     * where the tensor-core kernels run by default): a second backend with the tensor-core
+     * threshold raised (read at creation), used for whole cases. */
+    const struct moe_case wide[] = {
+        {16, 3, 256, 128, 32, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 6 per expert */
+        {16, 4, 512, 256, 48, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 12 */
+        {16, 6, 4096, 2048, 16, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 6, real shapes */
+    };
+    struct dsi_err err = {0};
+    struct dsi_backend *g2 = NULL, *keep = g_gpu;
+    setenv("DSI_CUDA_TC_MOE", "1000", 1);
+    int rc = dsi_backend_cuda_new(&g2, 0, &err);
+    unsetenv("DSI_CUDA_TC_MOE");
+    TEST_ASSERTF(rc == 0, "second cuda backend: %s", err.msg);
+    g_gpu = g2;
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(wide) / sizeof(wide[0]) && ok; i++) {
+        if (tiny_only() && wide[i].D > 512) continue;
+        ok = run_moe_mode(&r, &wide[i], true, true);
+        if (!ok) fprintf(stderr, "[moe fast wide case %zu] ", i);
+    }
+    g_gpu = keep;
+    g2->ops->free(g2);
+    TEST_ASSERT(ok);
     return 0;
 }
 

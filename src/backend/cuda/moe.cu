@@ -581,9 +581,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* `fast` numerics: the tensor-core kernels for tiles of many rows (tiles of rx = their
        block's activation rows) */
     bool tc = a->fast && (double)nk / E >= c->tc_moe_min && tc_moe_ok(&r1, &r3, &r2, D, I, a->x);
-    /* `fast` numerics, fewer rows: the decode tensor-core kernels (tiles of up to 8 rows) */
+    /* `fast` numerics, fewer rows: the decode tensor-core kernels (tiles of up to 8-32 rows) */
     bool gv = a->fast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x);
-    int rx = tc ? tc_pick_bn((double)nk / E) : gv ? 8 : pick_rx((double)nk / E);
+    int gnt = gvf_moe_nt(2 * nk / E); /* tiles of 8, 16 or 32 rows: ~2x the mean */
+    int rx = tc ? tc_pick_bn((double)nk / E) : gv ? 8 * gnt : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -620,7 +621,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
     bool ok = tc   ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
-              : gv ? launch_gvf_moe(c, &p, true, 1, (unsigned)max_tiles) && !c->sticky
+              : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
                    : moe_up(c, &p, r1.type, rx, gu);
     cu_prof_end(c, pp);
     if (!ok) return;
@@ -646,7 +647,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
     ok = tc   ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
-         : gv ? launch_gvf_moe(c, &p, false, 1, (unsigned)max_tiles) && !c->sticky
+         : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
               : moe_down(c, &p, r2.type, rx, gd);
     cu_prof_end(c, pp);
     if (!ok) return;
