@@ -54,6 +54,16 @@ for num in ${FAST_NUMS:-fast plain}; do
     log "bench $num rc $?"
     grep -E "^ +[0-9]+ |batch +step|tokens +chunk|copy bandwidth" $L/bench_$num.txt | tee -a $L/summary.txt
 done
+# A/B in the same run: the decode kernels off (batch 1, 8), the routed experts on them
+# instead of tc.cu (batch 64, 256)
+DSI_CUDA_GVF=0 timeout 100 $BL -m $M --ctx 4096 --steps 5 --batch 1,8 --no-split --prefill 0 \
+    --numerics fast >$L/bench_fast_nogvf.txt 2>&1
+log "bench fast DSI_CUDA_GVF=0 rc $?"
+grep -E "^ +[0-9]+ |batch +step" $L/bench_fast_nogvf.txt | tee -a $L/summary.txt
+DSI_CUDA_TC_MOE=1000 timeout 100 $BL -m $M --ctx 4096 --steps 5 --batch 64,256 --no-split \
+    --prefill 0 --numerics fast >$L/bench_fast_gvfmoe.txt 2>&1
+log "bench fast DSI_CUDA_TC_MOE=1000 rc $?"
+grep -E "^ +[0-9]+ |batch +step" $L/bench_fast_gvfmoe.txt | tee -a $L/summary.txt
 DSI_CUDA_PROFILE=1 timeout 120 $BL -m $M --ctx 4096 --steps 3 --batch 256 --no-split --prefill 8192 \
     --prefill-reps 1 --numerics fast >$L/bench_profile_fast.txt 2>&1
 log "profile fast rc $?"
