@@ -23,6 +23,7 @@ if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
     export CFLAGS="-O2 -g -I$PWD/build/deps/include" LDFLAGS="-L$PWD/build/deps/lib"
     export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
 fi
+# BENCH_NUMERICS=fast|reference|plain picks the numerics of the CUDA runs (default: the tool's).
 # BENCH_SET="--set n_routed_experts=16 ..." makes a smaller real-shape checkpoint (faster to write)
 BENCH_MODEL=/tmp/flash4
 BENCH_BATCH=${BENCH_BATCH:-1,2,4,8,16,32,64,128,256}
@@ -75,13 +76,14 @@ if [ "$MODE" != tests ]; then
     [ -n "${GEN:-}" ] && { wait $GEN; tail -2 "$OUT/gen.log"; }
     tb=$(date +%s)
     timeout 180 $BL -m $BENCH_MODEL --ctx $BENCH_CTX --steps 5 --batch $BENCH_BATCH --prefill 8192 \
-        --prefill-reps 1 --budget 150 --hf $HF_JSON 2>&1 | tee -a "$OUT/bench_layer.txt"
+        --prefill-reps 1 --budget 150 --hf $HF_JSON ${BENCH_NUMERICS:+--numerics $BENCH_NUMERICS} 2>&1 |
+        tee -a "$OUT/bench_layer.txt"
     log "bench rc ${PIPESTATUS[0]} ($(( $(date +%s) - tb )) s)"
     grep -E '^#  (batch|prefill|1 request|256 requests)' "$OUT/bench_layer.txt" | tee -a "$OUT/summary.txt"
     [ -f $HF_JSON ] && { echo "# $HF_JSON:"; cat $HF_JSON; } >>"$OUT/bench_layer.txt"
     for b in ${BENCH_PROFILE:-}; do  # per-op GPU time at these batch sizes
         DSI_CUDA_PROFILE=1 timeout 60 $BL -m $BENCH_MODEL --ctx 4096 --steps 5 --batch $b \
-            --no-split --prefill 0 >"$OUT/profile_b$b.txt" 2>&1
+            --no-split --prefill 0 ${BENCH_NUMERICS:+--numerics $BENCH_NUMERICS} >"$OUT/profile_b$b.txt" 2>&1
         cat "$OUT/profile_b$b.txt"
     done
 fi
