@@ -43,6 +43,13 @@ for t in test_cuda_gemm_fast test_cuda_moe_fast test_cuda_attn 'test_cuda_model_
     log "$t rc $?: $(tail -1 $L/test_$t.log)"
     grep -oE "\[[^]]*(fast|differ)[^]]*\]" $L/test_$t.log | head -30 | tee -a $L/summary.txt
 done
+# which kernel moves tiny-a's fast logits: each of gvf.cu and attn_tc.cu alone
+for v in "1 0 1 0" "1 0 99999 32" "1 0 99999 0" "64 4 128 32"; do
+    set -- $v
+    DSI_CUDA_TC_DENSE=$1 DSI_CUDA_TC_MOE=$2 DSI_CUDA_TC_ATTN=$3 DSI_CUDA_GVF=$4 timeout 60 \
+        build/cuda/dsinfer-test --root . --only test_cuda_model_tiny_a >$L/variant.log 2>&1
+    log "tiny-a TC_DENSE=$1 TC_MOE=$2 TC_ATTN=$3 GVF=$4: $(grep -oE '\[tiny-a fast[^]]*\]' $L/variant.log | tr '\n' ' ')"
+done
 timeout 240 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >$L/test_cuda.log 2>&1
 log "all test_cuda rc $?: $(tail -1 $L/test_cuda.log)"
 grep -E "FAIL|fail" $L/test_cuda.log | head -20 | tee -a $L/summary.txt

@@ -31,9 +31,10 @@
 
 #include <algorithm>
 
-#define GVF_T 256
-#define GVF_W (GVF_T / 32)
-#define GVF_U 4 /* groups a warp loads at once */
+#define GVF_T        256
+#define GVF_W        (GVF_T / 32)
+#define GVF_SMEM_MAX (160 * 1024) /* staged rows; plus part[] (<= 32 KiB) within 227 KiB */
+#define GVF_U        2 /* groups per step (a warp loads the next step's while it computes one) */
 
 enum { GVF_DENSE = 0, GVF_UP = 1, GVF_DOWN = 2 };
 
@@ -47,6 +48,9 @@ struct gvf_p {
     bool round;
     struct moe_p m; /* GVF_UP / GVF_DOWN */
     int ks;         /* warps along K per tile (1, 2, 4, 8) */
+    int64_t tiles;  /* weight tiles (16 rows; MoE up: 8 columns) */
+    int64_t gy;     /* grid.y: MoE tiles (dense: 1) */
+    int xrows;      /* activation rows staged per block (the shared memory's size) */
 };
 
 /* Elements in a lane's 32-byte slice. */
@@ -75,32 +79,34 @@ gvf_load(const uint8_t *row, const uint8_t *srow, int sb1, int64_t k0, bool vali
     if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 / sb1] | ((uint32_t)srow[(k0 + 32) / sb1] << 8);
 }
 
-/* One mma over 4 k at column tiles 0..NT-1: B from the activation rows xr (nullptr: zeros). */
+/* One mma over 4 k at column tiles 0..NT-1; B from the staged rows (xb: this lane's 8 bytes
+ * of column tile 0 at the mma's slot; a column tile further is 8 rows further: xstep words). */
 template <int NT>
 __device__ __forceinline__ void gvf_mma(const uint32_t (&a)[4],
-                                        const float *const (&xr)[NT],
-                                        int64_t k,
-                                        bool kin,
+                                        const uint32_t *xb,
+                                        int64_t xstep,
+                                        const bool (&xv)[NT],
                                         float (&acc)[NT][4]) {
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        float4 f = kin && xr[j] ? __ldg((const float4 *)(xr[j] + k)) : make_float4(0, 0, 0, 0);
-        mma_bf16(acc[j], a, bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+        uint2 b = xv[j] ? *(const uint2 *)(xb + j * xstep) : make_uint2(0, 0);
+        mma_bf16(acc[j], a, b.x, b.y);
     }
 }
 
-/* A group: the lane's slices ra (row g) and rb (row g + 8) starting at element k0. */
+/* A group: the lane's slices ra (row g) and rb (row g + 8); xb points at its first mma's B. */
 template <int WT, int NT>
 __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                           const gvf_raw &rb,
-                                          const float *const (&xr)[NT],
-                                          int64_t k0,
-                                          bool kin,
+                                          const uint32_t *xb,
+                                          int64_t xstep,
+                                          const bool (&xv)[NT],
                                           float (&acc)[NT][4]) {
     const uint32_t wa[8] = {ra.v[0].x, ra.v[0].y, ra.v[0].z, ra.v[0].w,
                             ra.v[1].x, ra.v[1].y, ra.v[1].z, ra.v[1].w};
     const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
                             rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
+    /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
     if (WT == DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3 */
 #pragma unroll
         for (int w = 0; w < 8; w++) {
@@ -109,7 +115,7 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
             e4m3x4(wb[w], rb.sc & 0xffu, fb);
             const uint32_t a[4] = {bf16x2_exact(fa[0], fa[1]), bf16x2_exact(fb[0], fb[1]),
                                    bf16x2_exact(fa[2], fa[3]), bf16x2_exact(fb[2], fb[3])};
-            gvf_mma<NT>(a, xr, k0 + 4 * w, kin, acc);
+            gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
         }
     } else if (WT == DSI_TYPE_FP4_E2M1) { /* word w: elements 8w .. 8w + 7 */
 #pragma unroll
@@ -123,178 +129,245 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                        bf16x2_exact(fb[4 * h], fb[4 * h + 1]),
                                        bf16x2_exact(fa[4 * h + 2], fa[4 * h + 3]),
                                        bf16x2_exact(fb[4 * h + 2], fb[4 * h + 3])};
-                gvf_mma<NT>(a, xr, k0 + 8 * w + 4 * h, kin, acc);
+                gvf_mma<NT>(a, xb + 8 * (2 * w + h), xstep, xv, acc);
             }
         }
     } else { /* BF16: word w holds elements 2w, 2w + 1 */
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const uint32_t a[4] = {wa[2 * m], wb[2 * m], wa[2 * m + 1], wb[2 * m + 1]};
-            gvf_mma<NT>(a, xr, k0 + 4 * m, kin, acc);
+            gvf_mma<NT>(a, xb + 8 * m, xstep, xv, acc);
         }
     }
 }
 
-template <int MODE, int WT, int NT> __global__ void __launch_bounds__(GVF_T) k_gvf(struct gvf_p p) {
-    constexpr int E = gvf_e<WT>(), G = 4 * E;
-    __shared__ float part[GVF_W][32][NT * 4];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int ks = p.ks, kw = warp % ks;
-    int64_t tile = (int64_t)blockIdx.x * (GVF_W / ks) + warp / ks;
+/* Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
+ * in different banks. The element k = q G + t E + 4 m + i of a row sits at word
+ * (q (E / 4) + m) 8 + 2 t + i / 2: the 4 lanes of a row read 32 consecutive bytes per mma. */
+template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
+    int64_t G = 4 * gvf_e<WT>();
+    return (K + G - 1) / G * G / 2 + 8;
+}
 
-    /* ---- the block's activation rows (MoE: the tile of blockIdx.y) */
-    int e = -1, rows = 0;
+template <int MODE, int WT, int NT>
+__global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
+    constexpr int E = gvf_e<WT>(), G = 4 * E;
+    extern __shared__ uint4 gvf_smem[];
+    uint32_t *xs = (uint32_t *)gvf_smem; /* [p.xrows][gvf_row_words(K)] */
+    __shared__ float part[2][GVF_W][32][NT * 4];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int ks = p.ks, tpb = GVF_W / ks, kw = warp % ks;
+
+    /* ---- the block's activation rows (MoE: the tile of blockIdx.y), staged as bf16 */
+    int e = -1, rows;
     int64_t pos0 = 0, nk = p.m.n * p.m.topk, K;
     if (MODE == GVF_DENSE) {
         K = p.w.K;
+        rows = (int)(p.n < p.xrows ? p.n : p.xrows);
     } else {
         if (!moe_tile(p.m, 8 * NT, &e, &pos0, &rows)) return; /* the whole block */
         K = MODE == GVF_UP ? p.m.D : p.m.I;
+        if (rows > p.xrows) rows = p.xrows; /* not reached: the launcher sizes xrows */
     }
-    const float *xr[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        int col = j * 8 + g;
-        xr[j] = nullptr;
+    /* whole groups: zeros past K (their weights are zeros too, and 0 * garbage may be NaN) */
+    int64_t rw = gvf_row_words<WT>(K), k4 = (K + G - 1) / G * G / 4;
+    for (int64_t i = threadIdx.x; i < rows * k4; i += GVF_T) {
+        int r = (int)(i / k4);
+        int64_t k = (i - r * k4) * 4;
+        const float *src;
         if (MODE == GVF_DENSE) {
-            if (col < p.n) xr[j] = p.x + col * p.ldx;
-        } else if (col < rows) {
-            int64_t pos = pos0 + col;
-            if (MODE == GVF_UP)
-                xr[j] = p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D;
-            else
-                xr[j] = p.m.h + pos * p.m.I;
-        }
-    }
-    /* ---- this lane's weight rows: g (a) and g + 8 (b) of the tile */
-    const uint8_t *rowp[2] = {nullptr, nullptr}, *srow[2] = {nullptr, nullptr};
-    int sb1[2] = {1, 1};
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        struct cu_w W;
-        int64_t r = -1;
-        if (MODE == GVF_DENSE) {
-            W = p.w;
-            int64_t o = tile * 16 + g + 8 * h;
-            if (o < p.n_out) r = p.row0 + o;
-        } else if (MODE == GVF_UP) {
-            W = h ? p.m.w3 : p.m.w1;
-            if (e >= 0) {
-                W.data = p.m.tab[e].p[h ? 2 : 0];
-                W.scale = p.m.tab[e].p[h ? 3 : 1];
-            }
-            int64_t col = tile * 8 + g;
-            if (col < p.m.I) r = col;
+            src = p.x + r * p.ldx;
         } else {
-            W = p.m.w2;
-            if (e >= 0) {
-                W.data = p.m.tab[e].p[4];
-                W.scale = p.m.tab[e].p[5];
-            }
-            int64_t o = tile * 16 + g + 8 * h;
-            if (o < p.m.D) r = o;
+            int64_t pos = pos0 + r;
+            src = MODE == GVF_UP
+                      ? p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D
+                      : p.m.h + pos * p.m.I;
         }
-        if (r >= 0) {
-            rowp[h] = W.data + r * W.row_bytes;
-            srow[h] = w_scale_row(W, r);
-        }
-        sb1[h] = W.sb1;
+        float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
+        int64_t q = k / G, rem = k - q * G;
+        int64_t wd = (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
+        *(uint2 *)(xs + r * rw + wd) = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
     }
+    bool xv[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        xv[j] = j * 8 + g < rows;
 
-    /* ---- this warp's groups, GVF_U loaded at once */
+    /* ---- the weights: per tile, this lane's rows g (h = 0) and g + 8 (h = 1) */
+    struct cu_w W[2];
+    if (MODE == GVF_DENSE) {
+        W[0] = W[1] = p.w;
+    } else if (MODE == GVF_UP) {
+        W[0] = p.m.w1;
+        W[1] = p.m.w3;
+        if (e >= 0) {
+            W[0].data = p.m.tab[e].p[0];
+            W[0].scale = p.m.tab[e].p[1];
+            W[1].data = p.m.tab[e].p[2];
+            W[1].scale = p.m.tab[e].p[3];
+        }
+    } else {
+        W[0] = W[1] = p.m.w2;
+        if (e >= 0) {
+            W[0].data = W[1].data = p.m.tab[e].p[4];
+            W[0].scale = W[1].scale = p.m.tab[e].p[5];
+        }
+    }
+    int64_t n_rows = MODE == GVF_DENSE ? p.n_out : MODE == GVF_UP ? p.m.I : p.m.D;
+    /* weight row of half h of tile `tile`, or -1 */
+    auto wrow = [&](int64_t tile, int h) -> int64_t {
+        int64_t o = MODE == GVF_UP ? tile * 8 + g : tile * 16 + g + 8 * h;
+        if (o >= n_rows) return -1;
+        return MODE == GVF_DENSE ? p.row0 + o : o;
+    };
+
+    /* ---- the walk: tile iterations i (this block's tiles blockIdx.x + i gridDim.x, tpb at a
+     * time), each nb steps of GVF_U groups; step s + 1's bytes load while step s computes */
+    int64_t ng = (K + G - 1) / G, gpw = (ng + ks - 1) / ks, q0 = kw * gpw;
+    int64_t q1 = q0 + gpw < ng ? q0 + gpw : ng;
+    int nb = (int)((gpw + GVF_U - 1) / GVF_U);
+    int64_t n_iter = (p.tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb);
+    int64_t steps = n_iter * nb;
+    auto tile_of = [&](int64_t i) {
+        return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
+    };
+    auto load_step = [&](int64_t s, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
+        int64_t i = s / nb, tile = tile_of(i);
+        int b = (int)(s - i * nb);
+        int64_t r0 = wrow(tile, 0), r1 = wrow(tile, 1);
+        const uint8_t *p0 = r0 >= 0 ? W[0].data + r0 * W[0].row_bytes : nullptr;
+        const uint8_t *p1 = r1 >= 0 ? W[1].data + r1 * W[1].row_bytes : nullptr;
+        const uint8_t *s0 = r0 >= 0 ? w_scale_row(W[0], r0) : nullptr;
+        const uint8_t *s1 = r1 >= 0 ? w_scale_row(W[1], r1) : nullptr;
+#pragma unroll
+        for (int u = 0; u < GVF_U; u++) {
+            int64_t q = q0 + (int64_t)b * GVF_U + u, k0 = q * G + t * E;
+            bool in = q < q1 && k0 < K;
+            gvf_load<WT>(p0, s0, W[0].sb1, k0, in && p0, ra[u]);
+            gvf_load<WT>(p1, s1, W[1].sb1, k0, in && p1, rb[u]);
+        }
+    };
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[j][i] = 0.0f;
-    int64_t ng = (K + G - 1) / G, gpw = (ng + ks - 1) / ks;
-    int64_t q0 = kw * gpw, q1 = q0 + gpw < ng ? q0 + gpw : ng;
-    for (int64_t q = q0; q < q1; q += GVF_U) {
-        gvf_raw ra[GVF_U], rb[GVF_U];
+    auto finish =
+        [&](int64_t i) { /* the tile's ks partial sums in warp order, then out */
+                         int64_t tile = tile_of(i);
+                         if (ks > 1) {
+                             int pb = (int)(i & 1); /* a buffer is rewritten two tiles later: after
+                                                       a barrier */
+#pragma unroll
+                             for (int j = 0; j < NT; j++)
+#pragma unroll
+                                 for (int c = 0; c < 4; c++)
+                                     part[pb][warp][lane][j * 4 + c] = acc[j][c];
+                             __syncthreads();
+                             if (kw == 0)
+                                 for (int w = 1; w < ks; w++)
+#pragma unroll
+                                     for (int j = 0; j < NT; j++)
+#pragma unroll
+                                         for (int c = 0; c < 4; c++)
+                                             acc[j][c] += part[pb][warp + w][lane][j * 4 + c];
+                         }
+                         if (kw == 0) {
+            /* acc[j][c] is (row g + 8 (c / 2), column j * 8 + 2 t + c % 2) */
+#pragma unroll
+                             for (int j = 0; j < NT; j++)
+#pragma unroll
+                                 for (int c = 0; c < 4; c++) {
+                                     int m = g + (c >> 1) * 8, col = j * 8 + 2 * t + (c & 1);
+                                     if (MODE == GVF_DENSE) {
+                                         int64_t o = tile * 16 + m;
+                                         if (col < p.n && o < p.n_out)
+                                             p.y[col * p.ldy + o] = rbf(acc[j][c] + 0.0f, p.round);
+                                     } else if (MODE == GVF_UP) {
+                                         int64_t cc = tile * 8 + g;
+                                         if (c >= 2 || col >= rows || cc >= p.m.I) continue;
+                                         int64_t pos = pos0 + col;
+                                         float gt = rbf(acc[j][c] + 0.0f, p.m.round),
+                                               u = rbf(acc[j][c + 2] + 0.0f, p.m.round);
+                                         float wi = pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;
+                                         float gv = fminf(gt, p.m.limit),
+                                               uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
+                                         float silu = gv / (1.0f + exp_ref(-gv));
+                                         p.m.h[pos * p.m.I + cc] = rbf(silu * uv * wi, p.m.round);
+                                     } else {
+                                         int64_t o = tile * 16 + m;
+                                         if (col >= rows || o >= p.m.D) continue;
+                                         int64_t pos = pos0 + col,
+                                                 orow = pos < nk ? p.m.perm[pos] : pos;
+                                         p.m.out[orow * p.m.D + o] =
+                                             rbf(acc[j][c] + 0.0f, p.m.round);
+                                     }
+                                 }
+                         }
+#pragma unroll
+                         for (int j = 0; j < NT; j++)
+#pragma unroll
+                             for (int c = 0; c < 4; c++)
+                                 acc[j][c] = 0.0f;
+        };
+    auto compute_step = [&](int64_t s, const gvf_raw(&ra)[GVF_U], const gvf_raw(&rb)[GVF_U]) {
+        int64_t i = s / nb;
+        int b = (int)(s - i * nb);
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
-            int64_t k0 = (q + u) * G + t * E;
-            bool in = q + u < q1 && k0 < K;
-            gvf_load<WT>(rowp[0], srow[0], sb1[0], k0, in && rowp[0], ra[u]);
-            gvf_load<WT>(rowp[1], srow[1], sb1[1], k0, in && rowp[1], rb[u]);
+            int64_t q = q0 + (int64_t)b * GVF_U + u;
+            if (q >= q1) break; /* the same for the whole warp */
+            const uint32_t *xb = xs + g * rw + q * (E / 4) * 8 + 2 * t;
+            gvf_group<WT, NT>(ra[u], rb[u], xb, 8 * rw, xv, acc);
         }
-#pragma unroll
-        for (int u = 0; u < GVF_U; u++) {
-            if (q + u >= q1) break; /* the same for the whole warp */
-            int64_t k0 = (q + u) * G + t * E;
-            gvf_group<WT, NT>(ra[u], rb[u], xr, k0, k0 < K, acc);
+        if (b == nb - 1) finish(i);
+    };
+    gvf_raw ra0[GVF_U], rb0[GVF_U], ra1[GVF_U], rb1[GVF_U];
+    if (steps > 0) load_step(0, ra0, rb0);
+    __syncthreads(); /* the staged rows */
+    for (int64_t s = 0; s < steps; s += 2) {
+        if (s + 1 < steps) load_step(s + 1, ra1, rb1);
+        compute_step(s, ra0, rb0);
+        if (s + 1 < steps) {
+            if (s + 2 < steps) load_step(s + 2, ra0, rb0);
+            compute_step(s + 1, ra1, rb1);
         }
     }
-
-    /* ---- the ks partial sums, in warp order */
-    if (ks > 1) {
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                part[warp][lane][j * 4 + i] = acc[j][i];
-        __syncthreads();
-        if (kw != 0) return; /* after the block's only barrier */
-        for (int w = 1; w < ks; w++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc[j][i] += part[warp + w][lane][j * 4 + i];
-    }
-
-    /* ---- epilogue: acc[j][i] is (row g + 8 (i / 2), column j * 8 + 2 t + i % 2) */
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int m = g + (i >> 1) * 8, col = j * 8 + 2 * t + (i & 1);
-            if (MODE == GVF_DENSE) {
-                int64_t o = tile * 16 + m;
-                if (col < p.n && o < p.n_out) p.y[col * p.ldy + o] = rbf(acc[j][i] + 0.0f, p.round);
-            } else if (MODE == GVF_UP) {
-                int64_t c = tile * 8 + g;
-                if (i >= 2 || col >= rows || c >= p.m.I) continue;
-                int64_t pos = pos0 + col;
-                float gt = rbf(acc[j][i] + 0.0f, p.m.round),
-                      u = rbf(acc[j][i + 2] + 0.0f, p.m.round);
-                float wi = pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;
-                float gv = fminf(gt, p.m.limit), uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
-                float silu = gv / (1.0f + exp_ref(-gv));
-                p.m.h[pos * p.m.I + c] = rbf(silu * uv * wi, p.m.round);
-            } else {
-                int64_t o = tile * 16 + m;
-                if (col >= rows || o >= p.m.D) continue;
-                int64_t pos = pos0 + col, orow = pos < nk ? p.m.perm[pos] : pos;
-                p.m.out[orow * p.m.D + o] = rbf(acc[j][i] + 0.0f, p.m.round);
-            }
-        }
 }
 
 /* ---- launchers --------------------------------------------------------------------------- */
 
-/* Warps along K for a K of ng groups: the fewest (1, 2, 4, 8) that leave a warp <= GVF_U. */
-static int gvf_ks(int64_t ng) {
+/* Warps along K per tile: enough (tiles x ks) units for ~2 blocks of 8 warps per SM, at most
+ * 8 and at most the groups of K. */
+static int gvf_ks(const struct cu_ctx *c, int64_t units, int64_t ng) {
     int ks = 1;
-    while (ks < GVF_W && cu_div_up(ng, ks) > GVF_U)
+    while (ks < GVF_W && ks < ng && units * ks < 2 * (int64_t)c->n_sms * GVF_W)
         ks *= 2;
     return ks;
 }
 
-template <int MODE, int WT>
-static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt, int64_t tiles16, unsigned gy) {
+template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
-    p->ks = gvf_ks(cu_div_up(K, 4 * gvf_e<WT>()));
-    dim3 grid((unsigned)cu_div_up(tiles16, GVF_W / p->ks), gy);
-    if (nt == 1)
-        k_gvf<MODE, WT, 1><<<grid, GVF_T, 0, c->stream>>>(*p);
-    else if (nt == 2)
-        k_gvf<MODE, WT, 2><<<grid, GVF_T, 0, c->stream>>>(*p);
-    else
-        k_gvf<MODE, WT, 4><<<grid, GVF_T, 0, c->stream>>>(*p);
+    size_t sm = (size_t)p->xrows * (size_t)gvf_row_words<WT>(K) * 4;
+    static bool smem_done = false;
+    if (!smem_limit(c, k_gvf<MODE, WT, NT>, GVF_SMEM_MAX, &smem_done, "decode gemm")) return false;
+    unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
+    int64_t tpb = GVF_W / p->ks;
+    int64_t gx = std::min(cu_div_up(p->tiles, tpb), std::max<int64_t>(1, 2 * c->n_sms / gy));
+    k_gvf<MODE, WT, NT><<<dim3((unsigned)gx, gy), GVF_T, sm, c->stream>>>(*p);
     return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
                                          : "moe (decode, tensor cores)");
+}
+
+/* false: not taken (the staged rows do not fit in shared memory) */
+template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
+    int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
+    if ((int64_t)p->xrows * gvf_row_words<WT>(K) * 4 > GVF_SMEM_MAX) return false;
+    p->ks = gvf_ks(c, p->tiles * (p->gy > 0 ? p->gy : 1), cu_div_up(K, 4 * gvf_e<WT>()));
+    if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
+    if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;
+    return gvf_go<MODE, WT, 4>(c, p) || c->sticky;
 }
 
 static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
@@ -335,22 +408,31 @@ bool launch_gvf_gemm(struct cu_ctx *c,
     p.y = y;
     p.ldy = ldy;
     p.round = round;
-    int64_t tiles = cu_div_up(n_out, 16);
+    p.tiles = cu_div_up(n_out, 16);
+    p.gy = 1;
+    int nt = gvf_nt(n);
+    p.xrows = (int)std::min<int64_t>(n, 8 * nt);
     int pp = cu_prof_begin(c, "gemm.gvf");
     bool ok;
     switch (w->type) {
     case DSI_TYPE_F8_E4M3:
-        ok = gvf_launch<GVF_DENSE, DSI_TYPE_F8_E4M3>(c, &p, gvf_nt(n), tiles, 1);
+        ok = gvf_launch<GVF_DENSE, DSI_TYPE_F8_E4M3>(c, &p, nt);
         break;
     case DSI_TYPE_FP4_E2M1:
-        ok = gvf_launch<GVF_DENSE, DSI_TYPE_FP4_E2M1>(c, &p, gvf_nt(n), tiles, 1);
+        ok = gvf_launch<GVF_DENSE, DSI_TYPE_FP4_E2M1>(c, &p, nt);
         break;
     default:
-        ok = gvf_launch<GVF_DENSE, DSI_TYPE_BF16>(c, &p, gvf_nt(n), tiles, 1);
+        ok = gvf_launch<GVF_DENSE, DSI_TYPE_BF16>(c, &p, nt);
         break;
     }
     cu_prof_end(c, pp);
-    return ok || c->sticky;
+    return ok;
+}
+
+static bool gvf_fits(int64_t rows, int64_t K, int type) {
+    int64_t w = type == DSI_TYPE_FP4_E2M1 ? gvf_row_words<DSI_TYPE_FP4_E2M1>(K)
+                                          : gvf_row_words<DSI_TYPE_F8_E4M3>(K);
+    return rows * w * 4 <= GVF_SMEM_MAX;
 }
 
 bool gvf_moe_ok(const struct cu_ctx *c,
@@ -359,10 +441,14 @@ bool gvf_moe_ok(const struct cu_ctx *c,
                 const struct cu_w *w2,
                 int64_t D,
                 int64_t I,
-                const float *x) {
+                const float *x,
+                int64_t n,
+                int nt) {
+    int64_t xr = std::min<int64_t>(n, 8 * nt);
     return c->gvf_max > 0 && gvf_w_ok(w1, D) && gvf_w_ok(w3, D) && gvf_w_ok(w2, I) &&
            w1->type == w3->type && w1->type != DSI_TYPE_BF16 && w2->type != DSI_TYPE_BF16 &&
-           (uintptr_t)x % 16 == 0 && D % 4 == 0 && I % 4 == 0;
+           (uintptr_t)x % 16 == 0 && D % 4 == 0 && I % 4 == 0 && gvf_fits(xr, D, w1->type) &&
+           gvf_fits(xr, I, w2->type);
 }
 
 int gvf_moe_nt(int64_t rows) { return gvf_nt(rows); }
@@ -371,14 +457,20 @@ bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int nt, u
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;
+    p.gy = tiles;
+    p.xrows = (int)std::min<int64_t>(mp->n, 8 * nt); /* an expert has at most one row per token */
     int type = up ? mp->w1.type : mp->w2.type;
-    bool fp4 = type == DSI_TYPE_FP4_E2M1;
+    bool fp4 = type == DSI_TYPE_FP4_E2M1, ok;
     if (up) {
-        int64_t t8 = cu_div_up(mp->I, 8);
-        return fp4 ? gvf_launch<GVF_UP, DSI_TYPE_FP4_E2M1>(c, &p, nt, t8, tiles)
-                   : gvf_launch<GVF_UP, DSI_TYPE_F8_E4M3>(c, &p, nt, t8, tiles);
+        p.tiles = cu_div_up(mp->I, 8);
+        ok = fp4 ? gvf_launch<GVF_UP, DSI_TYPE_FP4_E2M1>(c, &p, nt)
+                 : gvf_launch<GVF_UP, DSI_TYPE_F8_E4M3>(c, &p, nt);
+    } else {
+        p.tiles = cu_div_up(mp->D, 16);
+        ok = fp4 ? gvf_launch<GVF_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, nt)
+                 : gvf_launch<GVF_DOWN, DSI_TYPE_F8_E4M3>(c, &p, nt);
     }
-    int64_t t16 = cu_div_up(mp->D, 16);
-    return fp4 ? gvf_launch<GVF_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, nt, t16, tiles)
-               : gvf_launch<GVF_DOWN, DSI_TYPE_F8_E4M3>(c, &p, nt, t16, tiles);
+    if (!ok) /* gvf_moe_ok said it fits */
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: decode kernel refused %lld rows", (long long)p.xrows);
+    return ok;
 }

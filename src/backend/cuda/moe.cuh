@@ -59,7 +59,8 @@ bool tc_moe_ok(const struct cu_w *w1,
 int tc_pick_bn(double rows);
 bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
 
-/* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights fit them, the n8 column
+/* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
+ * tiles in shared memory) fit them, the n8 column
  * tiles for tiles of `rows` rows (1, 2, 4: at most 8, 16, 32 rows; routed tiles are grouped by
  * 8), and the launch (grid.y = tiles; as launch_tc_moe). */
 bool gvf_moe_ok(const struct cu_ctx *c,
@@ -68,7 +69,9 @@ bool gvf_moe_ok(const struct cu_ctx *c,
                 const struct cu_w *w2,
                 int64_t D,
                 int64_t I,
-                const float *x);
+                const float *x,
+                int64_t n,
+                int nt);
 int gvf_moe_nt(int64_t rows);
 bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int nt, unsigned tiles);
 
