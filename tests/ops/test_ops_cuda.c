@@ -344,7 +344,7 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
 
 /* `fast` numerics: the tensor-core kernel (tc.cu) for n >= 64 rows on FP8/BF16 weights with
  * K % 64 == 0, every block width (32, 64, 128 rows), partial weight and row tiles, padded
- * ld, an offset row0; the decode kernel (gvf.cu) for n <= 32 (1, 2 and 4 column tiles, one to
+ * ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4 column tiles, one to
  * eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld); other calls (FP4 or
  * K % 64 != 0 from 33 rows, 33-63 rows) the exact kernels. */
 int test_cuda_gemm_fast(struct test_ctx *t) {
@@ -363,14 +363,15 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_FP4_E2M1, 256, 128, 100, 0, 256, 0, 0, false},           /* not taken */
         {DSI_TYPE_BF16, 70, 96, 80, 0, 70, 0, 0, false},                   /* K % 64: not taken */
         {DSI_TYPE_F8_E4M3, 256, 256, 7, 0, 256, 0, 0, true},               /* gvf */
-        {DSI_TYPE_F8_E4M3, 1024, 4096, 1, 0, 1024, 0, 0, true},            /* wq_a, decode */
-        {DSI_TYPE_F8_E4M3, 32768, 1024, 2, 0, 32768, 0, 0, true},          /* wq_b */
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 1, 0, 1024, 0, 0, true},            /* 1 row: exact */
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 3, 0, 1024, 0, 0, true},            /* wq_a, decode */
+        {DSI_TYPE_F8_E4M3, 32768, 1024, 4, 0, 32768, 0, 0, true},          /* wq_b */
         {DSI_TYPE_F8_E4M3, 4096, 8192, 8, 0, 4096, 0, 0, false},           /* wo_b: 2 loads */
         {DSI_TYPE_F8_E4M3, 8192, 4096, 5, 1024, 1000, 4100, 8200, true},   /* offset, ld */
         {DSI_TYPE_F8_E4M3, 4096, 4096, 13, 0, 4096, 0, 0, false},          /* 2 column tiles */
         {DSI_TYPE_F8_E4M3, 4096, 4096, 32, 0, 4096, 0, 0, true},           /* 4 column tiles */
         {DSI_TYPE_F8_E4M3, 300, 160, 3, 0, 300, 0, 0, false},              /* K % 128 != 0 */
-        {DSI_TYPE_BF16, 70, 96, 1, 0, 70, 0, 0, false},                    /* BF16, odd K */
+        {DSI_TYPE_BF16, 70, 96, 3, 0, 70, 0, 0, false},                    /* BF16, odd K */
         {DSI_TYPE_BF16, 512, 4096, 20, 0, 512, 0, 0, true},                /* BF16 */
         {DSI_TYPE_FP4_E2M1, 256, 192, 4, 0, 256, 0, 0, false},             /* FP4 dense */
         {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true}, /* 33-63 rows: not taken */
@@ -1501,8 +1502,8 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
 /* `fast` numerics against the CPU in reference numerics: the tensor-core expert kernels for
  * every block width (tiles of 16..128 rows; expert 0 is in every row, so it has several tiles
  * and a partial one), FP4 and FP8 experts, the shared expert on tensor cores from 64 rows; the
- * decode kernels (gvf.cu) below 4 rows per expert (tiles of up to 8 rows) and for the shared
- * expert up to 32 rows (1, 2, 4 column tiles). */
+ * decode kernels (gvf.cu) from 3 rows below 4 rows per expert (tiles of up to 8 rows) and for
+ * the shared expert up to 32 rows (1, 2, 4 column tiles). */
 int test_cuda_moe_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 22);
@@ -1515,7 +1516,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 112 */
         {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* few rows: gvf */
         {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
-        {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* decode: gvf */
+        {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 1 row: exact */
+        {16, 6, 4096, 2048, 3, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* decode: gvf */
         {16, 6, 4096, 2048, 8, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* an 8-row tile */
         {16, 2, 4096, 2048, 20, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* 3 tiles; shared 4 */
         {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts, gvf */

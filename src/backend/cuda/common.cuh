@@ -73,7 +73,8 @@ struct cu_ctx {
        this many rows per expert on average (MoE); DSI_CUDA_TC_DENSE / DSI_CUDA_TC_MOE */
     int tc_dense_min;
     double tc_moe_min;
-    int gvf_max;     /* `fast` decode GEMMs (gvf.cu) up to this many rows (DSI_CUDA_GVF; 0: off) */
+    int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
+                             DSI_CUDA_GVF; 0: off) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */

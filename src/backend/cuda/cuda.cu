@@ -451,6 +451,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->tc_moe_min = tm && *tm ? atof(tm) : 4.0;
     const char *gf = getenv("DSI_CUDA_GVF");
     c->gvf_max = gf && *gf ? atoi(gf) : 32;
+    /* from 3 rows: at 1-2 the exact persistent kernels (gemv.cu, moe_gv.cu) are faster
+       (docs/cuda.md, step 10) */
+    const char *gn = getenv("DSI_CUDA_GVF_MIN");
+    c->gvf_min = gn && *gn ? atoi(gn) : 3;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ng = getenv("DSI_CUDA_NOGRAPH");

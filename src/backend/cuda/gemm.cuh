@@ -44,8 +44,8 @@ bool launch_tc_gemm(struct cu_ctx *c,
                     int64_t ldy,
                     bool round);
 
-/* The decode GEMM of `fast` numerics (gvf.cu) for n <= min(32, c->gvf_max) rows on FP8/FP4/BF16
- * weights; false: not taken. */
+/* The decode GEMM of `fast` numerics (gvf.cu) for c->gvf_min <= n <= min(32, c->gvf_max) rows on
+ * FP8/FP4/BF16 weights; false: not taken. */
 bool launch_gvf_gemm(struct cu_ctx *c,
                      const struct cu_w *w,
                      int64_t row0,

@@ -396,7 +396,9 @@ bool launch_gvf_gemm(struct cu_ctx *c,
                      float *y,
                      int64_t ldy,
                      bool round) {
-    if (n > c->gvf_max || n > 32 || !gvf_w_ok(w, w->K) || !gemm_fast_ok(w, x, ldx)) return false;
+    if (n < c->gvf_min || n > c->gvf_max || n > 32 || !gvf_w_ok(w, w->K) ||
+        !gemm_fast_ok(w, x, ldx))
+        return false;
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.w = *w;
@@ -445,10 +447,10 @@ bool gvf_moe_ok(const struct cu_ctx *c,
                 int64_t n,
                 int nt) {
     int64_t xr = std::min<int64_t>(n, 8 * nt);
-    return c->gvf_max > 0 && gvf_w_ok(w1, D) && gvf_w_ok(w3, D) && gvf_w_ok(w2, I) &&
-           w1->type == w3->type && w1->type != DSI_TYPE_BF16 && w2->type != DSI_TYPE_BF16 &&
-           (uintptr_t)x % 16 == 0 && D % 4 == 0 && I % 4 == 0 && gvf_fits(xr, D, w1->type) &&
-           gvf_fits(xr, I, w2->type);
+    return n >= c->gvf_min && n <= c->gvf_max && gvf_w_ok(w1, D) && gvf_w_ok(w3, D) &&
+           gvf_w_ok(w2, I) && w1->type == w3->type && w1->type != DSI_TYPE_BF16 &&
+           w2->type != DSI_TYPE_BF16 && (uintptr_t)x % 16 == 0 && D % 4 == 0 && I % 4 == 0 &&
+           gvf_fits(xr, D, w1->type) && gvf_fits(xr, I, w2->type);
 }
 
 int gvf_moe_nt(int64_t rows) { return gvf_nt(rows); }

@@ -633,8 +633,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w2 = s2;
     bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
     int snt = gvf_moe_nt(n);
-    bool sgv = a->fast && !stc && n <= 32 && n <= c->gvf_max &&
-               gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
+    bool sgv = a->fast && !stc && n <= 32 && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
     int srx = stc ? tc_pick_bn((double)n) : sgv ? 8 * snt : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");

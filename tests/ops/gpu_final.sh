@@ -1,0 +1,52 @@
+#!/bin/bash
+# gpu_final.sh - the closing device run of a session on the `fast` numerics path, lean enough for
+# ~5 minutes: build, every CUDA test (op parity, whole model, fast numerics), HF transformers
+# eager on the same shapes (ref/hf_layer_bench.py), the full `dsinfer bench layer --numerics
+# fast` (decode at context 4096, per-layer split, 43-layer projection, 8k prefill, rooflines and
+# the HF ratio), memcheck and racecheck on the tiny op tests, the CLI check (t_cuda.sh). Logs
+# under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
+# dev files are missing):
+#   OUT=$OUT bash tests/ops/gpu_final.sh
+set -u
+OUT=${OUT:-/tmp/dsinfer-gpu-out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+log() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
+if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
+    export CFLAGS="-O2 -g -I$PWD/build/deps/include" LDFLAGS="-L$PWD/build/deps/lib"
+    export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
+fi
+M=/tmp/flash4
+B=${FINAL_BATCH:-1,8,64,256}
+(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$OUT/gen.log" 2>&1
+ echo "gen exit $?" >>"$OUT/gen.log") &
+GEN=$!
+J=$(nproc)
+make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; log "BUILD FAILED"; exit 1; }
+log "build done"
+timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
+log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
+grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -40 | tee -a "$OUT/summary.txt"
+HF_JSON=/tmp/hf_layer.json
+PYTHONUNBUFFERED=1 timeout 120 python3 ref/hf_layer_bench.py --preset flash --layers 4 \
+    --ctx 4096 --batch $B --prefill 8192 --budget 90 --out $HF_JSON >"$OUT/bench_layer.txt" 2>&1
+log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
+wait $GEN
+log "checkpoint: $(tail -1 "$OUT/gen.log")"
+timeout 200 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch $B --prefill 8192 \
+    --prefill-reps 1 --budget 150 --hf $HF_JSON --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
+    grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
+log "bench layer fast rc ${PIPESTATUS[0]}"
+DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
+    build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
+log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
+for t in test_cuda_gemm_fast test_cuda_moe_fast; do
+    DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
+        build/cuda/dsinfer-test --root . --only $t >"$OUT/racecheck_$t.log" 2>&1
+    log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck_$t.log" | tr '\n' ' ')"
+done
+DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
+log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
+log "done"
