@@ -18,7 +18,7 @@ if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
     export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
 fi
 M=/tmp/flash4
-B=${FINAL_BATCH:-1,8,64,256}
+B=${FINAL_BATCH:-1,8,32,128,256}
 (python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$OUT/gen.log" 2>&1
  echo "gen exit $?" >>"$OUT/gen.log") &
 GEN=$!
@@ -35,7 +35,7 @@ PYTHONUNBUFFERED=1 timeout 120 python3 ref/hf_layer_bench.py --preset flash --la
 log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
 wait $GEN
 log "checkpoint: $(tail -1 "$OUT/gen.log")"
-timeout 200 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch $B --prefill 8192 \
+timeout 200 build/cuda/dsinfer bench layer -m $M --ctx ${FINAL_CTX:-4096,65536} --steps 5 --batch $B --prefill 8192 \
     --prefill-reps 1 --budget 150 --hf $HF_JSON --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
     grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
 log "bench layer fast rc ${PIPESTATUS[0]}"
