@@ -1,0 +1,56 @@
+/* cuda_util.h - what the CUDA op tests share (cuda_util.c): the two backends, random inputs,
+ * device buffers, comparisons and random weights in every stored format. */
+#ifndef DSI_TESTS_CUDA_UTIL_H
+#define DSI_TESTS_CUDA_UTIL_H
+
+#include "test.h"
+
+#include "backend/backend.h"
+#include "dsinfer.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern struct dsi_backend *g_cpu, *g_gpu; /* owned by cuda_util.c, made on first use */
+
+#define NEED_GPU()                                                                                 \
+    do {                                                                                           \
+        if (backends() < 0) {                                                                      \
+            fprintf(stderr, "[skipped: no CUDA device] ");                                         \
+            return 0;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+struct rng {
+    uint64_t s;
+};
+
+struct wt {
+    struct dsi_tensor h, d, hs, ds;
+    void *hdata, *hscale;
+};
+
+int backends(void);
+int tiny_only(void);
+struct rng rng_of(const struct test_ctx *t, uint64_t salt);
+uint64_t rnext(struct rng *r);
+double runif(struct rng *r);
+int rint_below(struct rng *r, int n);
+float rnorm(struct rng *r);
+float *fnorm(struct rng *r, int64_t n, float sd);
+void *dput(const void *h, size_t bytes);
+void dget(void *h, const void *d, size_t bytes);
+void dfree(void *d);
+void *dpoison(size_t bytes);
+float *hpoison(int64_t n);
+int gsync(const char *what);
+int same(const char *what, const void *got, const void *want, size_t bytes);
+int close_to(const char *what, const float *got, const float *want, int64_t n, double tol);
+uint16_t f16_bits(struct rng *r);
+int64_t row_bytes_of(enum dsi_type t, int64_t K);
+void wt_free(struct wt *w);
+void vec_make(struct wt *w, const float *v, int64_t n, enum dsi_type type);
+void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t rows, int64_t K, float sd);
+
+#endif

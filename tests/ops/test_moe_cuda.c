@@ -1,0 +1,301 @@
+/* test_moe_cuda.c - the CUDA MoE ops against the CPU backend: routing (learned with bias, hash),
+ * the expert GEMMs in plain / reference numerics (bitwise-order kernels) and in `fast` numerics
+ * (tensor-core kernels: tc.cu for many rows per expert, gvf.cu for few), on random inputs at tiny
+ * and real DeepSeek-V4-Flash shapes. Without a CUDA device every test prints "skipped". */
+#include "cuda_util.h"
+
+#include "backend/cpu/quant.h"
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- MoE
+ * ------------------------------------------------------------------------------------------------
+ */
+
+int test_cuda_moe_route(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 11);
+    for (int mode = 0; mode < 3; mode++) { /* learned + bias, hash I64, hash I32 */
+        int64_t n = 37, E = 256;
+        int K = 6, V = 500;
+        float *lg = fnorm(&r, n * E, 2.0f), *bv = fnorm(&r, E, 0.1f);
+        struct wt bias;
+        vec_make(&bias, bv, E, DSI_TYPE_F32);
+        int64_t *t64 = malloc(sizeof(int64_t) * (size_t)V * K);
+        int32_t *t32 = malloc(sizeof(int32_t) * (size_t)V * K);
+        for (int v = 0; v < V; v++)
+            for (int k = 0; k < K; k++) {
+                int e;
+                bool dup;
+                do {
+                    e = rint_below(&r, (int)E);
+                    dup = false;
+                    for (int j = 0; j < k; j++)
+                        dup = dup || t64[(int64_t)v * K + j] == e;
+                } while (dup);
+                t64[(int64_t)v * K + k] = e;
+                t32[(int64_t)v * K + k] = e;
+            }
+        struct dsi_tensor th = {.type = mode == 2 ? DSI_TYPE_I32 : DSI_TYPE_I64,
+                                .ne = {K, V, 1, 1},
+                                .data = mode == 2 ? (void *)t32 : (void *)t64};
+        struct dsi_tensor td = th;
+        td.data = g_gpu->ops->import(g_gpu, th.data, (size_t)(dsi_tensor_row_bytes(&th) * V));
+        int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            tok[i] = rint_below(&r, V);
+        int32_t *ic = malloc(sizeof(int32_t) * (size_t)n * K),
+                *ig = malloc(sizeof(int32_t) * (size_t)n * K);
+        float *wc = hpoison(n * K), *wg = hpoison(n * K);
+        float *dlg = dput(lg, sizeof(float) * (size_t)(n * E));
+        int32_t *dtok = dput(tok, sizeof(int32_t) * (size_t)n);
+        int32_t *di = dpoison(sizeof(int32_t) * (size_t)n * K);
+        float *dwt = dpoison(sizeof(float) * (size_t)n * K);
+        struct dsi_moe_route_args a = {.logits = lg,
+                                       .n = n,
+                                       .n_experts = E,
+                                       .topk = K,
+                                       .bias = mode == 0 ? &bias.h : NULL,
+                                       .tid2eid = mode ? &th : NULL,
+                                       .tokens = tok,
+                                       .route_scale = 1.5f,
+                                       .eps = mode == 1 ? 1e-20f : 0.0f,
+                                       .idx = ic,
+                                       .weight = wc};
+        g_cpu->ops->moe_route(g_cpu, &a);
+        a.logits = dlg;
+        a.bias = mode == 0 ? &bias.d : NULL;
+        a.tid2eid = mode ? &td : NULL;
+        a.tokens = dtok;
+        a.idx = di;
+        a.weight = dwt;
+        g_gpu->ops->moe_route(g_gpu, &a);
+        TEST_ASSERT(gsync("moe_route") == 0);
+        dget(ig, di, sizeof(int32_t) * (size_t)n * K);
+        dget(wg, dwt, sizeof(float) * (size_t)n * K);
+        TEST_ASSERT(same("moe_route idx", ig, ic, sizeof(int32_t) * (size_t)n * K));
+        TEST_ASSERT(close_to("moe_route weight", wg, wc, n * K, 1e-6));
+        dfree(dlg);
+        dfree(dtok);
+        dfree(di);
+        dfree(dwt);
+        free(lg);
+        free(bv);
+        free(t64);
+        free(t32);
+        free(tok);
+        free(ic);
+        free(ig);
+        free(wc);
+        free(wg);
+        wt_free(&bias);
+    }
+    return 0;
+}
+
+struct moe_case {
+    int E, K;
+    int64_t D, I, n;
+    enum dsi_type rt, st;
+};
+
+/* reference: FP8 activations and bf16 roundings; fast (implies reference): the `fast` flag
+ * (tensor-core kernels for tiles of many rows). */
+static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
+    int E = mc->E, K = mc->K;
+    int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
+    struct wt *ew = calloc((size_t)E * 3, sizeof(struct wt)), sh[3];
+    const struct dsi_tensor **h1 = calloc((size_t)E, sizeof(void *)),
+                            **h2 = calloc((size_t)E, sizeof(void *)),
+                            **h3 = calloc((size_t)E, sizeof(void *)),
+                            **g1 = calloc((size_t)E, sizeof(void *)),
+                            **g2 = calloc((size_t)E, sizeof(void *)),
+                            **g3 = calloc((size_t)E, sizeof(void *));
+    for (int e = 0; e < E; e++) {
+        wt_make(&ew[3 * e], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
+        wt_make(&ew[3 * e + 1], r, mc->rt, D, I, 1.0f / sqrtf((float)I));
+        wt_make(&ew[3 * e + 2], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
+        h1[e] = &ew[3 * e].h;
+        h2[e] = &ew[3 * e + 1].h;
+        h3[e] = &ew[3 * e + 2].h;
+        g1[e] = &ew[3 * e].d;
+        g2[e] = &ew[3 * e + 1].d;
+        g3[e] = &ew[3 * e + 2].d;
+    }
+    wt_make(&sh[0], r, mc->st, I, D, 3.0f / sqrtf((float)D));
+    wt_make(&sh[1], r, mc->st, D, I, 1.0f / sqrtf((float)I));
+    wt_make(&sh[2], r, mc->st, I, D, 3.0f / sqrtf((float)D));
+    float *x = fnorm(r, n * D, 1.0f);
+    if (reference) {
+        struct dsi_act_quant_args q = {x, x, n, D, D, D, 128};
+        g_cpu->ops->act_quant(g_cpu, &q);
+    }
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)nk);
+    float *wt = malloc(sizeof(float) * (size_t)nk);
+    for (int64_t i = 0; i < n; i++) /* expert 0 in every row: one expert gets many tiles */
+        for (int k = 0; k < K; k++) {
+            int e;
+            bool dup;
+            do {
+                e = k == 0 ? 0 : rint_below(r, E);
+                dup = false;
+                for (int j = 0; j < k; j++)
+                    dup = dup || idx[i * K + j] == e;
+            } while (dup);
+            idx[i * K + k] = e;
+            wt[i * K + k] = 0.2f + (float)runif(r);
+        }
+    int64_t wf = dsi_moe_work_floats(n, K, D, I);
+    float *work = malloc(sizeof(float) * (size_t)wf);
+    float *yc = hpoison(n * D), *yg = hpoison(n * D);
+    float *dx = dput(x, sizeof(float) * (size_t)(n * D)),
+          *dwt = dput(wt, sizeof(float) * (size_t)nk);
+    int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)nk);
+    float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
+          *dwork = dpoison(sizeof(float) * (size_t)wf);
+    struct dsi_moe_args a = {.x = x,
+                             .n = n,
+                             .dim = D,
+                             .inter = I,
+                             .topk = K,
+                             .idx = idx,
+                             .weight = wt,
+                             .w1 = h1,
+                             .w2 = h2,
+                             .w3 = h3,
+                             .sw1 = &sh[0].h,
+                             .sw2 = &sh[1].h,
+                             .sw3 = &sh[2].h,
+                             .n_experts = E,
+                             .limit = 10.0f,
+                             .act_quant = reference,
+                             .round_bf16 = reference,
+                             .fast = fast,
+                             .y = yc,
+                             .work = work};
+    g_cpu->ops->moe(g_cpu, &a);
+    a.x = dx;
+    a.idx = didx;
+    a.weight = dwt;
+    a.w1 = g1;
+    a.w2 = g2;
+    a.w3 = g3;
+    a.sw1 = &sh[0].d;
+    a.sw2 = &sh[1].d;
+    a.sw3 = &sh[2].d;
+    a.y = dy;
+    a.work = dwork;
+    g_gpu->ops->moe(g_gpu, &a);
+    int ok = gsync("moe") == 0;
+    dget(yg, dy, sizeof(float) * (size_t)(n * D));
+    char what[96];
+    snprintf(what, sizeof(what), "moe E%d D%lld n%lld %s", E, (long long)D, (long long)n,
+             fast        ? "fast"
+             : reference ? "ref"
+                         : "plain");
+    ok = ok && close_to(what, yg, yc, n * D, reference ? 1e-2 : 1e-5);
+    dfree(dx);
+    dfree(dwt);
+    dfree(didx);
+    dfree(dy);
+    dfree(dwork);
+    for (int e = 0; e < 3 * E; e++)
+        wt_free(&ew[e]);
+    for (int i = 0; i < 3; i++)
+        wt_free(&sh[i]);
+    free(ew);
+    free(h1);
+    free(h2);
+    free(h3);
+    free(g1);
+    free(g2);
+    free(g3);
+    free(x);
+    free(idx);
+    free(wt);
+    free(work);
+    free(yc);
+    free(yg);
+    return ok;
+}
+
+static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
+    return run_moe_mode(r, mc, reference, false);
+}
+
+/* `fast` numerics against the CPU in reference numerics: the tensor-core expert kernels for
+ * every block width (tiles of 16..128 rows; expert 0 is in every row, so it has several tiles
+ * and a partial one), FP4 and FP8 experts, the shared expert on tensor cores from 64 rows; the
+ * decode kernels (gvf.cu) from 3 rows below 4 rows per expert (tiles of up to 8 rows) and for
+ * the shared expert up to 32 rows (1, 2, 4 column tiles). */
+int test_cuda_moe_fast(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 22);
+    const struct moe_case cases[] = {
+        {8, 2, 128, 128, 40, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},     /* 10 rows per expert */
+        {8, 2, 128, 128, 100, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 25 */
+        {8, 2, 256, 128, 200, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},     /* 50 */
+        {16, 3, 128, 128, 270, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 50 */
+        {16, 3, 128, 128, 440, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 82 (tiny-b) */
+        {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 112 */
+        {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* few rows: gvf */
+        {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
+        {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 1 row: exact */
+        {16, 6, 4096, 2048, 3, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* decode: gvf */
+        {16, 6, 4096, 2048, 8, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* an 8-row tile */
+        {16, 2, 4096, 2048, 20, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* 3 tiles; shared 4 */
+        {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts, gvf */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (tiny_only() && cases[i].D > 256) continue;
+        TEST_ASSERTF(run_moe_mode(&r, &cases[i], true, true), "moe fast case %zu", i);
+    }
+    /* The decode kernels' routed tiles of 16 and 32 rows (6 and 12 rows per expert on average,
+     * where the tensor-core kernels run by default): a second backend with the tensor-core
+     * threshold raised (read at creation), used for whole cases. */
+    const struct moe_case wide[] = {
+        {16, 3, 256, 128, 32, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 6 per expert */
+        {16, 4, 512, 256, 48, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 12 */
+        {16, 6, 4096, 2048, 16, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 6, real shapes */
+    };
+    struct dsi_err err = {0};
+    struct dsi_backend *g2 = NULL, *keep = g_gpu;
+    setenv("DSI_CUDA_TC_MOE", "1000", 1);
+    int rc = dsi_backend_cuda_new(&g2, 0, &err);
+    unsetenv("DSI_CUDA_TC_MOE");
+    TEST_ASSERTF(rc == 0, "second cuda backend: %s", err.msg);
+    g_gpu = g2;
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(wide) / sizeof(wide[0]) && ok; i++) {
+        if (tiny_only() && wide[i].D > 512) continue;
+        ok = run_moe_mode(&r, &wide[i], true, true);
+        if (!ok) fprintf(stderr, "[moe fast wide case %zu] ", i);
+    }
+    g_gpu = keep;
+    g2->ops->free(g2);
+    TEST_ASSERT(ok);
+    return 0;
+}
+
+int test_cuda_moe(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 12);
+    const struct moe_case cases[] = {
+        {8, 2, 128, 128, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
+        {8, 2, 128, 128, 5, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
+        {8, 2, 128, 128, 33, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
+        {8, 3, 128, 128, 7, DSI_TYPE_BF16, DSI_TYPE_BF16},
+        {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
+        {16, 6, 4096, 2048, 9, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},
+        {16, 6, 4096, 2048, 24, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 8-row tiles, real shape */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (tiny_only() && cases[i].D > 128) continue;
+        for (int ref = 0; ref < 2; ref++)
+            TEST_ASSERTF(run_moe(&r, &cases[i], ref), "moe case %zu", i);
+    }
+    return 0;
+}
