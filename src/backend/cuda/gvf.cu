@@ -1,26 +1,27 @@
-/* gvf.cu - decode GEMMs of the `fast` numerics profile: dense GEMMs of at most 32 activation
- * rows and the MoE expert GEMMs for tiles of at most 8 rows, on tensor cores without shared
- * memory tiles.
+/* gvf.cu - decode GEMMs of the `fast` numerics profile: dense GEMMs of 3-32 activation rows and
+ * the MoE expert GEMMs for tiles of up to 8-32 rows, on tensor cores with the weights decoded
+ * into the mma fragments in registers (no shared-memory weight tiles).
  *
- * At decode a GEMM reads each weight byte once and does a few multiply-adds with it: it is bound
- * by the bytes in flight and by the instructions spent per weight element. Here the weights are
- * dequantised (exactly, as in tc.cu) straight into the A fragments of mma.sync m16n8k16 in
- * registers, and the activation rows are the B operand (the n8 columns; 1-4 of them): the
+ * At decode a GEMM reads each weight byte once and does a few multiply-adds with it. Here the
+ * weights are dequantised (exactly, as in tc.cu) straight into the A fragments of mma.sync
+ * m16n8k16, and the activation rows are the B operand (n8 column tiles; 1, 2 or 4 of them): the
  * multiply-adds of up to 32 rows cost one mma per 16 x 16 weight elements, and what is left per
- * element is its decoding.
+ * element is its decoding. (Measured, docs/cuda.md step 10: at 1-2 rows the calls are bound by
+ * their fixed latency, not by instructions, and the exact kernels are as fast; hence 3-32.)
  *
  * The sum over k does not care which k sits in which slot of the mma as long as A and B agree.
  * Lane (g, t) of a warp (g = lane / 4, t = lane % 4) supplies rows g and g + 8 of the warp's 16
  * weight rows, k slots {2t, 2t+1, 2t+8, 2t+9} of every mma: here those slots are 4 consecutive
  * elements of a 32-byte slice of the row that the lane loads itself (FP8: 32 elements, FP4: 64,
- * BF16: 16); the four lanes of a row read 128 consecutive bytes (a "group"). The B fragment of
- * the same lane holds the same 4 k of activation row g, loaded as float4 and rounded to bf16
- * (exact for the rows `fast` numerics feeds, as in tc.cu).
+ * BF16: 16); the four lanes of a row read 128 consecutive bytes (a "group"). The block stages its
+ * activation rows once in shared memory as bf16 (exact for the rows `fast` numerics feeds, as in
+ * tc.cu), ordered so that the B fragment of an mma is one conflict-free 8-byte load per lane.
  *
- * A block has 8 warps: 8 / ks tiles of 16 weight rows, each tile's groups split over ks warps
- * (ks chosen so that a warp has at most GVF_U groups, all loaded at once); the ks partial sums
- * are added in warp order through shared memory. Deterministic; fp32 sums in another order than
- * the CPU reference, so not bitwise (the op tests bound the difference).
+ * A block has 8 warps, about two blocks per SM, walking their tiles persistently: 8 / ks tiles of
+ * 16 weight rows at a time, each tile's groups split over ks warps, GVF_U groups per step, the
+ * next step's weight bytes loaded while the current step computes; the ks partial sums are added
+ * in warp order through shared memory. Deterministic; fp32 sums in another order than the CPU
+ * reference, so not bitwise (the op tests bound the difference).
  *
  * MoE up: a tile is 8 columns of the intermediate, its rows 0-7 the W1 rows and rows 8-15 the
  * same W3 rows, so lane (g, t) ends with the gate and the up value of column g and applies the
