@@ -228,9 +228,10 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
 
 /* `fast` numerics against the CPU in reference numerics: the tensor-core expert kernels for
  * every block width (tiles of 16..128 rows; expert 0 is in every row, so it has several tiles
- * and a partial one), FP4 and FP8 experts, the shared expert on tensor cores from 64 rows; the
- * decode kernels (gvf.cu) from 3 rows below 4 rows per expert (tiles of up to 8 rows) and for
- * the shared expert up to 32 rows (1, 2, 4 column tiles). */
+ * and a partial one; from 3 rows, at any rows per expert), FP4 and FP8 experts, the shared
+ * expert on tensor cores from 64 rows and on the decode kernels (gvf.cu) from 3 to 32 (1, 2, 4
+ * column tiles); the routed experts on gvf.cu through a second backend; 1-2 rows: the exact
+ * kernels. */
 int test_cuda_moe_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 22);
@@ -241,22 +242,24 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {16, 3, 128, 128, 270, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 50 */
         {16, 3, 128, 128, 440, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 82 (tiny-b) */
         {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 112 */
-        {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* few rows: gvf */
+        {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* 2.6 per expert */
         {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
         {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 1 row: exact */
-        {16, 6, 4096, 2048, 3, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* decode: gvf */
-        {16, 6, 4096, 2048, 8, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* an 8-row tile */
-        {16, 2, 4096, 2048, 20, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* 3 tiles; shared 4 */
-        {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts, gvf */
+        {16, 6, 4096, 2048, 3, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* decode; shared gvf */
+        {16, 6, 4096, 2048, 8, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 3 per expert */
+        {16, 2, 4096, 2048, 20, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* shared: 4 n8 tiles */
+        {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].D > 256) continue;
         TEST_ASSERTF(run_moe_mode(&r, &cases[i], true, true), "moe fast case %zu", i);
     }
-    /* The decode kernels' routed tiles of 16 and 32 rows (6 and 12 rows per expert on average,
-     * where the tensor-core kernels run by default): a second backend with the tensor-core
-     * threshold raised (read at creation), used for whole cases. */
+    /* The decode kernels (gvf.cu) on the routed experts, tiles of 8, 16 and 32 rows (where
+     * tc.cu runs by default): a second backend with the tensor-core threshold raised (read at
+     * creation), used for whole cases. */
     const struct moe_case wide[] = {
+        {16, 6, 4096, 2048, 3, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* 1 per expert */
+        {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},      /* FP8 experts */
         {16, 3, 256, 128, 32, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 6 per expert */
         {16, 4, 512, 256, 48, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 12 */
         {16, 6, 4096, 2048, 16, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 6, real shapes */

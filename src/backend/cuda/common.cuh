@@ -70,7 +70,8 @@ struct cu_ctx {
                     DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
     bool gemv;   /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
-       this many rows per expert on average (MoE); DSI_CUDA_TC_DENSE / DSI_CUDA_TC_MOE */
+       this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
+       DSI_CUDA_TC_MOE (defaults 64 and 0) */
     int tc_dense_min;
     double tc_moe_min;
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,

@@ -448,7 +448,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gemv = !(nv && *nv && *nv != '0');
     const char *td = getenv("DSI_CUDA_TC_DENSE"), *tm = getenv("DSI_CUDA_TC_MOE");
     c->tc_dense_min = td && *td ? atoi(td) : 64;
-    c->tc_moe_min = tm && *tm ? atof(tm) : 4.0;
+    /* routed experts on tc.cu at any rows per expert (from 3 tokens): measured faster than
+       gvf.cu and the exact kernels at batch 4-256 (docs/cuda.md, step 10) */
+    c->tc_moe_min = tm && *tm ? atof(tm) : 0.0;
     const char *gf = getenv("DSI_CUDA_GVF");
     c->gvf_max = gf && *gf ? atoi(gf) : 32;
     /* from 3 rows: at 1-2 the exact persistent kernels (gemv.cu, moe_gv.cu) are faster
