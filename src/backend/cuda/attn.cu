@@ -44,6 +44,7 @@ __device__ __forceinline__ float dot_smem(const float *a, const float *b, int n)
 
 /* grid (rows, heads / ATT_HG, key tiles); 256 threads = 16 heads x 16 key pairs. */
 __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
+    cu_pdl_enter();
     extern __shared__ float sm[];
     __shared__ const float *kp[ATT_TK];
     int hdp = p.hd + 4;
@@ -78,6 +79,7 @@ __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
 
 /* grid (rows, heads / 8); one warp per head. */
 __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
+    cu_pdl_enter();
     __shared__ float buf[8][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = p.r0 + blockIdx.x, h = blockIdx.y * 8 + warp;
@@ -114,6 +116,7 @@ __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
 
 /* grid (rows, heads / PV_HG, hd / PV_DS); thread = (dim, two heads). */
 __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
+    cu_pdl_enter();
     __shared__ float ks[PV_TK][PV_DS];
     __shared__ float ps[PV_HG][PV_TK];
     __shared__ const float *kp[PV_TK];
@@ -209,15 +212,15 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
             if (!launch_attn_scores_tc(c, &p, rows)) return;
         } else {
             dim3 g1(rows, (unsigned)cu_div_up(H, ATT_HG), (unsigned)cu_div_up(maxk, ATT_TK));
-            k_attn_scores<<<g1, 256, smem, c->stream>>>(p);
+            cu_launch(c, k_attn_scores, g1, 256, smem, p);
         }
         dim3 g2(rows, (unsigned)cu_div_up(H, 8));
-        k_attn_softmax<<<g2, 256, 0, c->stream>>>(p);
+        cu_launch(c, k_attn_softmax, g2, 256, 0, p);
         if (tc) {
             if (!launch_attn_pv_tc(c, &p, rows)) return;
         } else {
             dim3 g3(rows, (unsigned)cu_div_up(H, PV_HG), (unsigned)cu_div_up(hd, PV_DS));
-            k_attn_pv<<<g3, 256, 0, c->stream>>>(p);
+            cu_launch(c, k_attn_pv, g3, 256, 0, p);
         }
         if (!cu_check(c, "attn")) return;
     }

@@ -38,6 +38,7 @@ bool attn_tc_ok(const struct attn_p *p) {
 
 /* grid (rows, heads / 64). */
 __global__ void __launch_bounds__(AT_T, 2) k_attn_scores_tc(struct attn_p p) {
+    cu_pdl_enter();
     extern __shared__ uint4 at_smem[];
     int hd = p.hd, ldq = hd + 8;
     uint16_t *Qs = (uint16_t *)at_smem; /* [64][hd + 8] */
@@ -118,6 +119,7 @@ __global__ void __launch_bounds__(AT_T, 2) k_attn_scores_tc(struct attn_p p) {
 
 /* grid (rows, heads / 64, head_dim / 128). */
 __global__ void __launch_bounds__(AT_T, 2) k_attn_pv_tc(struct attn_p p) {
+    cu_pdl_enter();
     extern __shared__ uint4 at_smem[];
     uint16_t *Ps = (uint16_t *)at_smem;     /* [2][64][PV_LDP] */
     uint16_t *Vs = Ps + 2 * AT_HB * PV_LDP; /* [2][PV_KC][PV_LDV] */
@@ -199,12 +201,12 @@ bool launch_attn_scores_tc(struct cu_ctx *c, const struct attn_p *p, int rows) {
     if (!smem_limit(c, k_attn_scores_tc, scores_smem(512), &done, "attn scores (tensor cores)"))
         return false;
     dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, AT_HB));
-    k_attn_scores_tc<<<g, AT_T, sm, c->stream>>>(*p);
+    cu_launch(c, k_attn_scores_tc, g, AT_T, sm, *p);
     return cu_check(c, "attn scores (tensor cores)");
 }
 
 bool launch_attn_pv_tc(struct cu_ctx *c, const struct attn_p *p, int rows) {
     dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, AT_HB), (unsigned)(p->hd / PV_DB));
-    k_attn_pv_tc<<<g, AT_T, pv_smem(), c->stream>>>(*p);
+    cu_launch(c, k_attn_pv_tc, g, AT_T, pv_smem(), *p);
     return cu_check(c, "attn p.v (tensor cores)");
 }

@@ -69,6 +69,7 @@ struct cu_ctx {
     bool xstage; /* GEMM kernels stage activations in shared memory (see gemm.cuh);
                     DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
     bool gemv;   /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
+    bool pdl;    /* programmatic dependent launch (cu_launch); DSI_CUDA_PDL=0 turns it off */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
        DSI_CUDA_TC_MOE (defaults 64 and 0) */
@@ -116,6 +117,25 @@ void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* After a launch: record a launch error under `what`. Returns true if the launch is fine. */
 bool cu_check(struct cu_ctx *c, const char *what);
+#ifdef __CUDACC__
+/* Launch kernel k on c->stream (programmatic dependent launch when c->pdl, see cu_pdl_enter);
+ * errors surface through cu_check as with <<<>>>. */
+template <typename... P, typename... A>
+static inline void cu_launch(
+    const struct cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+#endif
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The
  * previous contents are lost when it grows. Valid until the next op. Slot CU_SCR_GEMM belongs
  * to launch_gemm, CU_SCR_OP to the op being run (one request per op: carve it up). */
@@ -345,6 +365,26 @@ __device__ __forceinline__ int64_t paged(const int32_t *page_table,
     int64_t per_page = page_tokens / ratio;
     int32_t page = page_table[(int64_t)slot * max_pages + i / per_page];
     return ((int64_t)page * per_page + i % per_page) * width;
+}
+
+/* ---- programmatic dependent launch (sm_90) --------------------------------------------------
+ * Kernels are launched with cu_launch, which (c->pdl, DSI_CUDA_PDL=0 turns it off) lets the
+ * next kernel of the stream start while this one finishes: its blocks are scheduled, load their
+ * parameters and may prefetch immutable data (weights), then wait in cu_pdl_enter until the
+ * previous kernel has completed and its writes are visible. So every kernel calls cu_pdl_enter
+ * before it touches memory another kernel writes, and writes nothing before it (rule of this
+ * backend: it is the first statement of every kernel, or follows only weight prefetches).
+ * cu_pdl_enter also lets this kernel's successor be launched (it then waits the same way). */
+__device__ __forceinline__ void cu_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Prefetch the 128-byte line at p into L2 (weights before cu_pdl_enter). */
+__device__ __forceinline__ void cu_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 #endif /* __CUDACC__ */

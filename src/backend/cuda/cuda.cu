@@ -459,6 +459,12 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_min = gn && *gn ? atoi(gn) : 3;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
+    /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the
+       previous kernel's end (common.cuh, cu_pdl_enter) */
+    const char *pd = getenv("DSI_CUDA_PDL");
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    c->pdl = major >= 9 && !(pd && *pd == '0');
     const char *ng = getenv("DSI_CUDA_NOGRAPH");
     c->use_graphs = !c->prof && !(ng && *ng && *ng != '0');
     c->cur_graph = -1;

@@ -28,6 +28,7 @@ __global__ void k_gemm_generic(struct cu_w w,
                                float *y,
                                int64_t ldy,
                                bool round) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * n_out) return;
     int64_t i = t / n_out, o = t % n_out, K = w.K, row = row0 + o;
@@ -93,6 +94,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
                                                         int pps,
                                                         float *cv,
                                                         bool stage) {
+    cu_pdl_enter();
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
@@ -208,6 +210,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
 
 __global__ void __launch_bounds__(CU_THREADS) k_gemm_reduce(
     const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y, int64_t ldy, bool round) {
+    cu_pdl_enter();
     __shared__ float buf[RED_ROWS][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t T = n * n_out, t = (int64_t)blockIdx.x * 32 + lane;
@@ -297,8 +300,8 @@ static void launch_fast(struct cu_ctx *c,
     }
     dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)split);
 #define GEMM_LAUNCH(R)                                                                             \
-    k_gemm<WT, R><<<grid, CU_THREADS, gemm_smem_bytes(R), c->stream>>>(                            \
-        *w, row0, n_out, x, n, ldx, y, ldy, round, (int)pps, cv, c->xstage)
+    cu_launch(c, k_gemm<WT, R>, grid, CU_THREADS, gemm_smem_bytes(R), *w, row0, n_out, x, n, ldx,  \
+              y, ldy, round, (int)pps, cv, c->xstage)
     static bool smem8 = false;
     if (rx == 8 && !smem_limit(c, k_gemm<WT, 8>, gemm_smem_bytes(8), &smem8, "gemm")) return;
     int pm = cv ? cu_prof_begin(c, "gemm.splitk") : -1;
@@ -331,8 +334,8 @@ void launch_gemm_reduce(struct cu_ctx *c,
                         int64_t ldy,
                         bool round) {
     int pr = cu_prof_begin(c, "gemm.reduce");
-    k_gemm_reduce<<<(unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, c->stream>>>(
-        cv, nq, n, n_out, y, ldy, round);
+    cu_launch(c, k_gemm_reduce, (unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, cv, nq, n, n_out,
+              y, ldy, round);
     cu_prof_end(c, pr);
     cu_check(c, "gemm reduce");
 }
@@ -355,8 +358,8 @@ void launch_gemm(struct cu_ctx *c,
     }
     if (!gemm_fast_ok(w, x, ldx)) {
         int64_t t = n * n_out;
-        k_gemm_generic<<<(unsigned)cu_div_up(t, 128), 128, 0, c->stream>>>(*w, row0, n_out, x, n,
-                                                                           ldx, y, ldy, round);
+        cu_launch(c, k_gemm_generic, (unsigned)cu_div_up(t, 128), 128, 0, *w, row0, n_out, x, n,
+                  ldx, y, ldy, round);
         cu_check(c, "gemm (generic)");
         return;
     }

@@ -62,6 +62,13 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
     int nqs = pps * 32; /* chunk slots per staged row */
     float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * nqs * XS_STRIDE);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t units = (n_out + GEMM_RW - 1) / GEMM_RW, stride = (int64_t)gridDim.x * CU_WARPS;
+    int64_t u = (int64_t)blockIdx.x * CU_WARPS + warp, p = p0;
+    bool active = u < units && p0 < p1;
+    /* the first weight bytes load while the previous kernel finishes (cu_pdl_enter) */
+    w_raw raw[GEMM_RW], nxt[GEMM_RW];
+    if (active) gv_load<WT>(w, row0, n_out, nq, u, p, lane, raw);
+    cu_pdl_enter();
     /* stage x: chunk c of row rx (c < (p1 - p0) * 32) at xs[(rx * nqs + c) * XS_STRIDE] */
     int64_t n4 = (p1 - p0) * 32 * 8;
     for (int64_t i = threadIdx.x; i < RX * n4; i += CU_THREADS) {
@@ -72,11 +79,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
         *(float4 *)(xs + (rx * nqs + ch) * XS_STRIDE + part * 4) = v;
     }
     __syncthreads();
-    int64_t units = (n_out + GEMM_RW - 1) / GEMM_RW, stride = (int64_t)gridDim.x * CU_WARPS;
-    int64_t u = (int64_t)blockIdx.x * CU_WARPS + warp, p = p0;
-    if (u >= units || p0 >= p1) return; /* no barrier below */
-    w_raw raw[GEMM_RW], nxt[GEMM_RW];
-    gv_load<WT>(w, row0, n_out, nq, u, p, lane, raw);
+    if (!active) return; /* no barrier below */
     float acc = 0.0f;
     for (;;) {
         bool wrap = p + 1 >= p1;
@@ -163,11 +166,11 @@ static bool launch_gemv_t(struct cu_ctx *c,
     dim3 grid((unsigned)gx, 1, (unsigned)split);
     int pm = cu_prof_begin(c, cv ? "gemm.gemv_splitk" : "gemm.gemv");
     if (rx == 1)
-        k_gemv<WT, 1><<<grid, CU_THREADS, smem, c->stream>>>(*w, row0, n_out, x, n, ldx, y, ldy,
-                                                             round, (int)pps, cv);
+        cu_launch(c, k_gemv<WT, 1>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
+                  round, (int)pps, cv);
     else
-        k_gemv<WT, 2><<<grid, CU_THREADS, smem, c->stream>>>(*w, row0, n_out, x, n, ldx, y, ldy,
-                                                             round, (int)pps, cv);
+        cu_launch(c, k_gemv<WT, 2>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
+                  round, (int)pps, cv);
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemv")) return true;
     if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);

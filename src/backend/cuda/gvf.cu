@@ -152,6 +152,7 @@ template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
 
 template <int MODE, int WT, int NT>
 __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
+    cu_pdl_enter();
     constexpr int E = gvf_e<WT>(), G = 4 * E;
     extern __shared__ uint4 gvf_smem[];
     uint32_t *xs = (uint32_t *)gvf_smem; /* [p.xrows][gvf_row_words(K)] */
@@ -356,7 +357,7 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
     unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
     int64_t tpb = GVF_W / p->ks;
     int64_t gx = std::min(cu_div_up(p->tiles, tpb), std::max<int64_t>(1, 2 * c->n_sms / gy));
-    k_gvf<MODE, WT, NT><<<dim3((unsigned)gx, gy), GVF_T, sm, c->stream>>>(*p);
+    cu_launch(c, k_gvf<MODE, WT, NT>, dim3((unsigned)gx, gy), GVF_T, sm, *p);
     return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
                                          : "moe (decode, tensor cores)");
 }

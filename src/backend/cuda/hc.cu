@@ -31,6 +31,7 @@ __global__ void k_hc_pre_finish(const float *X,
                                 float *post,
                                 float *comb,
                                 bool round) {
+    cu_pdl_enter();
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
     __shared__ float M[HC_MAX * HC_MAX];
@@ -143,9 +144,9 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     }
     launch_gemm(c, &fn, 0, n_mix, a->X, a->n, len, mraw, n_mix, false);
     int pf = cu_prof_begin(c, "hc_pre.finish");
-    k_hc_pre_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(
-        a->X, mraw, hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps,
-        a->hc_eps, a->y, a->post, a->comb, a->round_bf16);
+    cu_launch(c, k_hc_pre_finish, (unsigned)a->n, 256, 0, a->X, mraw, hc, a->dim,
+              cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y,
+              a->post, a->comb, a->round_bf16);
     cu_prof_end(c, pf);
     cu_check(c, "hc_pre");
 }
@@ -160,6 +161,7 @@ __global__ void k_hc_post(const float *f,
                           int hc,
                           int64_t dim,
                           bool round) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * hc * dim) return;
     int64_t d = t % dim, k = (t / dim) % hc, r = t / dim / hc;
@@ -174,8 +176,8 @@ extern "C" void cuda_hc_post(struct dsi_backend *be, const struct dsi_hc_post_ar
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0) return;
     int64_t t = a->n * a->hc * a->dim;
-    k_hc_post<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(
-        a->f, a->X, a->post, a->comb, a->Xo, a->n, (int)a->hc, a->dim, a->round_bf16);
+    cu_launch(c, k_hc_post, (unsigned)cu_div_up(t, 256), 256, 0, a->f, a->X, a->post, a->comb,
+              a->Xo, a->n, (int)a->hc, a->dim, a->round_bf16);
     cu_check(c, "hc_post");
 }
 
@@ -189,6 +191,7 @@ __global__ void k_hc_head_finish(const float *X,
                                  float hc_eps,
                                  float *y,
                                  bool round) {
+    cu_pdl_enter();
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
     int64_t r = blockIdx.x, len = hc * dim;
@@ -230,8 +233,7 @@ extern "C" void cuda_hc_head(struct dsi_backend *be, const struct dsi_hc_head_ar
         return;
     }
     launch_gemm(c, &fn, 0, hc, a->X, a->n, len, mraw, hc, false);
-    k_hc_head_finish<<<(unsigned)a->n, 256, 0, c->stream>>>(
-        a->X, mraw, hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->norm_eps, a->hc_eps,
-        a->y, a->round_bf16);
+    cu_launch(c, k_hc_head_finish, (unsigned)a->n, 256, 0, a->X, mraw, hc, a->dim,
+              cu_vec_of(a->base), cu_vec_of(a->scale), a->norm_eps, a->hc_eps, a->y, a->round_bf16);
     cu_check(c, "hc_head");
 }

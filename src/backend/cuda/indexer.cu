@@ -49,6 +49,7 @@ __device__ __forceinline__ float dot_sm(const float *a, const float *b, int n) {
 
 /* grid (rows, key tiles); thread = key. */
 __global__ void __launch_bounds__(IDX_TK) k_idx_scores(struct idx_p p) {
+    cu_pdl_enter();
     extern __shared__ float sm[];
     int hdp = p.hd + 4;
     float *qs = sm, *ws = sm + p.H * p.hd, *ks = ws + ((p.H + 3) & ~3);
@@ -112,6 +113,7 @@ __device__ __forceinline__ int block_scan(int v, int *wsum, int *total) {
 
 /* grid (rows); 1024 threads. */
 __global__ void __launch_bounds__(1024) k_idx_topk(struct idx_p p) {
+    cu_pdl_enter();
     __shared__ int hist[256];
     __shared__ int wsum[33];
     __shared__ uint32_t s_prefix;
@@ -217,8 +219,8 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
         int rows = n - r0 < nb ? n - r0 : nb;
         p.r0 = r0;
         dim3 g1(rows, (unsigned)cu_div_up(maxv, IDX_TK));
-        k_idx_scores<<<g1, IDX_TK, smem, c->stream>>>(p);
-        k_idx_topk<<<rows, 1024, 0, c->stream>>>(p);
+        cu_launch(c, k_idx_scores, g1, IDX_TK, smem, p);
+        cu_launch(c, k_idx_topk, rows, 1024, 0, p);
         if (!cu_check(c, "indexer")) return;
     }
 }

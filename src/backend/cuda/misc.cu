@@ -3,10 +3,11 @@
  * cpu/ops.c and cpu/cache_ops.c. */
 #include "common.cuh"
 
-#define GRID1(t) (unsigned)cu_div_up((t), 256), 256, 0, c->stream
+#define GRID1(t) (unsigned)cu_div_up((t), 256), 256, 0
 
 __global__ void
 k_embed(struct cu_w tab, const int32_t *tokens, int64_t n, int64_t copies, float *out) {
+    cu_pdl_enter();
     int64_t D = tab.K, t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * copies * D) return;
     int64_t d = t % D, r = t / D / copies;
@@ -17,7 +18,7 @@ extern "C" void cuda_embed(struct dsi_backend *be, const struct dsi_embed_args *
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->copies <= 0) return;
     struct cu_w w = cu_w_of(a->table);
-    k_embed<<<GRID1(a->n * a->copies * w.K)>>>(w, a->tokens, a->n, a->copies, a->out);
+    cu_launch(c, k_embed, GRID1(a->n * a->copies * w.K), w, a->tokens, a->n, a->copies, a->out);
     cu_check(c, "embed");
 }
 
@@ -30,6 +31,7 @@ __global__ void k_add(const float *A,
                       int64_t ldb,
                       int64_t ldy,
                       bool round) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * dim) return;
     int64_t r = t / dim, d = t % dim;
@@ -39,8 +41,8 @@ __global__ void k_add(const float *A,
 extern "C" void cuda_add(struct dsi_backend *be, const struct dsi_add_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->dim <= 0) return;
-    k_add<<<GRID1(a->n * a->dim)>>>(a->a, a->b, a->y, a->n, a->dim, a->lda, a->ldb, a->ldy,
-                                    a->round_bf16);
+    cu_launch(c, k_add, GRID1(a->n * a->dim), a->a, a->b, a->y, a->n, a->dim, a->lda, a->ldb,
+              a->ldy, a->round_bf16);
     cu_check(c, "add");
 }
 
@@ -48,6 +50,7 @@ extern "C" void cuda_add(struct dsi_backend *be, const struct dsi_add_args *a) {
  * 16-byte accesses when everything is aligned. */
 __global__ void
 k_copy(const float *src, float *dst, int64_t n, int64_t dim, int64_t lds, int64_t ldd, bool vec) {
+    cu_pdl_enter();
     int64_t step = (int64_t)gridDim.x * blockDim.x,
             i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
@@ -69,11 +72,12 @@ extern "C" void cuda_copy(struct dsi_backend *be, const struct dsi_copy_args *a)
                a->lds % 4 == 0 && a->ldd % 4 == 0;
     int64_t per_row = vec ? a->dim / 4 : a->dim;
     dim3 grid((unsigned)DSI_MIN(cu_div_up(per_row, 256), 1024), (unsigned)DSI_MIN(a->n, 65535));
-    k_copy<<<grid, 256, 0, c->stream>>>(a->src, a->dst, a->n, a->dim, a->lds, a->ldd, vec);
+    cu_launch(c, k_copy, grid, 256, 0, a->src, a->dst, a->n, a->dim, a->lds, a->ldd, vec);
     cu_check(c, "copy");
 }
 
 __global__ void k_gather(const float *src, const int32_t *idx, float *dst, int64_t n, int64_t dim) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * dim) return;
     int64_t i = t / dim, d = t % dim;
@@ -83,7 +87,7 @@ __global__ void k_gather(const float *src, const int32_t *idx, float *dst, int64
 extern "C" void cuda_gather(struct dsi_backend *be, const struct dsi_gather_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->dim <= 0) return;
-    k_gather<<<GRID1(a->n * a->dim)>>>(a->src, a->idx, a->dst, a->n, a->dim);
+    cu_launch(c, k_gather, GRID1(a->n * a->dim), a->src, a->idx, a->dst, a->n, a->dim);
     cu_check(c, "gather");
 }
 
@@ -91,6 +95,7 @@ extern "C" void cuda_gather(struct dsi_backend *be, const struct dsi_gather_args
  */
 
 __global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float *ring) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= st.n * hd) return;
     int64_t r = t / hd, d = t % hd;
@@ -100,12 +105,14 @@ __global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float
 extern "C" void cuda_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
-    k_kv_store<<<GRID1(a->st->n * a->head_dim)>>>(cu_step_of(a->st), a->kv, a->head_dim, a->ring);
+    cu_launch(c, k_kv_store, GRID1(a->st->n * a->head_dim), cu_step_of(a->st), a->kv, a->head_dim,
+              a->ring);
     cu_check(c, "kv_store");
 }
 
 __global__ void
 k_comp_ape(struct cu_step st, float *b, int64_t width, struct cu_vec ape, int ratio) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= st.n * width) return;
     int64_t r = t / width, d = t % width, off = st.pos[r] % ratio;
@@ -115,8 +122,8 @@ k_comp_ape(struct cu_step st, float *b, int64_t width, struct cu_vec ape, int ra
 extern "C" void cuda_comp_ape(struct dsi_backend *be, const struct dsi_comp_ape_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
-    k_comp_ape<<<GRID1(a->st->n * a->width)>>>(cu_step_of(a->st), a->b, a->width, cu_vec_of(a->ape),
-                                               a->ratio);
+    cu_launch(c, k_comp_ape, GRID1(a->st->n * a->width), cu_step_of(a->st), a->b, a->width,
+              cu_vec_of(a->ape), a->ratio);
     cu_check(c, "comp_ape");
 }
 
@@ -165,6 +172,7 @@ __device__ __forceinline__ void comp_slot(
 
 /* One thread per (entry, channel): softmax over the slots in slot order. */
 __global__ void k_compress(struct comp_p p) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)p.n_emit * p.width) return;
     int e = (int)(t / p.width), d = (int)(t % p.width);
@@ -204,7 +212,7 @@ extern "C" void cuda_compress(struct dsi_backend *be, const struct dsi_compress_
     if (a->n_emit <= 0) return;
     struct comp_p p = {cu_step_of(a->st), a->emit_rows, a->n_emit, a->a,     a->b,       a->slot_a,
                        a->slot_b,         a->n_slots,   a->ratio,  a->width, a->overlap, a->out};
-    k_compress<<<GRID1((int64_t)a->n_emit * a->width)>>>(p);
+    cu_launch(c, k_compress, GRID1((int64_t)a->n_emit * a->width), p);
     cu_check(c, "compress");
 }
 
@@ -216,6 +224,7 @@ __global__ void k_comp_store(struct cu_step st,
                              float *slot_b,
                              int n_slots,
                              int64_t slot_w) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= st.n * slot_w) return;
     int64_t r = t / slot_w, d = t % slot_w;
@@ -228,8 +237,8 @@ __global__ void k_comp_store(struct cu_step st,
 extern "C" void cuda_comp_store(struct dsi_backend *be, const struct dsi_comp_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
-    k_comp_store<<<GRID1(a->st->n * a->slot_w)>>>(cu_step_of(a->st), a->store, a->a, a->b,
-                                                  a->slot_a, a->slot_b, a->n_slots, a->slot_w);
+    cu_launch(c, k_comp_store, GRID1(a->st->n * a->slot_w), cu_step_of(a->st), a->store, a->a, a->b,
+              a->slot_a, a->slot_b, a->n_slots, a->slot_w);
     cu_check(c, "comp_store");
 }
 
@@ -241,6 +250,7 @@ __global__ void k_entry_store(struct cu_step st,
                               const float *src,
                               int64_t width,
                               float *pool) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)n_emit * width) return;
     int64_t e = t / width, d = t % width;
@@ -254,8 +264,7 @@ __global__ void k_entry_store(struct cu_step st,
 extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n_emit <= 0) return;
-    k_entry_store<<<GRID1((int64_t)a->n_emit * a->width)>>>(cu_step_of(a->st), a->emit_rows,
-                                                            a->emit_entry, a->n_emit, a->ratio,
-                                                            a->src, a->width, a->pool);
+    cu_launch(c, k_entry_store, GRID1((int64_t)a->n_emit * a->width), cu_step_of(a->st),
+              a->emit_rows, a->emit_entry, a->n_emit, a->ratio, a->src, a->width, a->pool);
     cu_check(c, "entry_store");
 }

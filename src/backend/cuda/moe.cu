@@ -38,6 +38,7 @@ __global__ void k_moe_route(const float *logits,
                             float eps,
                             int32_t *idx,
                             float *weight) {
+    cu_pdl_enter();
     int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (r >= n) return;
@@ -95,9 +96,9 @@ extern "C" void cuda_moe_route(struct dsi_backend *be, const struct dsi_moe_rout
     int64_t t2e_rb = a->tid2eid ? dsi_tensor_row_bytes(a->tid2eid) : 0;
     bool i64 = a->tid2eid && a->tid2eid->type == DSI_TYPE_I64;
     int64_t threads = a->n * 32;
-    k_moe_route<<<(unsigned)cu_div_up(threads, 256), 256, 0, c->stream>>>(
-        a->logits, a->n, a->n_experts, a->topk, cu_vec_of(a->bias), t2e, t2e_rb, i64, a->tokens,
-        a->route_scale, a->eps, a->idx, a->weight);
+    cu_launch(c, k_moe_route, (unsigned)cu_div_up(threads, 256), 256, 0, a->logits, a->n,
+              a->n_experts, a->topk, cu_vec_of(a->bias), t2e, t2e_rb, i64, a->tokens,
+              a->route_scale, a->eps, a->idx, a->weight);
     cu_check(c, "moe_route");
 }
 
@@ -182,6 +183,7 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
  * rows); *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). */
 __global__ void __launch_bounds__(1024) k_moe_group(
     const int32_t *idx, int64_t nk, int E, int RX, int32_t *perm, int4 *tiles, int32_t *n_tiles) {
+    cu_pdl_enter();
     __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], toff[MOE_MAX_E];
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         cnt[e] = 0;
@@ -223,6 +225,7 @@ __global__ void __launch_bounds__(1024) k_moe_group(
  * every warp takes part in the block barriers. */
 template <int WT, int RX>
 __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up(struct moe_p p) {
+    cu_pdl_enter();
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
@@ -340,6 +343,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up(struct moe_p p) {
  * memory and staging as k_moe_up. */
 template <int WT, int RX>
 __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
+    cu_pdl_enter();
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     float(*cvs)[RX * GEMM_RW][33] = (float(*)[RX * GEMM_RW][33])(xs + RX * 32 * XS_STRIDE);
@@ -446,6 +450,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
 
 __global__ void
 k_moe_combine(const float *out, int64_t n, int topk, int64_t D, float *y, bool round) {
+    cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * D) return;
     int64_t r = t / D, d = t % D, nk = n * topk;
@@ -464,16 +469,16 @@ static void launch_up(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 grid
     if (rx == 8 && !smem_limit(c, k_moe_up<WT, 8>, MOE_SMEM(8), &smem8, "moe up")) return;
     switch (rx) {
     case 1:
-        k_moe_up<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p);
+        cu_launch(c, k_moe_up<WT, 1>, grid, CU_THREADS, MOE_SMEM(1), *p);
         break;
     case 2:
-        k_moe_up<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p);
+        cu_launch(c, k_moe_up<WT, 2>, grid, CU_THREADS, MOE_SMEM(2), *p);
         break;
     case 4:
-        k_moe_up<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p);
+        cu_launch(c, k_moe_up<WT, 4>, grid, CU_THREADS, MOE_SMEM(4), *p);
         break;
     default:
-        k_moe_up<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p);
+        cu_launch(c, k_moe_up<WT, 8>, grid, CU_THREADS, MOE_SMEM(8), *p);
         break;
     }
 }
@@ -484,16 +489,16 @@ static void launch_down(struct cu_ctx *c, const struct moe_p *p, int rx, dim3 gr
     if (rx == 8 && !smem_limit(c, k_moe_down<WT, 8>, MOE_SMEM(8), &smem8, "moe down")) return;
     switch (rx) {
     case 1:
-        k_moe_down<WT, 1><<<grid, CU_THREADS, MOE_SMEM(1), c->stream>>>(*p);
+        cu_launch(c, k_moe_down<WT, 1>, grid, CU_THREADS, MOE_SMEM(1), *p);
         break;
     case 2:
-        k_moe_down<WT, 2><<<grid, CU_THREADS, MOE_SMEM(2), c->stream>>>(*p);
+        cu_launch(c, k_moe_down<WT, 2>, grid, CU_THREADS, MOE_SMEM(2), *p);
         break;
     case 4:
-        k_moe_down<WT, 4><<<grid, CU_THREADS, MOE_SMEM(4), c->stream>>>(*p);
+        cu_launch(c, k_moe_down<WT, 4>, grid, CU_THREADS, MOE_SMEM(4), *p);
         break;
     default:
-        k_moe_down<WT, 8><<<grid, CU_THREADS, MOE_SMEM(8), c->stream>>>(*p);
+        cu_launch(c, k_moe_down<WT, 8>, grid, CU_THREADS, MOE_SMEM(8), *p);
         break;
     }
 }
@@ -616,8 +621,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.out = (float *)(s + o_out);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
     cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);
-    k_moe_group<<<1, 1024, 0, c->stream>>>(a->idx, nk, E, rx, (int32_t *)(s + o_perm),
-                                           (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
+    cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, (int32_t *)(s + o_perm),
+              (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
@@ -659,7 +664,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                : moe_down(c, &ps, s2.type, srx, gsd);
     cu_prof_end(c, pp);
     if (!ok) return;
-    k_moe_combine<<<(unsigned)cu_div_up(n * D, 256), 256, 0, c->stream>>>(p.out, n, a->topk, D,
-                                                                          a->y, a->round_bf16);
+    cu_launch(c, k_moe_combine, (unsigned)cu_div_up(n * D, 256), 256, 0, p.out, n, a->topk, D, a->y,
+              a->round_bf16);
     cu_check(c, "moe combine");
 }

@@ -137,6 +137,7 @@ up_xoff(const struct moe_p &p, int64_t pos0, int rows, int64_t *xoff) {
 
 template <int WT, int RX>
 __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up_gv(struct moe_p p) {
+    cu_pdl_enter();
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     int e, rows;
@@ -182,6 +183,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up_gv(struct moe_p p) {
 
 template <int WT, int RX>
 __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down_gv(struct moe_p p) {
+    cu_pdl_enter();
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     int e, rows;
@@ -241,10 +243,10 @@ static bool up_t(struct cu_ctx *c, const struct moe_p *p, int rx, unsigned tiles
     dim3 grid(gv_blocks(c, p->I, tiles), tiles);
     if (rx == 1) {
         if (!smem_limit(c, k_moe_up_gv<WT, 1>, MOE_GV_SMEM_MAX, &lim[0], "moe up")) return true;
-        k_moe_up_gv<WT, 1><<<grid, CU_THREADS, smem, c->stream>>>(*p);
+        cu_launch(c, k_moe_up_gv<WT, 1>, grid, CU_THREADS, smem, *p);
     } else {
         if (!smem_limit(c, k_moe_up_gv<WT, 2>, MOE_GV_SMEM_MAX, &lim[1], "moe up")) return true;
-        k_moe_up_gv<WT, 2><<<grid, CU_THREADS, smem, c->stream>>>(*p);
+        cu_launch(c, k_moe_up_gv<WT, 2>, grid, CU_THREADS, smem, *p);
     }
     return true;
 }
@@ -257,10 +259,10 @@ static bool down_t(struct cu_ctx *c, const struct moe_p *p, int rx, unsigned til
     dim3 grid(gv_blocks(c, cu_div_up(p->D, GEMM_RW), tiles), tiles);
     if (rx == 1) {
         if (!smem_limit(c, k_moe_down_gv<WT, 1>, MOE_GV_SMEM_MAX, &lim[0], "moe down")) return true;
-        k_moe_down_gv<WT, 1><<<grid, CU_THREADS, smem, c->stream>>>(*p);
+        cu_launch(c, k_moe_down_gv<WT, 1>, grid, CU_THREADS, smem, *p);
     } else {
         if (!smem_limit(c, k_moe_down_gv<WT, 2>, MOE_GV_SMEM_MAX, &lim[1], "moe down")) return true;
-        k_moe_down_gv<WT, 2><<<grid, CU_THREADS, smem, c->stream>>>(*p);
+        cu_launch(c, k_moe_down_gv<WT, 2>, grid, CU_THREADS, smem, *p);
     }
     return true;
 }

@@ -12,6 +12,7 @@ __global__ void k_rms_norm(const float *x,
                            struct cu_vec w,
                            float eps,
                            bool round) {
+    cu_pdl_enter();
     __shared__ double red[32];
     int64_t r = blockIdx.x / n_groups, g = blockIdx.x % n_groups;
     const float *xs = x + r * ldx + g * dim;
@@ -40,8 +41,8 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
     if (a->n <= 0 || a->n_groups <= 0 || a->dim <= 0) return;
     int64_t blocks = a->n * a->n_groups;
     int threads = a->dim >= 2048 ? 256 : a->dim >= 512 ? 128 : 64;
-    k_rms_norm<<<(unsigned)blocks, threads, 0, c->stream>>>(
-        a->x, a->y, a->n_groups, a->dim, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+    cu_launch(c, k_rms_norm, (unsigned)blocks, threads, 0, a->x, a->y, a->n_groups, a->dim, a->ldx,
+              a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
     cu_check(c, "rms_norm");
 }
 
@@ -57,6 +58,7 @@ __global__ void k_rope(float *x,
                        const float *freq,
                        bool inverse,
                        bool round) {
+    cu_pdl_enter();
     int half = rope_dim / 2;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * n_heads * half) return;
@@ -79,8 +81,7 @@ extern "C" void cuda_rope(struct dsi_backend *be, const struct dsi_rope_args *a)
     const float *freq = cu_freq_dev(c, a->freq, half);
     if (!freq) return;
     int64_t t = a->n * a->n_heads * half;
-    k_rope<<<(unsigned)cu_div_up(t, 256), 256, 0, c->stream>>>(
-        a->x, a->n, a->ldx, a->n_heads, a->head_stride, a->width, a->rope_dim, a->pos, freq,
-        a->inverse, a->round_bf16);
+    cu_launch(c, k_rope, (unsigned)cu_div_up(t, 256), 256, 0, a->x, a->n, a->ldx, a->n_heads,
+              a->head_stride, a->width, a->rope_dim, a->pos, freq, a->inverse, a->round_bf16);
     cu_check(c, "rope");
 }

@@ -7,6 +7,7 @@
 /* One warp per (row, block): amax, UE8M0 scale, e4m3 round trip. */
 __global__ void
 k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block, int64_t ldx, int64_t ldy) {
+    cu_pdl_enter();
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (wid >= n * nb) return;
@@ -47,8 +48,8 @@ void launch_act_quant(struct cu_ctx *c,
         return;
     }
     int64_t nb = dim / block, warps = n * nb;
-    k_act_quant<<<(unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, c->stream>>>(
-        x, y, n, nb, block, ldx, ldy);
+    cu_launch(c, k_act_quant, (unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, x, y, n, nb,
+              block, ldx, ldy);
     cu_check(c, "act_quant");
 }
 
@@ -59,6 +60,7 @@ extern "C" void cuda_act_quant(struct dsi_backend *be, const struct dsi_act_quan
 /* One block per (row, group): bf16, Walsh-Hadamard (Sylvester order, as dsi_hadamard), scale,
  * bf16, FP4 round trip per 32. */
 __global__ void k_hadamard_q4(float *x, int64_t n_groups, int dim, int64_t ldx) {
+    cu_pdl_enter();
     extern __shared__ float hs[];
     int64_t r = blockIdx.x / n_groups, g = blockIdx.x % n_groups;
     float *xp = x + r * ldx + g * dim;
@@ -95,7 +97,7 @@ extern "C" void cuda_hadamard_q4(struct dsi_backend *be, const struct dsi_hadama
         return;
     }
     int64_t blocks = a->n * a->n_groups;
-    k_hadamard_q4<<<(unsigned)blocks, 128, (size_t)dim * 4, c->stream>>>(a->x, a->n_groups, dim,
-                                                                         a->ldx);
+    cu_launch(c, k_hadamard_q4, (unsigned)blocks, 128, (size_t)dim * 4, a->x, a->n_groups, dim,
+              a->ldx);
     cu_check(c, "hadamard_q4");
 }

@@ -382,6 +382,7 @@ smp_draw_topk(const float *x, int n, const struct dsi_sample_row &row, struct sm
 
 /* grid (rows); SMP_T threads. */
 __global__ void __launch_bounds__(SMP_T) k_sample(struct smp_p p) {
+    cu_pdl_enter();
     __shared__ struct smp_sh sh;
     struct dsi_sample_row row = p.rows[blockIdx.x];
     const float *x = p.logits + (int64_t)blockIdx.x * p.ld;
@@ -416,6 +417,6 @@ extern "C" void cuda_sample(struct dsi_backend *be, const struct dsi_sample_args
     p.n = (int)a->n_vocab;
     p.rows = a->rows;
     p.out = a->out;
-    k_sample<<<(unsigned)a->n, SMP_T, 0, c->stream>>>(p);
+    cu_launch(c, k_sample, (unsigned)a->n, SMP_T, 0, p);
     cu_check(c, "sample");
 }

@@ -114,6 +114,7 @@ template <int MODE> __device__ __forceinline__ int tc_arow(int wm, int f) {
 
 template <int MODE, int WT, int BN>
 __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
+    cu_pdl_enter();
     constexpr int NF = BN / 16;        /* n8 fragments per warp (a warp has BN / 2 rows) */
     constexpr int XV = BN * 16 / TC_T; /* float4 activation loads per thread per step */
     extern __shared__ uint4 tc_smem[];
@@ -313,7 +314,7 @@ static bool tc_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
     static bool smem_done = false;
     size_t sm = tc_smem_bytes(BN);
     if (!smem_limit(c, k_tc<MODE, WT, BN>, sm, &smem_done, "tensor-core gemm")) return false;
-    k_tc<MODE, WT, BN><<<grid, TC_T, sm, c->stream>>>(*p);
+    cu_launch(c, k_tc<MODE, WT, BN>, grid, TC_T, sm, *p);
     return cu_check(c, MODE == TC_DENSE ? "gemm (tensor cores)" : "moe (tensor cores)");
 }
 
