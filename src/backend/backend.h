@@ -26,6 +26,11 @@ struct dsi_gemm_args {
     bool round_bf16;
     bool fast; /* `fast` numerics: the sum may run in another order (tensor cores); the CPU
                   backend, the reference, ignores it */
+    /* groups > 1: a grouped GEMM (the grouped output projection): group g = 0..groups-1
+     * multiplies rows row0 + g * n_out .. + n_out of w by the rows x + g * gx (same ldx) into
+     * y + g * gy (same ldy); 0 or 1: one group */
+    int groups;
+    int64_t gx, gy;
 };
 
 /* Activation quantisation (spec 4.1, act_quant): FP8 round trip in blocks of 128 along each

@@ -436,19 +436,19 @@ static void attention(struct dsi_fwd *f, int il) {
     be->ops->attn(be, &aa);
     rope(f, f->o, n, HD, H, hd, pos, tab, true);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
-    for (int g = 0; g < c->o_groups; g++) {
-        struct dsi_gemm_args ga = {.w = &L->wo_a,
-                                   .row0 = (int64_t)g * c->o_lora_rank,
-                                   .n_out = c->o_lora_rank,
-                                   .x = f->o + g * c->group_in_dim,
-                                   .n = n,
-                                   .ldx = HD,
-                                   .y = f->z + g * c->o_lora_rank,
-                                   .ldy = c->wo_b_in,
-                                   .round_bf16 = f->R,
-                                   .fast = f->F};
-        be->ops->gemm(be, &ga);
-    }
+    struct dsi_gemm_args ga = {.w = &L->wo_a,
+                               .n_out = c->o_lora_rank,
+                               .x = f->o,
+                               .n = n,
+                               .ldx = HD,
+                               .y = f->z,
+                               .ldy = c->wo_b_in,
+                               .round_bf16 = f->R,
+                               .fast = f->F,
+                               .groups = c->o_groups,
+                               .gx = c->group_in_dim,
+                               .gy = c->o_lora_rank};
+    be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
     gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R);
 }

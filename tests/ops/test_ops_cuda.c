@@ -24,15 +24,23 @@ struct gemm_case {
     bool round;
 };
 
+/* A grouped call: group g of gc multiplies x + g gx into y + g gy (ldx, ldy cover them). */
+struct gemm_groups {
+    int groups;
+    int64_t gx, gy;
+};
+
 /* fast: the `fast` numerics flag, the x rows FP8-quantised as that profile's forward does
  * (the tensor-core kernels' bf16 operands are then exact), compared within a tolerance. */
-static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
+static int
+run_gemm_g(struct rng *r, const struct gemm_case *gc, const struct gemm_groups *gg, bool fast) {
     struct wt w;
     wt_make(&w, r, gc->type, gc->rows, gc->K, 0.05f);
     int64_t ldx = gc->ldx ? gc->ldx : gc->K, ldy = gc->ldy ? gc->ldy : gc->n_out;
     float *x = fnorm(r, gc->n * ldx, 1.0f);
-    if (fast && gc->K % 128 == 0) {
-        struct dsi_act_quant_args q = {x, x, gc->n, gc->K, ldx, ldx, 128};
+    int64_t qd = gg->groups > 1 ? ldx : gc->K; /* grouped: every group's columns */
+    if (fast && qd % 128 == 0) {
+        struct dsi_act_quant_args q = {x, x, gc->n, qd, ldx, ldx, 128};
         g_cpu->ops->act_quant(g_cpu, &q);
     } else if (fast) { /* as a bf16-rounded activation of reference numerics */
         for (int64_t i = 0; i < gc->n * ldx; i++)
@@ -50,8 +58,22 @@ static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
                               .y = yc,
                               .ldy = ldy,
                               .round_bf16 = gc->round,
-                              .fast = fast};
-    g_cpu->ops->gemm(g_cpu, &a);
+                              .fast = fast,
+                              .groups = gg->groups,
+                              .gx = gg->gx,
+                              .gy = gg->gy};
+    if (gg->groups > 1) { /* the expected result: the groups one by one */
+        for (int g = 0; g < gg->groups; g++) {
+            struct dsi_gemm_args ga = a;
+            ga.groups = 0;
+            ga.row0 = gc->row0 + g * gc->n_out;
+            ga.x = x + g * gg->gx;
+            ga.y = yc + g * gg->gy;
+            g_cpu->ops->gemm(g_cpu, &ga);
+        }
+    } else {
+        g_cpu->ops->gemm(g_cpu, &a);
+    }
     a.w = &w.d;
     a.x = dx;
     a.y = dy;
@@ -59,9 +81,9 @@ static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
     int ok = gsync("gemm") == 0;
     dget(yg, dy, sizeof(float) * (size_t)(gc->n * ldy));
     char what[160];
-    snprintf(what, sizeof(what), "gemm%s type %d [%lld x %lld] n %lld rows %lld+%lld",
+    snprintf(what, sizeof(what), "gemm%s type %d [%lld x %lld] n %lld rows %lld+%lld groups %d",
              fast ? " fast" : "", gc->type, (long long)gc->rows, (long long)gc->K, (long long)gc->n,
-             (long long)gc->row0, (long long)gc->n_out);
+             (long long)gc->row0, (long long)gc->n_out, gg->groups);
     /* fast: fp32 sums in another order (the tensor cores' adds truncate), then (round) one
      * bf16 rounding that may land on the neighbour: 2^-8 of the value at most */
     ok = ok && (fast ? close_to(what, yg, yc, gc->n * ldy, gc->round ? 8e-3 : 1e-4)
@@ -73,6 +95,11 @@ static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
     free(yg);
     wt_free(&w);
     return ok;
+}
+
+static int run_gemm_mode(struct rng *r, const struct gemm_case *gc, bool fast) {
+    const struct gemm_groups one = {1, 0, 0};
+    return run_gemm_g(r, gc, &one, fast);
 }
 
 static int run_gemm(struct rng *r, const struct gemm_case *gc) {
@@ -117,6 +144,36 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     for (int i = 0; i < n; i++) {
         if (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)) continue;
         TEST_ASSERTF(run_gemm_mode(&r, &cases[i], true), "gemm fast case %d", i);
+    }
+    return 0;
+}
+
+/* Grouped calls (the output projection's groups) against the groups one by one on the CPU:
+ * one launch for 1-2 rows (bitwise, reference and fast numerics), the groups one by one for
+ * more rows, when the grouped launch would need split-K, and for x offsets not on 16 bytes. */
+int test_cuda_gemm_grouped(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 23);
+    const struct {
+        struct gemm_case c;
+        struct gemm_groups g;
+    } cases[] = {
+        {{DSI_TYPE_F8_E4M3, 512, 256, 1, 0, 64, 2048, 520, true}, {8, 256, 64}},
+        {{DSI_TYPE_F8_E4M3, 600, 256, 2, 64, 64, 2060, 530, false}, {8, 256, 65}},
+        {{DSI_TYPE_BF16, 256, 128, 2, 0, 32, 1100, 300, true}, {8, 128, 36}},
+        {{DSI_TYPE_F8_E4M3, 512, 256, 3, 0, 64, 2048, 520, true}, {8, 256, 64}},  /* one by one */
+        {{DSI_TYPE_F8_E4M3, 64, 8192, 1, 0, 32, 16384, 64, true}, {2, 8192, 32}}, /* split-K */
+        {{DSI_TYPE_F8_E4M3, 512, 256, 1, 0, 64, 2048, 520, true}, {8, 254, 64}},  /* unaligned */
+        {{DSI_TYPE_F8_E4M3, 8192, 4096, 1, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}}, /* wo_a */
+        {{DSI_TYPE_F8_E4M3, 8192, 4096, 2, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
+        {{DSI_TYPE_F8_E4M3, 8192, 4096, 4, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
+    };
+    int n = (int)(sizeof(cases) / sizeof(cases[0]));
+    for (int i = 0; i < n; i++) {
+        if (tiny_only() && cases[i].c.rows * cases[i].c.K > (1 << 20)) continue;
+        TEST_ASSERTF(run_gemm_g(&r, &cases[i].c, &cases[i].g, false), "gemm grouped case %d", i);
+        TEST_ASSERTF(run_gemm_g(&r, &cases[i].c, &cases[i].g, true), "gemm grouped fast case %d",
+                     i);
     }
     return 0;
 }

@@ -127,6 +127,17 @@ static void gemm_part(void *ctx, int64_t o0, int64_t o1, int tid) {
 }
 
 void cpu_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
+    if (a->groups > 1) { /* the groups one by one */
+        for (int g = 0; g < a->groups; g++) {
+            struct dsi_gemm_args ga = *a;
+            ga.groups = 1;
+            ga.row0 = a->row0 + g * a->n_out;
+            ga.x = a->x + g * a->gx;
+            ga.y = a->y + g * a->gy;
+            cpu_gemm(be, &ga);
+        }
+        return;
+    }
     DSI_ASSERT(a->row0 >= 0 && a->row0 + a->n_out <= a->w->ne[1]);
     if (a->n == 0 || a->n_out == 0) return;
     struct gemm_job j = {be, a};

@@ -386,6 +386,30 @@ void launch_gemm(struct cu_ctx *c,
 extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     struct cu_w w = cu_w_of(a->w);
+    if (a->groups > 1) { /* one launch for 1-2 rows (decode), else the groups one by one */
+        int64_t last = a->row0 + (int64_t)a->groups * a->n_out;
+        if (a->n <= 0 || a->n_out <= 0) return;
+        if (a->row0 < 0 || last > w.rows) {
+            cu_fail(c, DSI_ERR_INVALID,
+                    "gemm: %d groups of %lld rows from row %lld of a weight "
+                    "with %lld rows",
+                    a->groups, (long long)a->n_out, (long long)a->row0, (long long)w.rows);
+            return;
+        }
+        if (gemm_fast_ok(&w, a->x, a->ldx) && a->gx % 4 == 0 &&
+            launch_gemv_grouped(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
+                                a->round_bf16, a->groups, a->gx, a->gy))
+            return;
+        for (int g = 0; g < a->groups; g++) {
+            struct dsi_gemm_args ga = *a;
+            ga.groups = 1;
+            ga.row0 = a->row0 + g * a->n_out;
+            ga.x = a->x + g * a->gx;
+            ga.y = a->y + g * a->gy;
+            cuda_gemm(be, &ga);
+        }
+        return;
+    }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
         (launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
                          a->round_bf16) ||

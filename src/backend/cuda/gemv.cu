@@ -54,7 +54,14 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
                                                         int64_t ldy,
                                                         bool round,
                                                         int pps,
-                                                        float *cv) {
+                                                        float *cv,
+                                                        int64_t gxs,
+                                                        int64_t gys) {
+    /* group blockIdx.y (grouped launches: no split-K): rows row0 + g n_out.., x + g gxs, y + g gys
+     */
+    row0 += (int64_t)blockIdx.y * n_out;
+    x += (int64_t)blockIdx.y * gxs;
+    y += (int64_t)blockIdx.y * gys;
     extern __shared__ float4 gsm[];
     float *xs = (float *)gsm;
     int64_t nq = w.K / 32, np = (nq + 31) / 32;
@@ -142,39 +149,74 @@ static bool launch_gemv_t(struct cu_ctx *c,
                           int64_t ldx,
                           float *y,
                           int64_t ldy,
-                          bool round) {
+                          bool round,
+                          int groups,
+                          int64_t gxs,
+                          int64_t gys) {
     int rx = n == 1 ? 1 : 2;
     int64_t nq = w->K / 32, np = cu_div_up(nq, 32), units = cu_div_up(n_out, GEMM_RW);
     int64_t slots = 2 * (int64_t)c->n_sms * CU_WARPS; /* resident warps, two blocks per SM */
-    int64_t split = units >= slots ? 1 : std::min(np, cu_div_up(slots, units));
+    int64_t split = units * groups >= slots ? 1 : std::min(np, cu_div_up(slots, units * groups));
     int64_t pps_max = (GV_SMEM_MAX - (int64_t)gemv_smem_bytes(rx, 0)) / (rx * 32 * XS_STRIDE * 4);
     if (pps_max < 1) return false;
     split = std::max(split, cu_div_up(np, pps_max));
     int64_t pps = cu_div_up(np, split);
     split = cu_div_up(np, pps);
+    if (groups > 1 && split > 1) return false; /* the caller runs the groups one by one */
     float *cv = NULL;
     if (split > 1) {
         if (nq * n * n_out * 4 > ((int64_t)64 << 20)) return false;
         cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_out) * 4);
         if (!cv) return true; /* sticky error set */
     }
-    int64_t gx = std::min(cu_div_up(units, CU_WARPS), std::max<int64_t>(1, 2 * c->n_sms / split));
+    int64_t gx =
+        std::min(cu_div_up(units, CU_WARPS), std::max<int64_t>(1, 2 * c->n_sms / split / groups));
     size_t smem = gemv_smem_bytes(rx, pps);
     static bool lim[2];
     if (rx == 1 && !smem_limit(c, k_gemv<WT, 1>, GV_SMEM_MAX, &lim[0], "gemv")) return true;
     if (rx == 2 && !smem_limit(c, k_gemv<WT, 2>, GV_SMEM_MAX, &lim[1], "gemv")) return true;
-    dim3 grid((unsigned)gx, 1, (unsigned)split);
+    dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)split);
     int pm = cu_prof_begin(c, cv ? "gemm.gemv_splitk" : "gemm.gemv");
     if (rx == 1)
         cu_launch(c, k_gemv<WT, 1>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
-                  round, (int)pps, cv);
+                  round, (int)pps, cv, gxs, gys);
     else
         cu_launch(c, k_gemv<WT, 2>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
-                  round, (int)pps, cv);
+                  round, (int)pps, cv, gxs, gys);
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemv")) return true;
     if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
     return true;
+}
+
+bool launch_gemv_grouped(struct cu_ctx *c,
+                         const struct cu_w *w,
+                         int64_t row0,
+                         int64_t n_out,
+                         const float *x,
+                         int64_t n,
+                         int64_t ldx,
+                         float *y,
+                         int64_t ldy,
+                         bool round,
+                         int groups,
+                         int64_t gxs,
+                         int64_t gys) {
+    if (n < 1 || n > 2 || !c->gemv || groups < 1 || groups > 65535) return false;
+#define GV_T(T) launch_gemv_t<T>(c, w, row0, n_out, x, n, ldx, y, ldy, round, groups, gxs, gys)
+    switch (w->type) {
+    case DSI_TYPE_BF16:
+        return GV_T(DSI_TYPE_BF16);
+    case DSI_TYPE_F16:
+        return GV_T(DSI_TYPE_F16);
+    case DSI_TYPE_F8_E4M3:
+        return GV_T(DSI_TYPE_F8_E4M3);
+    case DSI_TYPE_FP4_E2M1:
+        return GV_T(DSI_TYPE_FP4_E2M1);
+    default:
+        return false;
+    }
+#undef GV_T
 }
 
 bool launch_gemv(struct cu_ctx *c,
@@ -187,17 +229,5 @@ bool launch_gemv(struct cu_ctx *c,
                  float *y,
                  int64_t ldy,
                  bool round) {
-    if (n < 1 || n > 2 || !c->gemv) return false;
-    switch (w->type) {
-    case DSI_TYPE_BF16:
-        return launch_gemv_t<DSI_TYPE_BF16>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
-    case DSI_TYPE_F16:
-        return launch_gemv_t<DSI_TYPE_F16>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
-    case DSI_TYPE_F8_E4M3:
-        return launch_gemv_t<DSI_TYPE_F8_E4M3>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
-    case DSI_TYPE_FP4_E2M1:
-        return launch_gemv_t<DSI_TYPE_FP4_E2M1>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
-    default:
-        return false;
-    }
+    return launch_gemv_grouped(c, w, row0, n_out, x, n, ldx, y, ldy, round, 1, 0, 0);
 }
