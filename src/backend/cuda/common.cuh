@@ -66,10 +66,11 @@ struct cu_prof_tot {
 struct cu_ctx {
     int device, n_sms;
     bool prof;
-    bool xstage; /* GEMM kernels stage activations in shared memory (see gemm.cuh);
-                    DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
-    bool gemv;   /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
-    bool pdl;    /* programmatic dependent launch (cu_launch); DSI_CUDA_PDL=0 turns it off */
+    bool xstage;  /* GEMM kernels stage activations in shared memory (see gemm.cuh);
+                     DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
+    bool gemv;    /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
+    bool pdl;     /* programmatic dependent launch (cu_launch); DSI_CUDA_PDL=0 turns it off */
+    bool grouped; /* grouped GEMMs in one launch (cuda_gemm); DSI_CUDA_GROUPED=0: one by one */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
        DSI_CUDA_TC_MOE (defaults 64 and 0) */

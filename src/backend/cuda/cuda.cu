@@ -465,6 +465,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     c->pdl = major >= 9 && !(pd && *pd == '0');
+    const char *gr = getenv("DSI_CUDA_GROUPED");
+    c->grouped = !(gr && *gr == '0');
     const char *ng = getenv("DSI_CUDA_NOGRAPH");
     c->use_graphs = !c->prof && !(ng && *ng && *ng != '0');
     c->cur_graph = -1;

@@ -396,7 +396,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
                     a->groups, (long long)a->n_out, (long long)a->row0, (long long)w.rows);
             return;
         }
-        if (gemm_fast_ok(&w, a->x, a->ldx) && a->gx % 4 == 0 &&
+        if (c->grouped && gemm_fast_ok(&w, a->x, a->ldx) && a->gx % 4 == 0 &&
             launch_gemv_grouped(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
                                 a->round_bf16, a->groups, a->gx, a->gy))
             return;
