@@ -352,11 +352,12 @@ struct dsi_backend_ops {
     int (*mem_info)(struct dsi_backend *, size_t *free_bytes, size_t *total_bytes);
     /* Optional (NULL: every step runs op by op): whole steps recorded and replayed (CUDA
      * graphs). The caller brackets a step's ops, after its uploads and before its downloads,
-     * with graph_begin(key) and graph_end; key names everything that shapes the step's
-     * launches. graph_begin answers DSI_GRAPH_EAGER or DSI_GRAPH_CAPTURE (issue the ops) or
-     * DSI_GRAPH_REPLAY (do not issue them); graph_end launches what was captured or replayed
-     * and answers DSI_GRAPH_RETRY when the capture failed (issue the ops again, eagerly).
-     * graph_reset drops every recorded step (the caller's buffers changed). */
+     * with graph_begin(key) and graph_end (also after an eager step); key names everything
+     * that shapes the step's launches, its low 20 bits the step's rows. graph_begin answers
+     * DSI_GRAPH_EAGER or DSI_GRAPH_CAPTURE (issue the ops) or DSI_GRAPH_REPLAY (do not issue them);
+     * graph_end launches what was captured or replayed and answers DSI_GRAPH_RETRY when the capture
+     * failed (issue the ops again, eagerly). graph_reset drops every recorded step (the caller's
+     * buffers changed). */
     int (*graph_begin)(struct dsi_backend *, uint64_t key);
     int (*graph_end)(struct dsi_backend *);
     void (*graph_reset)(struct dsi_backend *);

@@ -720,7 +720,10 @@ main_step(struct dsi_fwd *f, const struct dsi_batch *b, int64_t m, bool sample, 
                 be->ops->sample(be, &sa);
             }
         }
-        if (mode == DSI_GRAPH_EAGER) break;
+        if (mode == DSI_GRAPH_EAGER) {
+            if (graph) be->ops->graph_end(be); /* nothing to launch: closes the bracket */
+            break;
+        }
         if (be->ops->graph_end(be) != DSI_GRAPH_RETRY) break;
         mode = DSI_GRAPH_EAGER;
     }

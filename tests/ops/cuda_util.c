@@ -17,6 +17,7 @@ int backends(void) {
     if (g_state) return g_state;
     struct dsi_err err = {0};
     g_state = -1;
+    setenv("DSI_CUDA_PDL", "2", 0); /* every launch overlapped (unless the caller says) */
     if (dsi_backend_cuda_new(&g_gpu, 0, &err)) {
         fprintf(stderr, "[%s] ", err.msg);
         return g_state;

@@ -3,12 +3,13 @@
 # every CUDA test (defaults), then `dsinfer bench layer` at context 4096 (decode at AB_BATCH, the
 # 8k prefill; `fast` numerics, and `plain` at batch 1) for each variant in AB_VARIANTS (a word
 # per variant: "base" = the defaults, else comma-separated VAR=value settings), the variants
-# alternated, AB_REPS rounds. Logs under $OUT, key lines in $OUT/summary.txt. Usage (repository
+# alternated, AB_REPS rounds. Key lines in $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository
 # root, on the GPU machine):
 #   OUT=$OUT AB_VARIANTS="base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0" bash tests/ops/gpu_ab_env.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
-mkdir -p "$OUT"
+L=/tmp/ab-logs
+rm -rf $L && mkdir -p "$OUT" $L
 T0=$(date +%s)
 log() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
@@ -20,22 +21,22 @@ VARIANTS=${AB_VARIANTS:-base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0}
 BATCH=${AB_BATCH:-1,8,32,128,256}
 PREFILL=${AB_PREFILL:-8192}
 M=/tmp/flash4
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$OUT/gen.log" 2>&1
- echo "gen exit $?" >>"$OUT/gen.log") &
+(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$L/gen.log" 2>&1
+ echo "gen exit $?" >>"$L/gen.log") &
 GEN=$!
-make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$OUT/build.log" 2>&1 ||
-    { tail -30 "$OUT/build.log"; log "BUILD FAILED"; exit 1; }
+make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
+    { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
 log "build done"
-timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
-log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
-grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
+timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
+log "test_cuda rc $?: $(tail -1 "$L/test_cuda.log")"
+grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$L/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
 wait $GEN
-log "checkpoint: $(tail -1 "$OUT/gen.log")"
+log "checkpoint: $(tail -1 "$L/gen.log")"
 for rep in $(seq 1 "${AB_REPS:-2}"); do
     for v in $VARIANTS; do
         envs=()
         [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
-        f="$OUT/bench_${v//[=,]/_}_$rep"
+        f="$L/bench_${v//[=,]/_}_$rep"
         env "${envs[@]}" timeout 120 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 \
             --batch "$BATCH" --no-split --prefill "$PREFILL" --prefill-reps 1 --numerics fast >"$f.fast.txt" 2>&1
         log "fast $v rep $rep rc $?"
@@ -46,4 +47,5 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
         grep -E "^ +[0-9]+ " "$f.plain.txt" | tee -a "$OUT/summary.txt"
     done
 done
+tar czf "$OUT/logs.tgz" -C $L .
 log "done"

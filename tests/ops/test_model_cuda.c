@@ -16,6 +16,7 @@ static int gpu_available(void) {
     if (!state) {
         struct dsi_backend *be = NULL;
         struct dsi_err err = {0};
+        setenv("DSI_CUDA_PDL", "2", 0); /* every launch overlapped (unless the caller says) */
         state = dsi_backend_cuda_new(&be, 0, &err) == 0 ? 1 : -1;
         if (state < 0) fprintf(stderr, "[%s] ", err.msg);
         dsi_backend_free(be);

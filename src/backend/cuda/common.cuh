@@ -66,11 +66,18 @@ struct cu_prof_tot {
 struct cu_ctx {
     int device, n_sms;
     bool prof;
-    bool xstage;  /* GEMM kernels stage activations in shared memory (see gemm.cuh);
-                     DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
-    bool gemv;    /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
-    bool pdl;     /* programmatic dependent launch (cu_launch); DSI_CUDA_PDL=0 turns it off */
+    bool xstage; /* GEMM kernels stage activations in shared memory (see gemm.cuh);
+                    DSI_CUDA_NOSTAGE=1 turns it off (A/B measurements) */
+    bool gemv;   /* decode GEMMs through k_gemv (gemv.cu); DSI_CUDA_NOGEMV=1: k_gemm */
+    /* programmatic dependent launch (cu_launch) now; pdl_mode (DSI_CUDA_PDL): 0 never, 1 (the
+       default) in recorded decode steps (graph_begin .. graph_end) of at most pdl_max rows
+       (DSI_CUDA_PDL_MAX, default 32; measured slower at 128-256 rows, docs/cuda.md step 11),
+       2 always (the op tests) */
+    bool pdl;
+    int pdl_mode, pdl_max;
     bool grouped; /* grouped GEMMs in one launch (cuda_gemm); DSI_CUDA_GROUPED=0: one by one */
+    int gv_pf;    /* L2 prefetch distance (steps) of the decode walks (gemv.cu, moe_gv.cu);
+                     DSI_CUDA_GV_PF, 0: none */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
        DSI_CUDA_TC_MOE (defaults 64 and 0) */

@@ -464,7 +464,12 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *pd = getenv("DSI_CUDA_PDL");
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    c->pdl = major >= 9 && !(pd && *pd == '0');
+    c->pdl_mode = major < 9 ? 0 : pd && *pd ? atoi(pd) : 1;
+    c->pdl = c->pdl_mode == 2;
+    const char *pm = getenv("DSI_CUDA_PDL_MAX");
+    c->pdl_max = pm && *pm ? atoi(pm) : 32;
+    const char *pf = getenv("DSI_CUDA_GV_PF");
+    c->gv_pf = pf && *pf ? atoi(pf) : 4;
     const char *gr = getenv("DSI_CUDA_GROUPED");
     c->grouped = !(gr && *gr == '0');
     const char *ng = getenv("DSI_CUDA_NOGRAPH");

@@ -49,6 +49,8 @@ static int find_graph(struct cu_ctx *c, uint64_t key) {
 extern "C" int cuda_graph_begin(struct dsi_backend *be, uint64_t key) {
     struct cu_ctx *c = cu_ctx_of(be);
     c->cur_graph = -1;
+    /* the key's low 20 bits: the step's rows (backend.h) */
+    c->pdl = c->pdl_mode == 2 || (c->pdl_mode == 1 && (int64_t)(key & 0xfffff) <= c->pdl_max);
     if (!c->use_graphs || c->sticky) return DSI_GRAPH_EAGER;
     int i = find_graph(c, key);
     if (i < 0) return DSI_GRAPH_EAGER;
@@ -82,6 +84,7 @@ extern "C" int cuda_graph_end(struct dsi_backend *be) {
     struct cu_ctx *c = cu_ctx_of(be);
     int i = c->cur_graph;
     c->cur_graph = -1;
+    c->pdl = c->pdl_mode == 2;
     if (i < 0) return DSI_OK;
     struct cu_graph *g = &c->graphs[i];
     if (!c->capturing) { /* replay */
