@@ -76,8 +76,6 @@ struct cu_ctx {
     bool pdl;
     int pdl_mode, pdl_max;
     bool grouped; /* grouped GEMMs in one launch (cuda_gemm); DSI_CUDA_GROUPED=0: one by one */
-    int gv_pf;    /* L2 prefetch distance (steps) of the decode walks (gemv.cu, moe_gv.cu);
-                     DSI_CUDA_GV_PF, 0: none */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
        DSI_CUDA_TC_MOE (defaults 64 and 0) */
@@ -376,23 +374,18 @@ __device__ __forceinline__ int64_t paged(const int32_t *page_table,
 }
 
 /* ---- programmatic dependent launch (sm_90) --------------------------------------------------
- * Kernels are launched with cu_launch, which (c->pdl, DSI_CUDA_PDL=0 turns it off) lets the
+ * Kernels are launched with cu_launch, which (when c->pdl; see cu_ctx.pdl_mode) lets the
  * next kernel of the stream start while this one finishes: its blocks are scheduled, load their
- * parameters and may prefetch immutable data (weights), then wait in cu_pdl_enter until the
+ * parameters and may load immutable data (weights), then wait in cu_pdl_enter until the
  * previous kernel has completed and its writes are visible. So every kernel calls cu_pdl_enter
  * before it touches memory another kernel writes, and writes nothing before it (rule of this
- * backend: it is the first statement of every kernel, or follows only weight prefetches).
+ * backend: it is the first statement of every kernel, or follows only weight loads).
  * cu_pdl_enter also lets this kernel's successor be launched (it then waits the same way). */
 __device__ __forceinline__ void cu_pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-/* Prefetch the 128-byte line at p into L2 (weights before cu_pdl_enter). */
-__device__ __forceinline__ void cu_prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 #endif /* __CUDACC__ */

@@ -468,8 +468,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->pdl = c->pdl_mode == 2;
     const char *pm = getenv("DSI_CUDA_PDL_MAX");
     c->pdl_max = pm && *pm ? atoi(pm) : 32;
-    const char *pf = getenv("DSI_CUDA_GV_PF");
-    c->gv_pf = pf && *pf ? atoi(pf) : 4;
     const char *gr = getenv("DSI_CUDA_GROUPED");
     c->grouped = !(gr && *gr == '0');
     const char *ng = getenv("DSI_CUDA_NOGRAPH");

@@ -186,25 +186,6 @@ struct w_raw {
     uint32_t sc;
 };
 
-/* L2 prefetch of piece p (32 chunks) of weight rows row[k] of W[k] (k < GEMM_RW, -1: none):
- * lane L takes one 128-byte line. No registers stay held, so the decode walks (gemv.cu,
- * moe_gv.cu) keep bytes further ahead in flight than their one register stage. */
-template <int WT>
-__device__ __forceinline__ void
-prefetch_piece(const struct cu_w *W, const int64_t (&row)[GEMM_RW], int64_t p, int lane) {
-    constexpr int cb = (WT == DSI_TYPE_BF16 || WT == DSI_TYPE_F16) ? 64
-                       : WT == DSI_TYPE_F8_E4M3                    ? 32
-                                                                   : 16; /* bytes per chunk */
-    constexpr int lpr = cb / 4;                       /* lines per row piece: 32 cb / 128 */
-    static_assert(GEMM_RW == 2, "two rows per warp");
-    int k = lane / lpr, l = lane % lpr;
-    /* selects, not indexing by k: the arrays stay in registers */
-    int64_t r = k == 0 ? row[0] : row[1], rb = k == 0 ? W[0].row_bytes : W[1].row_bytes;
-    const uint8_t *d = k == 0 ? W[0].data : W[1].data;
-    int64_t off = p * 32 * cb + (int64_t)l * 128;
-    if (k < GEMM_RW && r >= 0 && off < rb) cu_prefetch_l2(d + r * rb + off);
-}
-
 template <int WT>
 __device__ __forceinline__ void
 load_w_raw(const struct cu_w &w, const uint8_t *rowp, const uint8_t *srow, int64_t q, w_raw &r) {

@@ -56,8 +56,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
                                                         int pps,
                                                         float *cv,
                                                         int64_t gxs,
-                                                        int64_t gys,
-                                                        int pf) {
+                                                        int64_t gys) {
     /* group blockIdx.y (grouped launches: no split-K): rows row0 + g n_out.., x + g gxs, y + g gys
      */
     row0 += (int64_t)blockIdx.y * n_out;
@@ -75,23 +74,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
     bool active = u < units && p0 < p1;
     /* the first weight bytes load while the previous kernel finishes (cu_pdl_enter) */
     w_raw raw[GEMM_RW], nxt[GEMM_RW];
-    const struct cu_w W2[GEMM_RW] = {w, w};
-    int64_t npp = p1 - p0;
-    /* L2 prefetch of the step d ahead of (u, p): the walk's bytes further ahead than `nxt` */
-    auto prefetch = [&](int64_t d) {
-        int64_t pp = p - p0 + d, uu = u + pp / npp * stride;
-        if (uu >= units) return;
-        int64_t prow[GEMM_RW];
-#pragma unroll
-        for (int k = 0; k < GEMM_RW; k++)
-            prow[k] = uu * GEMM_RW + k < n_out ? row0 + uu * GEMM_RW + k : -1;
-        prefetch_piece<WT>(W2, prow, p0 + pp % npp, lane);
-    };
-    if (active) {
-        gv_load<WT>(w, row0, n_out, nq, u, p, lane, raw);
-        for (int d = 1; d < pf; d++)
-            prefetch(d);
-    }
+    if (active) gv_load<WT>(w, row0, n_out, nq, u, p, lane, raw);
     cu_pdl_enter();
     /* stage x: chunk c of row rx (c < (p1 - p0) * 32) at xs[(rx * nqs + c) * XS_STRIDE] */
     int64_t n4 = (p1 - p0) * 32 * 8;
@@ -106,7 +89,6 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
     if (!active) return; /* no barrier below */
     float acc = 0.0f;
     for (;;) {
-        if (pf > 0) prefetch(pf);
         bool wrap = p + 1 >= p1;
         int64_t un = wrap ? u + stride : u, pn = wrap ? p0 : p + 1;
         bool more = un < units;
@@ -197,10 +179,10 @@ static bool launch_gemv_t(struct cu_ctx *c,
     int pm = cu_prof_begin(c, cv ? "gemm.gemv_splitk" : "gemm.gemv");
     if (rx == 1)
         cu_launch(c, k_gemv<WT, 1>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
-                  round, (int)pps, cv, gxs, gys, c->gv_pf);
+                  round, (int)pps, cv, gxs, gys);
     else
         cu_launch(c, k_gemv<WT, 2>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
-                  round, (int)pps, cv, gxs, gys, c->gv_pf);
+                  round, (int)pps, cv, gxs, gys);
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemv")) return true;
     if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);

@@ -617,7 +617,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.limit = a->limit;
     p.round = a->round_bf16;
     p.stage = c->xstage;
-    p.pf = c->gv_pf;
     p.h = (float *)(s + o_h);
     p.out = (float *)(s + o_out);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */

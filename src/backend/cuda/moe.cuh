@@ -18,7 +18,6 @@ struct moe_p {
     float limit;
     bool round;
     bool stage; /* stage x rows in shared memory (c->xstage) */
-    int pf;     /* the decode walks' L2 prefetch distance in steps (c->gv_pf; 0: none) */
     float *h;   /* [nk + n, I] */
     float *out; /* [nk + n, D] */
 };

@@ -62,7 +62,6 @@ __device__ __forceinline__ void gv_walk(const struct cu_w (&W)[GEMM_RW],
                                         int64_t first,
                                         int64_t units,
                                         int64_t stride,
-                                        int pf,
                                         Rows rows_of,
                                         Done done) {
     int lane = threadIdx.x & 31;
@@ -74,19 +73,8 @@ __device__ __forceinline__ void gv_walk(const struct cu_w (&W)[GEMM_RW],
     rows_of(u, row);
     w_raw raw[GEMM_RW], nxt[GEMM_RW];
     gv_rows<WT>(W, row, nq, p, lane, raw);
-    /* L2 prefetch of the step d ahead of (u, p) */
-    auto prefetch = [&](int64_t d) {
-        int64_t pp = p + d, uu = u + pp / np * stride;
-        if (uu >= units) return;
-        int64_t prow[GEMM_RW];
-        rows_of(uu, prow);
-        prefetch_piece<WT>(W, prow, pp % np, lane);
-    };
-    for (int d = 1; d < pf; d++)
-        prefetch(d);
     float acc = 0.0f;
     for (;;) {
-        if (pf > 0) prefetch(pf);
         bool wrap = p + 1 >= np;
         int64_t un = wrap ? u + stride : u, pn = wrap ? 0 : p + 1;
         bool more = un < units;
@@ -190,7 +178,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_up_gv(struct moe_p p) {
         p.h[pos * p.I + c] = rbf(silu * uv * wi, p.round);
     };
     gv_walk<WT, RX>(W, xs, cvs[warp], p.D, (int64_t)blockIdx.x * CU_WARPS + warp, p.I,
-                    (int64_t)gridDim.x * CU_WARPS, p.pf, rows_of, done);
+                    (int64_t)gridDim.x * CU_WARPS, rows_of, done);
 }
 
 template <int WT, int RX>
@@ -231,8 +219,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down_gv(struct moe_p p) {
         p.out[orow * D + o] = rbf(acc + 0.0f, p.round);
     };
     gv_walk<WT, RX>(W, xs, cvs[warp], p.I, (int64_t)blockIdx.x * CU_WARPS + warp,
-                    (D + GEMM_RW - 1) / GEMM_RW, (int64_t)gridDim.x * CU_WARPS, p.pf, rows_of,
-                    done);
+                    (D + GEMM_RW - 1) / GEMM_RW, (int64_t)gridDim.x * CU_WARPS, rows_of, done);
 }
 
 /* Column blocks: about one wave over all tiles (two blocks per SM), at most what the units
