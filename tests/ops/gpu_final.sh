@@ -19,12 +19,12 @@ if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
 fi
 M=/tmp/flash4
 B=${FINAL_BATCH:-1,8,32,128,256}
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$OUT/gen.log" 2>&1
- echo "gen exit $?" >>"$OUT/gen.log") &
+(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >/tmp/final-gen.log 2>&1
+ echo "gen exit $?" >>/tmp/final-gen.log) &
 GEN=$!
 J=$(nproc)
-make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$OUT/build.log" 2>&1 ||
-    { tail -30 "$OUT/build.log"; log "BUILD FAILED"; exit 1; }
+make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >/tmp/final-build.log 2>&1 ||
+    { tail -30 /tmp/final-build.log; log "BUILD FAILED"; exit 1; }
 log "build done"
 timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
 log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
@@ -34,7 +34,7 @@ PYTHONUNBUFFERED=1 timeout 120 python3 ref/hf_layer_bench.py --preset flash --la
     --ctx 4096 --batch $B --prefill 8192 --budget 90 --out $HF_JSON >"$OUT/bench_layer.txt" 2>&1
 log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
 wait $GEN
-log "checkpoint: $(tail -1 "$OUT/gen.log")"
+log "checkpoint: $(tail -1 /tmp/final-gen.log)"
 timeout 200 build/cuda/dsinfer bench layer -m $M --ctx ${FINAL_CTX:-4096,65536} --steps 5 --batch $B --prefill 8192 \
     --prefill-reps 1 --budget 150 --hf $HF_JSON --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
     grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
