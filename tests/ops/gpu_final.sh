@@ -3,7 +3,8 @@
 # ~5 minutes: build, every CUDA test (op parity, whole model, fast numerics), HF transformers
 # eager on the same shapes (ref/hf_layer_bench.py), the full `dsinfer bench layer --numerics
 # fast` (decode at context 4096, per-layer split, 43-layer projection, 8k prefill, rooflines and
-# the HF ratio), memcheck and racecheck on the tiny op tests, the CLI check (t_cuda.sh). Logs
+# the HF ratio), memcheck and racecheck on the tiny op tests, the CLI check (t_cuda.sh); with
+# FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels. Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
@@ -49,4 +50,19 @@ for t in test_cuda_gemm_fast test_cuda_moe_fast; do
 done
 DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
 log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
+if [ -n "${FINAL_DIAG:-}" ]; then # where batch 1's time goes: per-op events, then ncu on kernels
+    D="$OUT/diag.txt"
+    DSI_CUDA_PROFILE=1 timeout 60 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch 1 \
+        --no-split --prefill 0 --numerics fast >"$D" 2>&1
+    log "profile batch 1 rc $?"
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: ${NCU:-none}" | tee -a "$OUT/summary.txt"
+    if [ -n "$NCU" ]; then
+        DSI_CUDA_NOGRAPH=1 timeout 200 "$NCU" -k 'regex:k_moe_up_gv|k_moe_down_gv|k_gemv|k_idx_topk|k_idx_scores|k_hc_pre_finish|k_attn' \
+            --launch-skip 60 --launch-count 12 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats build/cuda/dsinfer bench layer -m $M --ctx 4096 \
+            --steps 2 --batch 1 --no-split --prefill 0 --numerics fast >>"$D" 2>&1
+        log "ncu rc $?"
+    fi
+fi
 log "done"
