@@ -58,7 +58,7 @@ if [ -n "${FINAL_DIAG:-}" ]; then # where batch 1's time goes: per-op events, th
     NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     echo "ncu: ${NCU:-none}" | tee -a "$OUT/summary.txt"
     if [ -n "$NCU" ]; then
-        DSI_CUDA_NOGRAPH=1 timeout 200 "$NCU" -k 'regex:k_moe_up_gv|k_moe_down_gv|k_gemv|k_idx_topk|k_idx_scores|k_hc_pre_finish|k_attn' \
+        DSI_CUDA_NOGRAPH=1 timeout 60 "$NCU" -k 'regex:k_moe_up_gv|k_moe_down_gv|k_gemv|k_idx_topk|k_idx_scores|k_hc_pre_finish|k_attn' \
             --launch-skip 60 --launch-count 12 --section SpeedOfLight --section Occupancy \
             --section LaunchStats --section WarpStateStats build/cuda/dsinfer bench layer -m $M --ctx 4096 \
             --steps 2 --batch 1 --no-split --prefill 0 --numerics fast >>"$D" 2>&1
