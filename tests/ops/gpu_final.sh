@@ -4,7 +4,8 @@
 # eager on the same shapes (ref/hf_layer_bench.py), the full `dsinfer bench layer --numerics
 # fast` (decode at context 4096, per-layer split, 43-layer projection, 8k prefill, rooflines and
 # the HF ratio), memcheck and racecheck on the tiny op tests, the CLI check (t_cuda.sh); with
-# FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels. Logs
+# FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels; FINAL_HF=0
+# leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only. Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
@@ -20,9 +21,13 @@ if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
 fi
 M=/tmp/flash4
 B=${FINAL_BATCH:-1,8,32,128,256}
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >/tmp/final-gen.log 2>&1
- echo "gen exit $?" >>/tmp/final-gen.log) &
-GEN=$!
+[ "${FINAL_BENCH:-1}" = 0 ] && FINAL_HF=0 # FINAL_BENCH=0: the tests and checks only
+GEN=
+if [ "${FINAL_BENCH:-1}" != 0 ]; then
+    (python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >/tmp/final-gen.log 2>&1
+     echo "gen exit $?" >>/tmp/final-gen.log) &
+    GEN=$!
+fi
 J=$(nproc)
 make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >/tmp/final-build.log 2>&1 ||
     { tail -30 /tmp/final-build.log; log "BUILD FAILED"; exit 1; }
@@ -30,16 +35,7 @@ log "build done"
 timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
 log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
 grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -40 | tee -a "$OUT/summary.txt"
-HF_JSON=/tmp/hf_layer.json
-PYTHONUNBUFFERED=1 timeout 120 python3 ref/hf_layer_bench.py --preset flash --layers 4 \
-    --ctx 4096 --batch $B --prefill 8192 --budget 90 --out $HF_JSON >"$OUT/bench_layer.txt" 2>&1
-log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
-wait $GEN
-log "checkpoint: $(tail -1 /tmp/final-gen.log)"
-timeout 200 build/cuda/dsinfer bench layer -m $M --ctx ${FINAL_CTX:-4096,65536} --steps 5 --batch $B --prefill 8192 \
-    --prefill-reps 1 --budget 150 --hf $HF_JSON --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
-    grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
-log "bench layer fast rc ${PIPESTATUS[0]}"
+# the sanitizers and the CLI check while the checkpoint is written
 DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
     build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
 log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
@@ -50,7 +46,23 @@ for t in test_cuda_gemm_fast test_cuda_moe_fast; do
 done
 DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
 log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
-if [ -n "${FINAL_DIAG:-}" ]; then # where batch 1's time goes: per-op events, then ncu on kernels
+HF=()
+if [ "${FINAL_HF:-1}" != 0 ]; then # FINAL_HF=0: no HF eager run (a short device budget)
+    HF_JSON=/tmp/hf_layer.json
+    PYTHONUNBUFFERED=1 timeout 120 python3 ref/hf_layer_bench.py --preset flash --layers 4 \
+        --ctx 4096 --batch $B --prefill 8192 --budget 90 --out $HF_JSON >"$OUT/bench_layer.txt" 2>&1
+    log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
+    HF=(--hf $HF_JSON)
+fi
+if [ -n "$GEN" ]; then
+    wait $GEN
+    log "checkpoint: $(tail -1 /tmp/final-gen.log)"
+    timeout 200 build/cuda/dsinfer bench layer -m $M --ctx ${FINAL_CTX:-4096,65536} --steps 5 --batch $B --prefill 8192 \
+        --prefill-reps 1 --budget 150 "${HF[@]}" --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
+        grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
+    log "bench layer fast rc ${PIPESTATUS[0]}"
+fi
+if [ -n "${FINAL_DIAG:-}" ] && [ -n "$GEN" ]; then # where batch 1's time goes: per-op events, then ncu on kernels
     D="$OUT/diag.txt"
     DSI_CUDA_PROFILE=1 timeout 60 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch 1 \
         --no-split --prefill 0 --numerics fast >"$D" 2>&1
