@@ -363,7 +363,7 @@ void launch_gemm(struct cu_ctx *c,
         cu_check(c, "gemm (generic)");
         return;
     }
-    if (launch_gemv(c, w, row0, n_out, x, n, ldx, y, ldy, round)) return;
+    if (launch_gemv(c, w, row0, n_out, x, n, ldx, y, ldy, round, 1, 0, 0)) return;
     switch (w->type) {
     case DSI_TYPE_F32:
         launch_fast<DSI_TYPE_F32>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
@@ -397,8 +397,8 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
             return;
         }
         if (c->grouped && gemm_fast_ok(&w, a->x, a->ldx) && a->gx % 4 == 0 &&
-            launch_gemv_grouped(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
-                                a->round_bf16, a->groups, a->gx, a->gy))
+            launch_gemv(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16,
+                        a->groups, a->gx, a->gy))
             return;
         for (int g = 0; g < a->groups; g++) {
             struct dsi_gemm_args ga = *a;

@@ -18,8 +18,10 @@ void launch_gemm_reduce(struct cu_ctx *c,
                         float *y,
                         int64_t ldy,
                         bool round);
-/* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes;
- * false: not taken (the caller runs k_gemm). */
+/* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes, in
+ * `groups` groups (1: a plain call): group g multiplies rows row0 + g n_out.. by x + g gxs into
+ * y + g gys, all in one launch; false: not taken (the caller runs k_gemm, or the groups one by
+ * one: a grouped call that needs split-K is not taken). */
 bool launch_gemv(struct cu_ctx *c,
                  const struct cu_w *w,
                  int64_t row0,
@@ -29,22 +31,10 @@ bool launch_gemv(struct cu_ctx *c,
                  int64_t ldx,
                  float *y,
                  int64_t ldy,
-                 bool round);
-/* The same for `groups` groups in one launch: group g multiplies rows row0 + g n_out.. by
- * x + g gxs into y + g gys; false when it needs split-K (the caller runs the groups one by one). */
-bool launch_gemv_grouped(struct cu_ctx *c,
-                         const struct cu_w *w,
-                         int64_t row0,
-                         int64_t n_out,
-                         const float *x,
-                         int64_t n,
-                         int64_t ldx,
-                         float *y,
-                         int64_t ldy,
-                         bool round,
-                         int groups,
-                         int64_t gxs,
-                         int64_t gys);
+                 bool round,
+                 int groups,
+                 int64_t gxs,
+                 int64_t gys);
 bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
 /* The tensor-core GEMM of `fast` numerics (tc.cu) for n >= c->tc_dense_min rows on FP8/BF16
  * weights with K % 64 == 0; false: not taken (the caller runs the exact kernels). */

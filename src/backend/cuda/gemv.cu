@@ -189,19 +189,19 @@ static bool launch_gemv_t(struct cu_ctx *c,
     return true;
 }
 
-bool launch_gemv_grouped(struct cu_ctx *c,
-                         const struct cu_w *w,
-                         int64_t row0,
-                         int64_t n_out,
-                         const float *x,
-                         int64_t n,
-                         int64_t ldx,
-                         float *y,
-                         int64_t ldy,
-                         bool round,
-                         int groups,
-                         int64_t gxs,
-                         int64_t gys) {
+bool launch_gemv(struct cu_ctx *c,
+                 const struct cu_w *w,
+                 int64_t row0,
+                 int64_t n_out,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round,
+                 int groups,
+                 int64_t gxs,
+                 int64_t gys) {
     if (n < 1 || n > 2 || !c->gemv || groups < 1 || groups > 65535) return false;
 #define GV_T(T) launch_gemv_t<T>(c, w, row0, n_out, x, n, ldx, y, ldy, round, groups, gxs, gys)
     switch (w->type) {
@@ -217,17 +217,4 @@ bool launch_gemv_grouped(struct cu_ctx *c,
         return false;
     }
 #undef GV_T
-}
-
-bool launch_gemv(struct cu_ctx *c,
-                 const struct cu_w *w,
-                 int64_t row0,
-                 int64_t n_out,
-                 const float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 float *y,
-                 int64_t ldy,
-                 bool round) {
-    return launch_gemv_grouped(c, w, row0, n_out, x, n, ldx, y, ldy, round, 1, 0, 0);
 }
