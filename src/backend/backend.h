@@ -33,6 +33,16 @@ struct dsi_gemm_args {
     int64_t gx, gy;
 };
 
+/* Group g of a grouped call as a call of its own (for backends that run the groups one by one). */
+static inline struct dsi_gemm_args dsi_gemm_group(const struct dsi_gemm_args *a, int g) {
+    struct dsi_gemm_args ga = *a;
+    ga.groups = 1;
+    ga.row0 = a->row0 + g * a->n_out;
+    ga.x = a->x + g * a->gx;
+    ga.y = a->y + g * a->gy;
+    return ga;
+}
+
 /* Activation quantisation (spec 4.1, act_quant): FP8 round trip in blocks of 128 along each
  * row, x -> y (may alias). */
 struct dsi_act_quant_args {

@@ -10,13 +10,7 @@ set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
 L=/tmp/ab-logs
 rm -rf $L && mkdir -p "$OUT" $L
-T0=$(date +%s)
-log() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$OUT/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
-if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
-    export CFLAGS="-O2 -g -I$PWD/build/deps/include" LDFLAGS="-L$PWD/build/deps/lib"
-    export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
-fi
+. tests/ops/gpu_env.sh
 VARIANTS=${AB_VARIANTS:-base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0}
 BATCH=${AB_BATCH:-1,8,32,128,256}
 PREFILL=${AB_PREFILL:-8192}

@@ -12,13 +12,7 @@
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
 mkdir -p "$OUT"
-T0=$(date +%s)
-log() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$OUT/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
-if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
-    export CFLAGS="-O2 -g -I$PWD/build/deps/include" LDFLAGS="-L$PWD/build/deps/lib"
-    export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
-fi
+. tests/ops/gpu_env.sh
 M=/tmp/flash4
 B=${FINAL_BATCH:-1,8,32,128,256}
 [ "${FINAL_BENCH:-1}" = 0 ] && FINAL_HF=0 # FINAL_BENCH=0: the tests and checks only

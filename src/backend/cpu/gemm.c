@@ -129,11 +129,7 @@ static void gemm_part(void *ctx, int64_t o0, int64_t o1, int tid) {
 void cpu_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     if (a->groups > 1) { /* the groups one by one */
         for (int g = 0; g < a->groups; g++) {
-            struct dsi_gemm_args ga = *a;
-            ga.groups = 1;
-            ga.row0 = a->row0 + g * a->n_out;
-            ga.x = a->x + g * a->gx;
-            ga.y = a->y + g * a->gy;
+            struct dsi_gemm_args ga = dsi_gemm_group(a, g);
             cpu_gemm(be, &ga);
         }
         return;

@@ -401,11 +401,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
                         a->groups, a->gx, a->gy))
             return;
         for (int g = 0; g < a->groups; g++) {
-            struct dsi_gemm_args ga = *a;
-            ga.groups = 1;
-            ga.row0 = a->row0 + g * a->n_out;
-            ga.x = a->x + g * a->gx;
-            ga.y = a->y + g * a->gy;
+            struct dsi_gemm_args ga = dsi_gemm_group(a, g);
             cuda_gemm(be, &ga);
         }
         return;
