@@ -170,6 +170,10 @@ int64_t row_bytes_of(enum dsi_type t, int64_t K) {
                                                      : K;
 }
 
+static bool g_wide;
+
+void wt_scales_wide(bool on) { g_wide = on; }
+
 /* A [rows, K] weight of `type` with random contents (values ~ sd for float types). */
 void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t rows, int64_t K, float sd) {
     memset(w, 0, sizeof(*w));
@@ -214,8 +218,8 @@ void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t rows, int6
         int64_t sr = (rows + sb0 - 1) / sb0, sc = (K + sb1 - 1) / sb1;
         uint8_t *s = malloc((size_t)(sr * sc));
         for (int64_t i = 0; i < sr * sc; i++)
-            s[i] = (uint8_t)(type == DSI_TYPE_F8_E4M3 ? 120 + rint_below(r, 4)
-                                                      : 124 + rint_below(r, 4));
+            s[i] = (uint8_t)(type == DSI_TYPE_F8_E4M3 ? (g_wide ? 128 : 120) + rint_below(r, 8)
+                                                      : (g_wide ? 126 : 124) + rint_below(r, 4));
         w->hscale = s;
         w->hs = (struct dsi_tensor){.type = DSI_TYPE_E8M0, .ne = {sc, sr, 1, 1}, .data = s};
         w->h.scale = &w->hs;

@@ -51,6 +51,10 @@ uint16_t f16_bits(struct rng *r);
 int64_t row_bytes_of(enum dsi_type t, int64_t K);
 void wt_free(struct wt *w);
 void vec_make(struct wt *w, const float *v, int64_t n, enum dsi_type type);
+/* Scale bytes of the FP8 / FP4 weights wt_make makes from now on: false (default) FP8 120-127,
+ * FP4 124-127; true FP8 128-135, FP4 126-129: both sides of the largest scale whose factor
+ * 2^120 s (2^126 s) is a bf16, where gvf.cu's short decode hands over to the fp32 one. */
+void wt_scales_wide(bool on);
 void wt_make(struct wt *w, struct rng *r, enum dsi_type type, int64_t rows, int64_t K, float sd);
 
 #endif

@@ -3,8 +3,9 @@
 # every CUDA test (defaults), then `dsinfer bench layer` at context 4096 (decode at AB_BATCH, the
 # 8k prefill; `fast` numerics, and `plain` at batch 1) for each variant in AB_VARIANTS (a word
 # per variant: "base" = the defaults, else comma-separated VAR=value settings), the variants
-# alternated, AB_REPS rounds. Key lines in $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository
-# root, on the GPU machine):
+# alternated, AB_REPS rounds. AB_TEST_ENV (VAR=value,...): the CUDA tests once more with those
+# settings; AB_PROFILE=1: a per-op profile (DSI_CUDA_PROFILE) of batch 1 per variant. Key lines in
+# $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository root, on the GPU machine):
 #   OUT=$OUT AB_VARIANTS="base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0" bash tests/ops/gpu_ab_env.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -24,6 +25,12 @@ log "build done"
 timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
 log "test_cuda rc $?: $(tail -1 "$L/test_cuda.log")"
 grep -E "FAIL|fail[^e]" "$L/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
+if [ -n "${AB_TEST_ENV:-}" ]; then
+    IFS=, read -ra tenv <<<"$AB_TEST_ENV"
+    env "${tenv[@]}" timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$L/test_cuda_env.log" 2>&1
+    log "test_cuda with $AB_TEST_ENV rc $?: $(tail -1 "$L/test_cuda_env.log")"
+    grep -E "FAIL|fail[^e]" "$L/test_cuda_env.log" | head -20 | tee -a "$OUT/summary.txt"
+fi
 wait $GEN
 log "checkpoint: $(tail -1 "$L/gen.log")"
 for rep in $(seq 1 "${AB_REPS:-2}"); do
@@ -41,5 +48,14 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
         grep -E "^ +[0-9]+ " "$f.plain.txt" | tee -a "$OUT/summary.txt"
     done
 done
+if [ -n "${AB_PROFILE:-}" ]; then
+    for v in $VARIANTS; do
+        envs=()
+        [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+        env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 60 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
+            --steps 5 --batch 1 --no-split --prefill 0 --numerics fast >"$L/profile_${v//[=,]/_}.txt" 2>&1
+        log "profile $v rc $?"
+    done
+fi
 tar czf "$OUT/logs.tgz" -C $L .
 log "done"

@@ -110,7 +110,8 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
  * K % 64 == 0, every block width (32, 64, 128 rows), partial weight and row tiles, padded
  * ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4 column tiles, one to
  * eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld); other calls (FP4 or
- * K % 64 != 0 from 33 rows, 33-63 rows) the exact kernels. */
+ * K % 64 != 0 from 33 rows, 33-63 rows) the exact kernels. Twice: the usual scale bytes and a
+ * range past the largest one gvf.cu's short decode takes. */
 int test_cuda_gemm_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 21);
@@ -141,16 +142,23 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true}, /* 33-63 rows: not taken */
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
-    for (int i = 0; i < n; i++) {
-        if (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)) continue;
-        TEST_ASSERTF(run_gemm_mode(&r, &cases[i], true), "gemm fast case %d", i);
+    for (int wide = 0; wide < 2; wide++) { /* gvf.cu's short and fp32 weight decoding */
+        wt_scales_wide(wide);
+        for (int i = 0; i < n; i++) {
+            if (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)) continue;
+            int ok = run_gemm_mode(&r, &cases[i], true);
+            if (!ok) wt_scales_wide(false);
+            TEST_ASSERTF(ok, "gemm fast case %d (%s scales)", i, wide ? "wide" : "usual");
+        }
     }
+    wt_scales_wide(false);
     return 0;
 }
 
 /* Grouped calls (the output projection's groups) against the groups one by one on the CPU:
- * one launch for 1-2 rows (bitwise, reference and fast numerics), the groups one by one for
- * more rows, when the grouped launch would need split-K, and for x offsets not on 16 bytes. */
+ * one launch for 1-2 rows (bitwise, reference and fast numerics; fast from DSI_CUDA_GVF_MIN
+ * rows: one gvf.cu launch), the groups one by one for more rows, when the grouped launch would
+ * need split-K, and for x offsets not on 16 bytes. */
 int test_cuda_gemm_grouped(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 23);

@@ -396,6 +396,10 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
                     a->groups, (long long)a->n_out, (long long)a->row0, (long long)w.rows);
             return;
         }
+        if (c->grouped && a->fast && a->gx % 4 == 0 &&
+            launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
+                            a->round_bf16, a->groups, a->gx, a->gy))
+            return;
         if (c->grouped && gemm_fast_ok(&w, a->x, a->ldx) && a->gx % 4 == 0 &&
             launch_gemv(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16,
                         a->groups, a->gx, a->gy))
@@ -407,8 +411,8 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
         return;
     }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
-        (launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
-                         a->round_bf16) ||
+        (launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16,
+                         1, 0, 0) ||
          launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);

@@ -50,7 +50,8 @@ bool launch_tc_gemm(struct cu_ctx *c,
                     bool round);
 
 /* The decode GEMM of `fast` numerics (gvf.cu) for c->gvf_min <= n <= min(32, c->gvf_max) rows on
- * FP8/FP4/BF16 weights; false: not taken. */
+ * FP8/FP4/BF16 weights, `groups` of n_out rows in one launch (group g: rows row0 + g n_out, x +
+ * g gxs, y + g gys); false: not taken. */
 bool launch_gvf_gemm(struct cu_ctx *c,
                      const struct cu_w *w,
                      int64_t row0,
@@ -60,7 +61,10 @@ bool launch_gvf_gemm(struct cu_ctx *c,
                      int64_t ldx,
                      float *y,
                      int64_t ldy,
-                     bool round);
+                     bool round,
+                     int groups,
+                     int64_t gxs,
+                     int64_t gys);
 
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
     if (w.type == DSI_TYPE_F8_E4M3) return w.scale + (row / w.sb0) * w.srs;

@@ -52,6 +52,8 @@ struct gvf_p {
     int64_t tiles;  /* weight tiles (16 rows; MoE up: 8 columns) */
     int64_t gy;     /* grid.y: MoE tiles (dense: 1) */
     int xrows;      /* activation rows staged per block (the shared memory's size) */
+    int64_t gxs,
+        gys; /* dense, grid.y = groups: group g's rows row0 + g n_out, x + g gxs, y + g gys */
 };
 
 /* Elements in a lane's 32-byte slice. */
@@ -95,7 +97,43 @@ __device__ __forceinline__ void gvf_mma(const uint32_t (&a)[4],
     }
 }
 
-/* A group: the lane's slices ra (row g) and rb (row g + 8); xb points at its first mma's B. */
+/* ---- weight decoding into bf16 pairs -------------------------------------------------------
+ * A pair holds elements k and k + d of a lane's word (FP8: bytes 0/2 or 1/3, d = 2; FP4: codes j
+ * and j + 4, d = 4): their bits sit 16 apart in the word, as the halves of a bf16x2, so a pair is
+ * two shifts and two masks. Short path: the code's exponent and mantissa bits are moved to where
+ * a bf16 keeps them (the value times 2^-120 for e4m3, 2^-126 for e2m1, subnormal codes
+ * included, as e4m3x4 / e2m1x8 do in fp32), and one bf16x2 multiply by 2^120 (2^126) times the
+ * UE8M0 scale gives the exact value times scale (a code times a power of two: 4 significant
+ * bits). About 2.5 instructions per weight instead of ~9 through fp32 (docs/cuda.md step 12).
+ * Scale bytes past 134 (FP8) or 128 (FP4), whose combined factor is not a bf16, take the fp32
+ * path (gvf_group). In this profile an FP8 NaN code (0x7f) reads as 480 (no checkpoint has
+ * one; the exact kernels keep the NaN). */
+template <int J> __device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t u) {
+    uint32_t mag = (J <= 1 ? u << (6 - 4 * J) : u >> (4 * J - 6)) & 0x01c001c0u;
+    return mag | ((u << (12 - 4 * J)) & 0x80008000u);
+}
+
+template <int J> __device__ __forceinline__ uint32_t e4m3_pair_bits(uint32_t u) {
+    uint32_t mag = (J == 0 ? u << 4 : u >> 4) & 0x07f007f0u;
+    return mag | ((J == 0 ? u << 8 : u) & 0x80008000u);
+}
+
+/* a * m, both bf16x2 (m: a power of two in both halves); bf16 arithmetic keeps subnormals. */
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t m) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(m), "r"(0x80008000u));
+    return d;
+}
+
+/* The bf16x2 factor 2^bias times the scale 2^(sb - 127), for sb + bias <= 254. */
+__device__ __forceinline__ uint32_t bf16x2_pow2(uint32_t sb, uint32_t bias) {
+    uint32_t h = (sb + bias) << 7;
+    return h | (h << 16);
+}
+
+/* A group: the lane's slices ra (row g) and rb (row g + 8); xb points at its first mma's B. The
+ * k slots of an mma's A registers {a0 / a1: 2t, 2t + 1; a2 / a3: 2t + 8, 2t + 9} hold the pairs
+ * above, and gvf_stage puts the activations in the same order. */
 template <int WT, int NT>
 __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                           const gvf_raw &rb,
@@ -108,29 +146,64 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
     const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
                             rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
     /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
-    if (WT == DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3 */
+    if (WT == DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3, pairs (0, 2) and (1, 3) */
+        uint32_t sa = ra.sc & 0xffu, sb = rb.sc & 0xffu;
+        if (sa <= 134u && sb <= 134u) {
+            uint32_t ma = bf16x2_pow2(sa, 120), mb = bf16x2_pow2(sb, 120);
 #pragma unroll
-        for (int w = 0; w < 8; w++) {
-            float fa[4], fb[4];
-            e4m3x4(wa[w], ra.sc & 0xffu, fa);
-            e4m3x4(wb[w], rb.sc & 0xffu, fb);
-            const uint32_t a[4] = {bf16x2_exact(fa[0], fa[1]), bf16x2_exact(fb[0], fb[1]),
-                                   bf16x2_exact(fa[2], fa[3]), bf16x2_exact(fb[2], fb[3])};
-            gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
+            for (int w = 0; w < 8; w++) {
+                const uint32_t a[4] = {bf16x2_mul(e4m3_pair_bits<0>(wa[w]), ma),
+                                       bf16x2_mul(e4m3_pair_bits<0>(wb[w]), mb),
+                                       bf16x2_mul(e4m3_pair_bits<1>(wa[w]), ma),
+                                       bf16x2_mul(e4m3_pair_bits<1>(wb[w]), mb)};
+                gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
+            }
+        } else {
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                float fa[4], fb[4];
+                e4m3x4(wa[w], sa, fa);
+                e4m3x4(wb[w], sb, fb);
+                const uint32_t a[4] = {bf16x2_exact(fa[0], fa[2]), bf16x2_exact(fb[0], fb[2]),
+                                       bf16x2_exact(fa[1], fa[3]), bf16x2_exact(fb[1], fb[3])};
+                gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
+            }
         }
-    } else if (WT == DSI_TYPE_FP4_E2M1) { /* word w: elements 8w .. 8w + 7 */
+    } else if (WT == DSI_TYPE_FP4_E2M1) {
+        /* word w: elements 8w .. 8w + 7; its mma h (0, 1) takes the pairs (2h, 2h + 4) and
+         * (2h + 1, 2h + 5) */
+        uint32_t s[4] = {ra.sc & 0xffu, (ra.sc >> 8) & 0xffu, rb.sc & 0xffu, (rb.sc >> 8) & 0xffu};
+        if (max(max(s[0], s[1]), max(s[2], s[3])) <= 128u) {
+            const uint32_t ma[2] = {bf16x2_pow2(s[0], 126), bf16x2_pow2(s[1], 126)};
+            const uint32_t mb[2] = {bf16x2_pow2(s[2], 126), bf16x2_pow2(s[3], 126)};
 #pragma unroll
-        for (int w = 0; w < 8; w++) {
-            float fa[8], fb[8];
-            e2m1x8(wa[w], (ra.sc >> (w >= 4 ? 8 : 0)) & 0xffu, fa);
-            e2m1x8(wb[w], (rb.sc >> (w >= 4 ? 8 : 0)) & 0xffu, fb);
+            for (int w = 0; w < 8; w++) {
+                uint32_t A = ma[w >= 4], B = mb[w >= 4];
+                const uint32_t a0[4] = {bf16x2_mul(e2m1_pair_bits<0>(wa[w]), A),
+                                        bf16x2_mul(e2m1_pair_bits<0>(wb[w]), B),
+                                        bf16x2_mul(e2m1_pair_bits<1>(wa[w]), A),
+                                        bf16x2_mul(e2m1_pair_bits<1>(wb[w]), B)};
+                gvf_mma<NT>(a0, xb + 16 * w, xstep, xv, acc);
+                const uint32_t a1[4] = {bf16x2_mul(e2m1_pair_bits<2>(wa[w]), A),
+                                        bf16x2_mul(e2m1_pair_bits<2>(wb[w]), B),
+                                        bf16x2_mul(e2m1_pair_bits<3>(wa[w]), A),
+                                        bf16x2_mul(e2m1_pair_bits<3>(wb[w]), B)};
+                gvf_mma<NT>(a1, xb + 16 * w + 8, xstep, xv, acc);
+            }
+        } else {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint32_t a[4] = {bf16x2_exact(fa[4 * h], fa[4 * h + 1]),
-                                       bf16x2_exact(fb[4 * h], fb[4 * h + 1]),
-                                       bf16x2_exact(fa[4 * h + 2], fa[4 * h + 3]),
-                                       bf16x2_exact(fb[4 * h + 2], fb[4 * h + 3])};
-                gvf_mma<NT>(a, xb + 8 * (2 * w + h), xstep, xv, acc);
+            for (int w = 0; w < 8; w++) {
+                float fa[8], fb[8];
+                e2m1x8(wa[w], s[w >= 4], fa);
+                e2m1x8(wb[w], s[2 + (w >= 4)], fb);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t a[4] = {bf16x2_exact(fa[2 * h], fa[2 * h + 4]),
+                                           bf16x2_exact(fb[2 * h], fb[2 * h + 4]),
+                                           bf16x2_exact(fa[2 * h + 1], fa[2 * h + 5]),
+                                           bf16x2_exact(fb[2 * h + 1], fb[2 * h + 5])};
+                    gvf_mma<NT>(a, xb + 8 * (2 * w + h), xstep, xv, acc);
+                }
             }
         }
     } else { /* BF16: word w holds elements 2w, 2w + 1 */
@@ -143,8 +216,11 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
 }
 
 /* Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
- * in different banks. The element k = q G + t E + 4 m + i of a row sits at word
- * (q (E / 4) + m) 8 + 2 t + i / 2: the 4 lanes of a row read 32 consecutive bytes per mma. */
+ * in different banks. The B operand of mma m of lane t's slice in group q sits at words
+ * (q (E / 4) + m) 8 + 2 t (slots 2t, 2t + 1) and + 1 (slots 2t + 8, 2t + 9): the 4 lanes of a
+ * row read 32 consecutive bytes per mma. Which elements fill the slots follows gvf_group: BF16
+ * (4m, 4m + 1 | 4m + 2, 4m + 3), FP8 (4m, 4m + 2 | 4m + 1, 4m + 3), FP4 (mma m = 2w + h:
+ * 8w + 2h, 8w + 2h + 4 | 8w + 2h + 1, 8w + 2h + 5), element indices within the slice. */
 template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
     int64_t G = 4 * gvf_e<WT>();
     return (K + G - 1) / G * G / 2 + 8;
@@ -171,14 +247,16 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         K = MODE == GVF_UP ? p.m.D : p.m.I;
         if (rows > p.xrows) rows = p.xrows; /* not reached: the launcher sizes xrows */
     }
-    /* whole groups: zeros past K (their weights are zeros too, and 0 * garbage may be NaN) */
-    int64_t rw = gvf_row_words<WT>(K), k4 = (K + G - 1) / G * G / 4;
-    for (int64_t i = threadIdx.x; i < rows * k4; i += GVF_T) {
-        int r = (int)(i / k4);
-        int64_t k = (i - r * k4) * 4;
+    /* whole groups: zeros past K (their weights are zeros too, and 0 * garbage may be NaN);
+     * units of 4 elements (FP4: 8, the two mmas of a word) */
+    constexpr int U = WT == DSI_TYPE_FP4_E2M1 ? 8 : 4;
+    int64_t rw = gvf_row_words<WT>(K), ku = (K + G - 1) / G * G / U;
+    for (int64_t i = threadIdx.x; i < rows * ku; i += GVF_T) {
+        int r = (int)(i / ku);
+        int64_t k = (i - r * ku) * U;
         const float *src;
         if (MODE == GVF_DENSE) {
-            src = p.x + r * p.ldx;
+            src = p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
         } else {
             int64_t pos = pos0 + r;
             src = MODE == GVF_UP
@@ -187,8 +265,16 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         }
         float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
         int64_t q = k / G, rem = k - q * G;
-        int64_t wd = (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
-        *(uint2 *)(xs + r * rw + wd) = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+        uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
+        if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
+            float4 h = k < K ? __ldg((const float4 *)(src + k + 4)) : make_float4(0, 0, 0, 0);
+            *(uint2 *)d = make_uint2(bf16x2_rn(f.x, h.x), bf16x2_rn(f.y, h.y));
+            *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(f.z, h.z), bf16x2_rn(f.w, h.w));
+        } else if (WT == DSI_TYPE_F8_E4M3) {
+            *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.z), bf16x2_rn(f.y, f.w));
+        } else {
+            *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+        }
     }
     bool xv[NT];
 #pragma unroll
@@ -220,7 +306,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     auto wrow = [&](int64_t tile, int h) -> int64_t {
         int64_t o = MODE == GVF_UP ? tile * 8 + g : tile * 16 + g + 8 * h;
         if (o >= n_rows) return -1;
-        return MODE == GVF_DENSE ? p.row0 + o : o;
+        return MODE == GVF_DENSE ? p.row0 + (int64_t)blockIdx.y * p.n_out + o : o;
     };
 
     /* ---- the walk: tile iterations i (this block's tiles blockIdx.x + i gridDim.x, tpb at a
@@ -285,7 +371,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                                      if (MODE == GVF_DENSE) {
                                          int64_t o = tile * 16 + m;
                                          if (col < p.n && o < p.n_out)
-                                             p.y[col * p.ldy + o] = rbf(acc[j][c] + 0.0f, p.round);
+                                             p.y[(int64_t)blockIdx.y * p.gys + col * p.ldy + o] =
+                                                 rbf(acc[j][c] + 0.0f, p.round);
                                      } else if (MODE == GVF_UP) {
                                          int64_t cc = tile * 8 + g;
                                          if (c >= 2 || col >= rows || cc >= p.m.I) continue;
@@ -397,7 +484,10 @@ bool launch_gvf_gemm(struct cu_ctx *c,
                      int64_t ldx,
                      float *y,
                      int64_t ldy,
-                     bool round) {
+                     bool round,
+                     int groups,
+                     int64_t gxs,
+                     int64_t gys) {
     if (n < c->gvf_min || n > c->gvf_max || n > 32 || !gvf_w_ok(w, w->K) ||
         !gemm_fast_ok(w, x, ldx))
         return false;
@@ -413,7 +503,9 @@ bool launch_gvf_gemm(struct cu_ctx *c,
     p.ldy = ldy;
     p.round = round;
     p.tiles = cu_div_up(n_out, 16);
-    p.gy = 1;
+    p.gy = groups;
+    p.gxs = gxs;
+    p.gys = gys;
     int nt = gvf_nt(n);
     p.xrows = (int)std::min<int64_t>(n, 8 * nt);
     int pp = cu_prof_begin(c, "gemm.gvf");
