@@ -22,7 +22,7 @@ GEN=$!
 make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
     { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
 log "build done"
-timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
+timeout 260 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
 log "test_cuda rc $?: $(tail -1 "$L/test_cuda.log")"
 grep -E "FAIL|fail[^e]" "$L/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
 if [ -n "${AB_TEST_ENV:-}" ]; then

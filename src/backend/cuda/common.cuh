@@ -83,6 +83,10 @@ struct cu_ctx {
     double tc_moe_min;
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
                              DSI_CUDA_GVF; 0: off) */
+    int gvf_moe_min;      /* the routed experts on gvf.cu / tc.cu from this many tokens
+                             (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
+    int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
+    bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */

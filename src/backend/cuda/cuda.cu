@@ -453,10 +453,14 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->tc_moe_min = tm && *tm ? atof(tm) : 0.0;
     const char *gf = getenv("DSI_CUDA_GVF");
     c->gvf_max = gf && *gf ? atoi(gf) : 32;
-    /* from 3 rows: at 1-2 the exact persistent kernels (gemv.cu, moe_gv.cu) are faster
-       (docs/cuda.md, step 10) */
-    const char *gn = getenv("DSI_CUDA_GVF_MIN");
-    c->gvf_min = gn && *gn ? atoi(gn) : 3;
+    /* dense GEMMs and the shared expert from 1 row, the routed experts from 3 tokens (at 1-2
+       the exact persistent kernels of moe_gv.cu are faster there; docs/cuda.md, step 12) */
+    const char *gn = getenv("DSI_CUDA_GVF_MIN"), *gm = getenv("DSI_CUDA_GVF_MOE_MIN");
+    c->gvf_min = gn && *gn ? atoi(gn) : 1;
+    c->gvf_moe_min = gm && *gm ? atoi(gm) : 3;
+    const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
+    c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
+    c->gvf_ilv = !(gi && *gi == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the

@@ -50,10 +50,11 @@ struct gvf_p {
     struct moe_p m; /* GVF_UP / GVF_DOWN */
     int ks;         /* warps along K per tile (1, 2, 4, 8) */
     int64_t tiles;  /* weight tiles (16 rows; MoE up: 8 columns) */
-    int64_t gy;     /* grid.y: MoE tiles (dense: 1) */
+    int64_t gy;     /* grid.y: MoE tiles; dense: groups (rows row0 + g n_out, x + g gxs, ...) */
     int xrows;      /* activation rows staged per block (the shared memory's size) */
-    int64_t gxs,
-        gys; /* dense, grid.y = groups: group g's rows row0 + g n_out, x + g gxs, y + g gys */
+    int64_t gxs;    /* dense groups: x + g gxs */
+    int64_t gys;    /* dense groups: y + g gys */
+    bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
 };
 
 /* Elements in a lane's 32-byte slice. */
@@ -106,8 +107,8 @@ __device__ __forceinline__ void gvf_mma(const uint32_t (&a)[4],
  * UE8M0 scale gives the exact value times scale (a code times a power of two: 4 significant
  * bits). About 2.5 instructions per weight instead of ~9 through fp32 (docs/cuda.md step 12).
  * Scale bytes past 134 (FP8) or 128 (FP4), whose combined factor is not a bf16, take the fp32
- * path (gvf_group). In this profile an FP8 NaN code (0x7f) reads as 480 (no checkpoint has
- * one; the exact kernels keep the NaN). */
+ * path (gvf_group; the choice is the warp's, as the mma needs all its lanes). In this profile an
+ * FP8 NaN code (0x7f) reads as 480 (no checkpoint has one; the exact kernels keep the NaN). */
 template <int J> __device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t u) {
     uint32_t mag = (J <= 1 ? u << (6 - 4 * J) : u >> (4 * J - 6)) & 0x01c001c0u;
     return mag | ((u << (12 - 4 * J)) & 0x80008000u);
@@ -148,7 +149,7 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
     /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
     if (WT == DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3, pairs (0, 2) and (1, 3) */
         uint32_t sa = ra.sc & 0xffu, sb = rb.sc & 0xffu;
-        if (sa <= 134u && sb <= 134u) {
+        if (__all_sync(0xffffffffu, sa <= 134u && sb <= 134u)) { /* mma.sync: the whole warp */
             uint32_t ma = bf16x2_pow2(sa, 120), mb = bf16x2_pow2(sb, 120);
 #pragma unroll
             for (int w = 0; w < 8; w++) {
@@ -173,7 +174,7 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
         /* word w: elements 8w .. 8w + 7; its mma h (0, 1) takes the pairs (2h, 2h + 4) and
          * (2h + 1, 2h + 5) */
         uint32_t s[4] = {ra.sc & 0xffu, (ra.sc >> 8) & 0xffu, rb.sc & 0xffu, (rb.sc >> 8) & 0xffu};
-        if (max(max(s[0], s[1]), max(s[2], s[3])) <= 128u) {
+        if (__all_sync(0xffffffffu, max(max(s[0], s[1]), max(s[2], s[3])) <= 128u)) {
             const uint32_t ma[2] = {bf16x2_pow2(s[0], 126), bf16x2_pow2(s[1], 126)};
             const uint32_t mb[2] = {bf16x2_pow2(s[2], 126), bf16x2_pow2(s[3], 126)};
 #pragma unroll
@@ -311,9 +312,14 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
 
     /* ---- the walk: tile iterations i (this block's tiles blockIdx.x + i gridDim.x, tpb at a
      * time), each nb steps of GVF_U groups; step s + 1's bytes load while step s computes */
-    int64_t ng = (K + G - 1) / G, gpw = (ng + ks - 1) / ks, q0 = kw * gpw;
-    int64_t q1 = q0 + gpw < ng ? q0 + gpw : ng;
-    int nb = (int)((gpw + GVF_U - 1) / GVF_U);
+    /* The ks warps of a tile take its groups interleaved (p.ilv: at step b warp kw has groups
+     * (b ks + kw) GVF_U ..., so a step of the tile's warps reads ks GVF_U consecutive groups of
+     * each row: long runs for the DRAM pages), or as ks consecutive ranges. Step b, slot u of
+     * this warp: group qa + b qs + u, below qe. */
+    int64_t ng = (K + G - 1) / G, gpw = (ng + ks - 1) / ks;
+    int64_t qa = p.ilv ? (int64_t)kw * GVF_U : kw * gpw, qs = p.ilv ? ks * GVF_U : GVF_U;
+    int64_t qe = p.ilv ? ng : qa + gpw < ng ? qa + gpw : ng;
+    int nb = (int)(p.ilv ? (ng + qs - 1) / qs : (gpw + GVF_U - 1) / GVF_U);
     int64_t n_iter = (p.tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb);
     int64_t steps = n_iter * nb;
     auto tile_of = [&](int64_t i) {
@@ -329,8 +335,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         const uint8_t *s1 = r1 >= 0 ? w_scale_row(W[1], r1) : nullptr;
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
-            int64_t q = q0 + (int64_t)b * GVF_U + u, k0 = q * G + t * E;
-            bool in = q < q1 && k0 < K;
+            int64_t q = qa + (int64_t)b * qs + u, k0 = q * G + t * E;
+            bool in = q < qe && k0 < K;
             gvf_load<WT>(p0, s0, W[0].sb1, k0, in && p0, ra[u]);
             gvf_load<WT>(p1, s1, W[1].sb1, k0, in && p1, rb[u]);
         }
@@ -405,8 +411,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         int b = (int)(s - i * nb);
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
-            int64_t q = q0 + (int64_t)b * GVF_U + u;
-            if (q >= q1) break; /* the same for the whole warp */
+            int64_t q = qa + (int64_t)b * qs + u;
+            if (q >= qe) break; /* the same for the whole warp */
             const uint32_t *xb = xs + g * rw + q * (E / 4) * 8 + 2 * t;
             gvf_group<WT, NT>(ra[u], rb[u], xb, 8 * rw, xv, acc);
         }
@@ -427,11 +433,12 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
 
 /* ---- launchers --------------------------------------------------------------------------- */
 
-/* Warps along K per tile: enough (tiles x ks) units for ~2 blocks of 8 warps per SM, at most
- * 8 and at most the groups of K. */
+/* Warps along K per tile: enough (tiles x ks) units for ~2 blocks of 8 warps per SM and at
+ * least c->gvf_ks_min, at most 8 and at most the groups of K. */
 static int gvf_ks(const struct cu_ctx *c, int64_t units, int64_t ng) {
     int ks = 1;
-    while (ks < GVF_W && ks < ng && units * ks < 2 * (int64_t)c->n_sms * GVF_W)
+    while (ks < GVF_W && ks < ng &&
+           (units * ks < 2 * (int64_t)c->n_sms * GVF_W || ks < c->gvf_ks_min))
         ks *= 2;
     return ks;
 }
@@ -454,6 +461,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     if ((int64_t)p->xrows * gvf_row_words<WT>(K) * 4 > GVF_SMEM_MAX) return false;
     p->ks = gvf_ks(c, p->tiles * (p->gy > 0 ? p->gy : 1), cu_div_up(K, 4 * gvf_e<WT>()));
+    p->ilv = c->gvf_ilv;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
     if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;
     return gvf_go<MODE, WT, 4>(c, p) || c->sticky;

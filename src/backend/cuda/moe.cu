@@ -585,12 +585,13 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (!tab) return;
     /* `fast` numerics: the tensor-core kernels for tiles of many rows (tiles of rx = their
        block's activation rows) */
-    /* (from c->gvf_min tokens: at 1-2 the exact persistent kernels of moe_gv.cu) */
-    bool tc = a->fast && n >= c->gvf_min && (double)nk / E >= c->tc_moe_min &&
+    /* (from c->gvf_moe_min tokens: at 1-2 the exact persistent kernels of moe_gv.cu) */
+    bool rfast = a->fast && n >= c->gvf_moe_min;
+    bool tc = rfast && n >= c->gvf_min && (double)nk / E >= c->tc_moe_min &&
               tc_moe_ok(&r1, &r3, &r2, D, I, a->x);
     /* `fast` numerics, fewer rows: the decode tensor-core kernels (tiles of up to 8-32 rows) */
     int gnt = gvf_moe_nt(2 * nk / E); /* tiles of 8, 16 or 32 rows: ~2x the mean */
-    bool gv = a->fast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
+    bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
     int rx = tc ? tc_pick_bn((double)nk / E) : gv ? 8 * gnt : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
