@@ -5,7 +5,8 @@
 # fast` (decode at context 4096, per-layer split, 43-layer projection, 8k prefill, rooflines and
 # the HF ratio), memcheck and racecheck on the tiny op tests, the CLI check (t_cuda.sh); with
 # FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels; FINAL_HF=0
-# leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only. Logs
+# leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only,
+# FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command). Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
@@ -26,9 +27,11 @@ J=$(nproc)
 make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >/tmp/final-build.log 2>&1 ||
     { tail -30 /tmp/final-build.log; log "BUILD FAILED"; exit 1; }
 log "build done"
-timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
-log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
-grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -40 | tee -a "$OUT/summary.txt"
+if [ "${FINAL_TESTS:-1}" != 0 ]; then # FINAL_TESTS=0: the CUDA tests ran already (gpu_ab_env.sh)
+    timeout 260 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
+    log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
+    grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -40 | tee -a "$OUT/summary.txt"
+fi
 # the sanitizers and the CLI check while the checkpoint is written
 DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
     build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
