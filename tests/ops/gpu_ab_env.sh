@@ -4,7 +4,7 @@
 # 8k prefill; `fast` numerics, and `plain` at batch 1) for each variant in AB_VARIANTS (a word
 # per variant: "base" = the defaults, else comma-separated VAR=value settings), the variants
 # alternated, AB_REPS rounds. AB_TEST_ENV (VAR=value,...): the CUDA tests once more with those
-# settings; AB_PROFILE=1: a per-op profile (DSI_CUDA_PROFILE) of batch 1 per variant. Key lines in
+# settings; AB_PLAIN=0 leaves out the `plain` batch-1 runs; AB_PROFILE=1: a per-op profile (DSI_CUDA_PROFILE) of batch 1 per variant. Key lines in
 # $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository root, on the GPU machine):
 #   OUT=$OUT AB_VARIANTS="base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0" bash tests/ops/gpu_ab_env.sh
 set -u
@@ -42,6 +42,7 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
             --batch "$BATCH" --no-split --prefill "$PREFILL" --prefill-reps 1 --numerics fast >"$f.fast.txt" 2>&1
         log "fast $v rep $rep rc $?"
         grep -E "^ +[0-9]+ |tokens +chunk" "$f.fast.txt" | tee -a "$OUT/summary.txt"
+        [ "${AB_PLAIN:-1}" = 0 ] && continue # AB_PLAIN=0: no `plain` batch-1 run
         env "${envs[@]}" timeout 60 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 \
             --batch 1 --no-split --prefill 0 --numerics plain >"$f.plain.txt" 2>&1
         log "plain $v rep $rep rc $?"
