@@ -87,6 +87,7 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
+    int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */

@@ -461,6 +461,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
     c->gvf_ilv = !(gi && *gi == '0');
+    const char *hs = getenv("DSI_CUDA_HC_SPLIT");
+    c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the

@@ -2,6 +2,8 @@
  * the collapse fused in one block), hc_post and the final hc_head, as cpu/ops.c. */
 #include "common.cuh"
 
+#include <algorithm>
+
 #define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
 
 /* Barrier of the threads that do the small maths: warp 0 (hc * hc <= 32) or warps 0-1. */
@@ -12,8 +14,12 @@ __device__ __forceinline__ void small_sync(int nt) {
         asm volatile("bar.sync 1, 64;" ::: "memory");
 }
 
-/* Per row: rho from the flattened streams, then pre and post, then the collapse y (warps past the
- * first one or two) alongside the rest of the small maths (the first one or two). The small maths
+/* Per row (blockIdx.x): rho from the flattened streams, then pre and post, then the collapse y
+ * alongside the rest of the small maths. gridDim.y blocks share a row: each computes the same rho
+ * and pre (the same operations in the same order, so the same bits) and collapses its slice of
+ * the dim columns; block 0 also runs the small maths (on its first one or two warps; its other
+ * warps collapse) and writes post and comb. A collapse thread issues its hc loads together. The
+ * small maths
  * (pre/post, the comb softmax and the Sinkhorn iterations) run on hc * hc threads, one per comb
  * element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
@@ -56,18 +62,28 @@ __global__ void k_hc_pre_finish(const float *X,
     float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
     int n_mix = (2 + hc) * hc;
     const float *mr = mraw + r * n_mix;
+    bool lead = blockIdx.y == 0;
     if (tid < hc) {
         int k = tid;
         float m0 = mr[k] * rho, m1 = mr[hc + k] * rho;
         pre_s[k] = sigmoid_ref(m0 * vec_get(scale, 0) + vec_get(base, k)) + hc_eps;
-        post[r * hc + k] = 2.0f * sigmoid_ref(m1 * vec_get(scale, 1) + vec_get(base, hc + k));
+        if (lead)
+            post[r * hc + k] = 2.0f * sigmoid_ref(m1 * vec_get(scale, 1) + vec_get(base, hc + k));
     }
     __syncthreads();
-    if (tid >= small) { /* the collapse, while the first warp(s) run the Sinkhorn iterations */
-        for (int64_t d = tid - small; d < dim; d += blockDim.x - small) {
+    if (!lead || tid >= small) { /* the collapse (block 0: while the first warp(s) run Sinkhorn) */
+        int64_t part = (dim + gridDim.y - 1) / gridDim.y;
+        int64_t d1 = (blockIdx.y + 1) * part < dim ? (blockIdx.y + 1) * part : dim;
+        int first = lead ? tid - small : tid, step = lead ? blockDim.x - small : blockDim.x;
+        for (int64_t d = blockIdx.y * part + first; d < d1; d += step) {
+            float xv[HC_MAX];
+#pragma unroll
+            for (int k = 0; k < HC_MAX; k++)
+                xv[k] = k < hc ? Xr[k * dim + d] : 0.0f;
             float acc = 0.0f;
-            for (int k = 0; k < hc; k++)
-                acc += pre_s[k] * Xr[k * dim + d];
+#pragma unroll
+            for (int k = 0; k < HC_MAX; k++)
+                if (k < hc) acc += pre_s[k] * xv[k];
             y[r * dim + d] = rbf(acc, round);
         }
         return;
@@ -144,9 +160,12 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     }
     launch_gemm(c, &fn, 0, n_mix, a->X, a->n, len, mraw, n_mix, false);
     int pf = cu_prof_begin(c, "hc_pre.finish");
-    cu_launch(c, k_hc_pre_finish, (unsigned)a->n, 256, 0, a->X, mraw, hc, a->dim,
-              cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y,
-              a->post, a->comb, a->round_bf16);
+    /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
+    int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
+    dim3 grid((unsigned)a->n, (unsigned)split);
+    cu_launch(c, k_hc_pre_finish, grid, 256, 0, a->X, mraw, hc, a->dim, cu_vec_of(a->base),
+              cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y, a->post, a->comb,
+              a->round_bf16);
     cu_prof_end(c, pf);
     cu_check(c, "hc_pre");
 }
