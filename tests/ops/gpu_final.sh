@@ -6,7 +6,8 @@
 # the HF ratio), memcheck and racecheck on the tiny op tests, the CLI check (t_cuda.sh); with
 # FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels; FINAL_HF=0
 # leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only,
-# FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command). Logs
+# FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command),
+# FINAL_SAN=0 the sanitizers and the CLI check. Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
@@ -32,17 +33,19 @@ if [ "${FINAL_TESTS:-1}" != 0 ]; then # FINAL_TESTS=0: the CUDA tests ran alread
     log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
     grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -40 | tee -a "$OUT/summary.txt"
 fi
-# the sanitizers and the CLI check while the checkpoint is written
-DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
-    build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
-log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
-for t in test_cuda_gemm_fast test_cuda_moe_fast; do
-    DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
-        build/cuda/dsinfer-test --root . --only $t >"$OUT/racecheck_$t.log" 2>&1
-    log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck_$t.log" | tr '\n' ' ')"
-done
-DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
-log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
+# the sanitizers and the CLI check while the checkpoint is written (FINAL_SAN=0: not here)
+if [ "${FINAL_SAN:-1}" != 0 ]; then
+    DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
+        build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
+    log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
+    for t in test_cuda_gemm_fast test_cuda_moe_fast; do
+        DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
+            build/cuda/dsinfer-test --root . --only $t >"$OUT/racecheck_$t.log" 2>&1
+        log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck_$t.log" | tr '\n' ' ')"
+    done
+    DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
+    log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
+fi
 HF=()
 if [ "${FINAL_HF:-1}" != 0 ]; then # FINAL_HF=0: no HF eager run (a short device budget)
     HF_JSON=/tmp/hf_layer.json
