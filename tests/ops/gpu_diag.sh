@@ -1,0 +1,35 @@
+#!/bin/bash
+# gpu_diag.sh - where a batch-1 decode step's kernels lose their time, on a short device budget:
+# build dsinfer only, a 4-layer V4-Flash-shaped checkpoint with DIAG_EXPERTS routed experts (16:
+# seconds to write; a batch-1 step still runs 6 of them, the same kernel shapes), then Nsight
+# Compute (--clock-control none, as the device notes ask) on the kernels matching DIAG_KERNELS:
+# speed of light (DRAM and SM throughput), warp states (stall reasons), occupancy, launch
+# statistics. Output in $OUT/diag.txt. Usage (repository root, on the GPU machine):
+#   OUT=$OUT bash tests/ops/gpu_diag.sh
+set -u
+OUT=${OUT:-/tmp/dsinfer-gpu-out}
+mkdir -p "$OUT"
+. tests/ops/gpu_env.sh
+M=/tmp/flash4d
+D="$OUT/diag.txt"
+(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify \
+    --set n_routed_experts=${DIAG_EXPERTS:-16} --out $M >/tmp/diag-gen.log 2>&1
+ echo "gen exit $?" >>/tmp/diag-gen.log) &
+GEN=$!
+make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer >/tmp/diag-build.log 2>&1 ||
+    { tail -30 /tmp/diag-build.log; log "BUILD FAILED"; exit 1; }
+log "build done"
+wait $GEN
+log "checkpoint: $(tail -1 /tmp/diag-gen.log)"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+log "ncu: ${NCU:-none}"
+[ -n "$NCU" ] || exit 0
+DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none \
+    -k "regex:${DIAG_KERNELS:-k_moe_up_gv|k_moe_down_gv|k_gvf}" \
+    --launch-skip ${DIAG_SKIP:-40} --launch-count ${DIAG_COUNT:-10} --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 \
+    --batch 1 --no-split --prefill 0 --numerics fast >"$D" 2>&1
+log "ncu rc $?"
+grep -E "^  k_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|L2 Hit|Mem Busy|Max Bandwidth" "$D" | head -150 >>"$OUT/summary.txt"
+log "done"
