@@ -1,13 +1,14 @@
-/* gvf.cu - decode GEMMs of the `fast` numerics profile: dense GEMMs of 3-32 activation rows and
- * the MoE expert GEMMs for tiles of up to 8-32 rows, on tensor cores with the weights decoded
- * into the mma fragments in registers (no shared-memory weight tiles).
+/* gvf.cu - decode GEMMs of the `fast` numerics profile: dense GEMMs and the shared expert of 1-32
+ * activation rows, the routed experts' tiles of up to 8-32 rows from 3 tokens, on tensor cores
+ * with the weights decoded into the mma fragments in registers (no shared-memory weight tiles).
  *
  * At decode a GEMM reads each weight byte once and does a few multiply-adds with it. Here the
  * weights are dequantised (exactly, as in tc.cu) straight into the A fragments of mma.sync
  * m16n8k16, and the activation rows are the B operand (n8 column tiles; 1, 2 or 4 of them): the
  * multiply-adds of up to 32 rows cost one mma per 16 x 16 weight elements, and what is left per
- * element is its decoding. (Measured, docs/cuda.md step 10: at 1-2 rows the calls are bound by
- * their fixed latency, not by instructions, and the exact kernels are as fast; hence 3-32.)
+ * element is its decoding (bf16 pairs straight from the code bits, step 12: from then on faster
+ * than the exact kernels from one row for dense GEMMs; the routed experts at 1-2 tokens stay on
+ * moe_gv.cu, measured faster there).
  *
  * The sum over k does not care which k sits in which slot of the mma as long as A and B agree.
  * Lane (g, t) of a warp (g = lane / 4, t = lane % 4) supplies rows g and g + 8 of the warp's 16

@@ -18,10 +18,10 @@ __device__ __forceinline__ void small_sync(int nt) {
  * alongside the rest of the small maths. gridDim.y blocks share a row: each computes the same rho
  * and pre (the same operations in the same order, so the same bits) and collapses its slice of
  * the dim columns; block 0 also runs the small maths (on its first one or two warps; its other
- * warps collapse) and writes post and comb. A collapse thread issues its hc loads together. The
- * small maths
- * (pre/post, the comb softmax and the Sinkhorn iterations) run on hc * hc threads, one per comb
- * element, each computing its row or column sum in the CPU's order from shared memory: the
+ * warps collapse) and writes post and comb. A collapse thread issues its hc loads together.
+ * (Measured, docs/cuda.md step 12: as fast as one block per row; the time is Sinkhorn's.) The
+ * small maths (pre/post, the comb softmax and the Sinkhorn iterations) run on hc * hc threads, one
+ * per comb element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
  * hc x hc matrix (in local memory) 2 * iters times. */
 __global__ void k_hc_pre_finish(const float *X,
