@@ -363,7 +363,9 @@ void launch_gemm(struct cu_ctx *c,
         cu_check(c, "gemm (generic)");
         return;
     }
-    if (launch_gemv(c, w, row0, n_out, x, n, ldx, y, ldy, round, 1, 0, 0)) return;
+    struct cu_gemm_call call = {w, row0, n_out, x, n, ldx,
+                                y, ldy,  round, 1, 0, 0}; /* field order */
+    if (launch_gemv(c, &call)) return;
     switch (w->type) {
     case DSI_TYPE_F32:
         launch_fast<DSI_TYPE_F32>(c, w, row0, n_out, x, n, ldx, y, ldy, round);
@@ -386,6 +388,11 @@ void launch_gemm(struct cu_ctx *c,
 extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     struct cu_w w = cu_w_of(a->w);
+    /* the decode launchers' call (struct cu_gemm_call's field order) */
+    struct cu_gemm_call call = {
+        &w,     a->row0, a->n_out, a->x,          a->n,
+        a->ldx, a->y,    a->ldy,   a->round_bf16, a->groups > 1 ? a->groups : 1,
+        a->gx,  a->gy};
     if (a->groups > 1) { /* one launch for 1-2 rows (decode), else the groups one by one */
         int64_t last = a->row0 + (int64_t)a->groups * a->n_out;
         if (a->n <= 0 || a->n_out <= 0) return;
@@ -396,13 +403,9 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
                     a->groups, (long long)a->n_out, (long long)a->row0, (long long)w.rows);
             return;
         }
-        if (c->grouped && a->fast && a->gx % 4 == 0 &&
-            launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy,
-                            a->round_bf16, a->groups, a->gx, a->gy))
-            return;
-        if (c->grouped && gemm_fast_ok(&w, a->x, a->ldx) && a->gx % 4 == 0 &&
-            launch_gemv(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16,
-                        a->groups, a->gx, a->gy))
+        if (c->grouped && a->gx % 4 == 0 &&
+            ((a->fast && launch_gvf_gemm(c, &call)) ||
+             (gemm_fast_ok(&w, a->x, a->ldx) && launch_gemv(c, &call))))
             return;
         for (int g = 0; g < a->groups; g++) {
             struct dsi_gemm_args ga = dsi_gemm_group(a, g);
@@ -411,8 +414,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
         return;
     }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
-        (launch_gvf_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16,
-                         1, 0, 0) ||
+        (launch_gvf_gemm(c, &call) ||
          launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);

@@ -18,23 +18,25 @@ void launch_gemm_reduce(struct cu_ctx *c,
                         float *y,
                         int64_t ldy,
                         bool round);
-/* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes, in
- * `groups` groups (1: a plain call): group g multiplies rows row0 + g n_out.. by x + g gxs into
- * y + g gys, all in one launch; false: not taken (the caller runs k_gemm, or the groups one by
- * one: a grouped call that needs split-K is not taken). */
-bool launch_gemv(struct cu_ctx *c,
-                 const struct cu_w *w,
-                 int64_t row0,
-                 int64_t n_out,
-                 const float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 float *y,
-                 int64_t ldy,
-                 bool round,
-                 int groups,
-                 int64_t gxs,
-                 int64_t gys);
+/* One call of the decode launchers: y[r][o] (+ r ldy) = x[r] (+ r ldx) . W[row0 + o] for r < n,
+ * o < n_out, in `groups` groups (1: a plain call): group g multiplies rows row0 + g n_out.. by
+ * x + g gxs into y + g gys, all in one launch; `round`: bf16-round the outputs. */
+struct cu_gemm_call {
+    const struct cu_w *w;
+    int64_t row0, n_out;
+    const float *x;
+    int64_t n, ldx;
+    float *y;
+    int64_t ldy;
+    bool round;
+    int groups;
+    int64_t gxs, gys;
+};
+
+/* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes;
+ * false: not taken (the caller runs k_gemm, or the groups one by one: a grouped call that needs
+ * split-K is not taken). */
+bool launch_gemv(struct cu_ctx *c, const struct cu_gemm_call *g);
 bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
 /* The tensor-core GEMM of `fast` numerics (tc.cu) for n >= c->tc_dense_min rows on FP8/BF16
  * weights with K % 64 == 0; false: not taken (the caller runs the exact kernels). */
@@ -50,21 +52,8 @@ bool launch_tc_gemm(struct cu_ctx *c,
                     bool round);
 
 /* The decode GEMM of `fast` numerics (gvf.cu) for c->gvf_min <= n <= min(32, c->gvf_max) rows on
- * FP8/FP4/BF16 weights, `groups` of n_out rows in one launch (group g: rows row0 + g n_out, x +
- * g gxs, y + g gys); false: not taken. */
-bool launch_gvf_gemm(struct cu_ctx *c,
-                     const struct cu_w *w,
-                     int64_t row0,
-                     int64_t n_out,
-                     const float *x,
-                     int64_t n,
-                     int64_t ldx,
-                     float *y,
-                     int64_t ldy,
-                     bool round,
-                     int groups,
-                     int64_t gxs,
-                     int64_t gys);
+ * FP8/FP4/BF16 weights, the groups in one launch; false: not taken. */
+bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
 
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
     if (w.type == DSI_TYPE_F8_E4M3) return w.scale + (row / w.sb0) * w.srs;

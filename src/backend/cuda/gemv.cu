@@ -139,20 +139,11 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemv(struct cu_w w,
 }
 
 /* Launch for n <= 2 rows of x and non-F32 weights; false: the caller uses k_gemm. */
-template <int WT>
-static bool launch_gemv_t(struct cu_ctx *c,
-                          const struct cu_w *w,
-                          int64_t row0,
-                          int64_t n_out,
-                          const float *x,
-                          int64_t n,
-                          int64_t ldx,
-                          float *y,
-                          int64_t ldy,
-                          bool round,
-                          int groups,
-                          int64_t gxs,
-                          int64_t gys) {
+template <int WT> static bool launch_gemv_t(struct cu_ctx *c, const struct cu_gemm_call *g) {
+    const struct cu_w *w = g->w;
+    int64_t n = g->n, n_out = g->n_out, ldy = g->ldy;
+    int groups = g->groups;
+    float *y = g->y;
     int rx = n == 1 ? 1 : 2;
     int64_t nq = w->K / 32, np = cu_div_up(nq, 32), units = cu_div_up(n_out, GEMM_RW);
     int64_t slots = 2 * (int64_t)c->n_sms * CU_WARPS; /* resident warps, two blocks per SM */
@@ -178,33 +169,21 @@ static bool launch_gemv_t(struct cu_ctx *c,
     dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)split);
     int pm = cu_prof_begin(c, cv ? "gemm.gemv_splitk" : "gemm.gemv");
     if (rx == 1)
-        cu_launch(c, k_gemv<WT, 1>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
-                  round, (int)pps, cv, gxs, gys);
+        cu_launch(c, k_gemv<WT, 1>, grid, CU_THREADS, smem, *w, g->row0, n_out, g->x, n, g->ldx, y,
+                  ldy, g->round, (int)pps, cv, g->gxs, g->gys);
     else
-        cu_launch(c, k_gemv<WT, 2>, grid, CU_THREADS, smem, *w, row0, n_out, x, n, ldx, y, ldy,
-                  round, (int)pps, cv, gxs, gys);
+        cu_launch(c, k_gemv<WT, 2>, grid, CU_THREADS, smem, *w, g->row0, n_out, g->x, n, g->ldx, y,
+                  ldy, g->round, (int)pps, cv, g->gxs, g->gys);
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemv")) return true;
-    if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
+    if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, g->round);
     return true;
 }
 
-bool launch_gemv(struct cu_ctx *c,
-                 const struct cu_w *w,
-                 int64_t row0,
-                 int64_t n_out,
-                 const float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 float *y,
-                 int64_t ldy,
-                 bool round,
-                 int groups,
-                 int64_t gxs,
-                 int64_t gys) {
-    if (n < 1 || n > 2 || !c->gemv || groups < 1 || groups > 65535) return false;
-#define GV_T(T) launch_gemv_t<T>(c, w, row0, n_out, x, n, ldx, y, ldy, round, groups, gxs, gys)
-    switch (w->type) {
+bool launch_gemv(struct cu_ctx *c, const struct cu_gemm_call *g) {
+    if (g->n < 1 || g->n > 2 || !c->gemv || g->groups < 1 || g->groups > 65535) return false;
+#define GV_T(T) launch_gemv_t<T>(c, g)
+    switch (g->w->type) {
     case DSI_TYPE_BF16:
         return GV_T(DSI_TYPE_BF16);
     case DSI_TYPE_F16:

@@ -484,37 +484,27 @@ static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
 
 static int gvf_nt(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : 4; }
 
-bool launch_gvf_gemm(struct cu_ctx *c,
-                     const struct cu_w *w,
-                     int64_t row0,
-                     int64_t n_out,
-                     const float *x,
-                     int64_t n,
-                     int64_t ldx,
-                     float *y,
-                     int64_t ldy,
-                     bool round,
-                     int groups,
-                     int64_t gxs,
-                     int64_t gys) {
+bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
+    const struct cu_w *w = g->w;
+    int64_t n = g->n;
     if (n < c->gvf_min || n > c->gvf_max || n > 32 || !gvf_w_ok(w, w->K) ||
-        !gemm_fast_ok(w, x, ldx))
+        !gemm_fast_ok(w, g->x, g->ldx) || g->groups < 1 || g->groups > 65535)
         return false;
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.w = *w;
-    p.row0 = row0;
-    p.n_out = n_out;
-    p.x = x;
+    p.row0 = g->row0;
+    p.n_out = g->n_out;
+    p.x = g->x;
     p.n = n;
-    p.ldx = ldx;
-    p.y = y;
-    p.ldy = ldy;
-    p.round = round;
-    p.tiles = cu_div_up(n_out, 16);
-    p.gy = groups;
-    p.gxs = gxs;
-    p.gys = gys;
+    p.ldx = g->ldx;
+    p.y = g->y;
+    p.ldy = g->ldy;
+    p.round = g->round;
+    p.tiles = cu_div_up(g->n_out, 16);
+    p.gy = g->groups;
+    p.gxs = g->gxs;
+    p.gys = g->gys;
     int nt = gvf_nt(n);
     p.xrows = (int)std::min<int64_t>(n, 8 * nt);
     int pp = cu_prof_begin(c, "gemm.gvf");
