@@ -1,0 +1,73 @@
+#!/bin/bash
+# gpu_ab_trees.sh - one device run comparing versions of src/backend/cuda (e.g. branches not yet
+# merged). Each variant is a folder build/variants/<name>/ holding a whole src/backend/cuda (carry
+# build/variants with build/deps); fill it on the development machine, e.g.
+#   for b in main gvf-nodiv; do mkdir -p build/variants/$b; for f in $(git ls-tree --name-only $b \
+#     src/backend/cuda/); do git show $b:$f >build/variants/$b/$(basename $f); done; done
+# The tree itself is built once (build/cuda); each variant is a copy of it with its own CUDA
+# sources, rebuilt (only what changed recompiles). Then the CUDA tests on the variants named in
+# AB_TEST_TREES (default: all; a failing one makes the run also test the others), and
+# `dsinfer bench layer` at context 4096 (decode at AB_BATCH, `fast` numerics, AB_PREFILL) for each
+# variant, alternated, AB_REPS rounds; AB_PROFILE=1 adds a per-op profile at batch 1 per variant.
+# Key lines in $OUT/summary.txt, logs in $OUT/logs.tgz. Usage (repository root, GPU machine):
+#   OUT=$OUT AB_TREES="main gvf-nodiv" bash tests/ops/gpu_ab_trees.sh
+set -u
+OUT=${OUT:-/tmp/dsinfer-gpu-out}
+L=/tmp/ab-logs
+rm -rf $L && mkdir -p "$OUT" $L
+. tests/ops/gpu_env.sh
+TREES=${AB_TREES:-$(ls build/variants)}
+BATCH=${AB_BATCH:-1,2,8,32,256}
+PREFILL=${AB_PREFILL:-0}
+M=/tmp/flash4
+(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$L/gen.log" 2>&1
+ echo "gen exit $?" >>"$L/gen.log") &
+GEN=$!
+J=$(nproc)
+PIDS=()
+make -j"$J" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
+    { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
+log "tree built"
+for v in $TREES; do
+    d=/tmp/v_$v
+    rm -rf "$d" && mkdir -p "$d"
+    cp -a Makefile include src tools tests ref build "$d"/ 2>/dev/null
+    rm -f "$d"/src/backend/cuda/* && cp build/variants/$v/* "$d"/src/backend/cuda/ && touch "$d"/src/backend/cuda/*
+    (cd "$d" && make -j"$J" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer \
+        >"$L/build_$v.log" 2>&1; echo $? >"$L/build_$v.rc") &
+    PIDS+=($!)
+done
+wait "${PIDS[@]}"
+for v in $TREES; do log "variant $v build rc $(cat $L/build_$v.rc)"; done
+test_tree() { # name
+    (cd /tmp/v_$1 && timeout 200 build/cuda/dsinfer-test --root . --only 'test_cuda_*') >"$L/test_$1.log" 2>&1
+    local rc=$?
+    log "test_cuda $1 rc $rc: $(tail -1 "$L/test_$1.log")"
+    grep -E "FAIL|fail[^e]" "$L/test_$1.log" | head -10 | tee -a "$OUT/summary.txt"
+    return $rc
+}
+FAILED=0
+for v in ${AB_TEST_TREES:-$TREES}; do test_tree $v || FAILED=1; done
+if [ $FAILED = 1 ] && [ -n "${AB_TEST_TREES:-}" ]; then
+    for v in $TREES; do [[ " $AB_TEST_TREES " == *" $v "* ]] || test_tree $v; done
+fi
+wait $GEN
+log "checkpoint: $(tail -1 "$L/gen.log")"
+for rep in $(seq 1 "${AB_REPS:-2}"); do
+    for v in $TREES; do
+        f="$L/bench_${v}_$rep.txt"
+        timeout 120 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 --batch "$BATCH" \
+            --no-split --prefill "$PREFILL" --prefill-reps 1 --numerics fast >"$f" 2>&1
+        log "bench $v rep $rep rc $?"
+        grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
+    done
+done
+if [ -n "${AB_PROFILE:-}" ]; then
+    for v in $TREES; do
+        DSI_CUDA_PROFILE=1 timeout 60 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
+            --batch 1 --no-split --prefill 0 --numerics fast >"$L/profile_$v.txt" 2>&1
+        log "profile $v rc $?"
+    done
+fi
+tar czf "$OUT/logs.tgz" -C $L .
+log "done"
