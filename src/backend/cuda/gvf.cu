@@ -68,9 +68,10 @@ struct gvf_raw {
     uint32_t sc; /* FP8: the slice's scale byte; FP4: the two bytes of its 32-element halves */
 };
 
+/* The lane's slice at k0 of `row` and its scale byte(s): the scale block along K is 1 << sh. */
 template <int WT>
 __device__ __forceinline__ void
-gvf_load(const uint8_t *row, const uint8_t *srow, int sb1, int64_t k0, bool valid, gvf_raw &r) {
+gvf_load(const uint8_t *row, const uint8_t *srow, int sh, int64_t k0, bool valid, gvf_raw &r) {
     if (!valid) {
         r.v[0] = r.v[1] = make_uint4(0, 0, 0, 0);
         r.sc = 0;
@@ -80,8 +81,8 @@ gvf_load(const uint8_t *row, const uint8_t *srow, int sb1, int64_t k0, bool vali
     const uint4 *p = (const uint4 *)(row + off);
     r.v[0] = __ldg(p);
     r.v[1] = __ldg(p + 1);
-    if (WT == DSI_TYPE_F8_E4M3) r.sc = srow[k0 / sb1];
-    if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 / sb1] | ((uint32_t)srow[(k0 + 32) / sb1] << 8);
+    if (WT == DSI_TYPE_F8_E4M3) r.sc = srow[k0 >> sh];
+    if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 >> sh] | ((uint32_t)srow[(k0 + 32) >> sh] << 8);
 }
 
 /* One mma over 4 k at column tiles 0..NT-1; B from the staged rows (xb: this lane's 8 bytes
@@ -326,21 +327,33 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     auto tile_of = [&](int64_t i) {
         return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
     };
-    auto load_step = [&](int64_t s, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
-        int64_t i = s / nb, tile = tile_of(i);
-        int b = (int)(s - i * nb);
-        int64_t r0 = wrow(tile, 0), r1 = wrow(tile, 1);
-        const uint8_t *p0 = r0 >= 0 ? W[0].data + r0 * W[0].row_bytes : nullptr;
-        const uint8_t *p1 = r1 >= 0 ? W[1].data + r1 * W[1].row_bytes : nullptr;
-        const uint8_t *s0 = r0 >= 0 ? w_scale_row(W[0], r0) : nullptr;
-        const uint8_t *s1 = r1 >= 0 ? w_scale_row(W[1], r1) : nullptr;
+    /* No divisions per step: the load position (li, lb) holds its tile's row and scale
+     * pointers, set when it enters a tile; scale indices are shifts (gvf_w_ok: the scale blocks
+     * along K are powers of two). */
+    const uint8_t *lp0 = nullptr, *lp1 = nullptr, *ls0 = nullptr, *ls1 = nullptr;
+    int sh0 = __ffs(W[0].sb1) - 1, sh1 = __ffs(W[1].sb1) - 1;
+    auto enter_tile = [&](int64_t i) {
+        int64_t tile = tile_of(i), r0 = wrow(tile, 0), r1 = wrow(tile, 1);
+        lp0 = r0 >= 0 ? W[0].data + r0 * W[0].row_bytes : nullptr;
+        lp1 = r1 >= 0 ? W[1].data + r1 * W[1].row_bytes : nullptr;
+        ls0 = r0 >= 0 ? w_scale_row(W[0], r0) : nullptr;
+        ls1 = r1 >= 0 ? w_scale_row(W[1], r1) : nullptr;
+    };
+    auto load_step = [&](int b, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u, k0 = q * G + t * E;
             bool in = q < qe && k0 < K;
-            gvf_load<WT>(p0, s0, W[0].sb1, k0, in && p0, ra[u]);
-            gvf_load<WT>(p1, s1, W[1].sb1, k0, in && p1, rb[u]);
+            gvf_load<WT>(lp0, ls0, sh0, k0, in && lp0, ra[u]);
+            gvf_load<WT>(lp1, ls1, sh1, k0, in && lp1, rb[u]);
         }
+    };
+    /* the next step of a position; true: it entered the next tile iteration */
+    auto next = [&](int64_t &i, int &b) -> bool {
+        if (++b < nb) return false;
+        b = 0;
+        ++i;
+        return true;
     };
     float acc[NT][4];
 #pragma unroll
@@ -407,9 +420,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                              for (int c = 0; c < 4; c++)
                                  acc[j][c] = 0.0f;
         };
-    auto compute_step = [&](int64_t s, const gvf_raw(&ra)[GVF_U], const gvf_raw(&rb)[GVF_U]) {
-        int64_t i = s / nb;
-        int b = (int)(s - i * nb);
+    auto compute_step = [&](int64_t i, int b, const gvf_raw(&ra)[GVF_U],
+                            const gvf_raw(&rb)[GVF_U]) {
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u;
@@ -420,14 +432,25 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         if (b == nb - 1) finish(i);
     };
     gvf_raw ra0[GVF_U], rb0[GVF_U], ra1[GVF_U], rb1[GVF_U];
-    if (steps > 0) load_step(0, ra0, rb0);
+    int64_t li = 0, ci = 0; /* the next step to load and to compute: (tile iteration, step) */
+    int lb = 0, cb = 0;
+    auto load_next = [&](gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
+        load_step(lb, ra, rb);
+        if (next(li, lb)) enter_tile(li);
+    };
+    if (steps > 0) {
+        enter_tile(0);
+        load_next(ra0, rb0);
+    }
     __syncthreads(); /* the staged rows */
     for (int64_t s = 0; s < steps; s += 2) {
-        if (s + 1 < steps) load_step(s + 1, ra1, rb1);
-        compute_step(s, ra0, rb0);
+        if (s + 1 < steps) load_next(ra1, rb1);
+        compute_step(ci, cb, ra0, rb0);
+        next(ci, cb);
         if (s + 1 < steps) {
-            if (s + 2 < steps) load_step(s + 2, ra0, rb0);
-            compute_step(s + 1, ra1, rb1);
+            if (s + 2 < steps) load_next(ra0, rb0);
+            compute_step(ci, cb, ra1, rb1);
+            next(ci, cb);
         }
     }
 }
@@ -470,11 +493,12 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
 
 static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
     if (!gemm_w_ok(w) || w->K != K) return false;
+    bool pow2 = w->sb1 > 0 && (w->sb1 & (w->sb1 - 1)) == 0; /* scale indices by shifts */
     switch (w->type) {
     case DSI_TYPE_F8_E4M3:
-        return K % 32 == 0 && w->sb1 % 32 == 0;
+        return K % 32 == 0 && w->sb1 % 32 == 0 && pow2;
     case DSI_TYPE_FP4_E2M1:
-        return K % 64 == 0 && w->sb1 % 32 == 0;
+        return K % 64 == 0 && w->sb1 % 32 == 0 && pow2;
     case DSI_TYPE_BF16:
         return K % 16 == 0;
     default:
