@@ -181,8 +181,19 @@ struct cu_w {
     int64_t row_bytes;
     int64_t srs;  /* scale_row_stride */
     int sb0, sb1; /* scale block rows, cols */
+    int sh0, sh1; /* log2 of sb0, sb1 where a power of two (the usual), else -1: shifts for the
+                     scale indices instead of 64-bit divisions in the kernels' inner loops */
     int type;     /* enum dsi_type */
 };
+
+/* log2(v) for a power of two v > 0, else -1. */
+static inline int cu_log2_exact(int v) {
+    if (v <= 0 || (v & (v - 1))) return -1;
+    int l = 0;
+    while ((1 << l) < v)
+        l++;
+    return l;
+}
 
 static inline struct cu_w cu_w_of(const struct dsi_tensor *t) {
     struct cu_w w;
@@ -194,6 +205,8 @@ static inline struct cu_w cu_w_of(const struct dsi_tensor *t) {
     w.srs = t->scale_row_stride;
     w.sb0 = t->scale_block[0] > 0 ? t->scale_block[0] : 1;
     w.sb1 = t->scale_block[1] > 0 ? t->scale_block[1] : 1;
+    w.sh0 = cu_log2_exact(w.sb0);
+    w.sh1 = cu_log2_exact(w.sb1);
     w.type = (int)t->type;
     return w;
 }

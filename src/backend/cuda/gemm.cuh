@@ -55,8 +55,14 @@ bool launch_tc_gemm(struct cu_ctx *c,
  * FP8/FP4/BF16 weights, the groups in one launch; false: not taken. */
 bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
 
+/* Scale column of element k of a row: k / sb1 (a shift where sb1 is a power of two). */
+__device__ __forceinline__ int64_t w_scol(const struct cu_w &w, int64_t k) {
+    return w.sh1 >= 0 ? k >> w.sh1 : k / w.sb1;
+}
+
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
-    if (w.type == DSI_TYPE_F8_E4M3) return w.scale + (row / w.sb0) * w.srs;
+    if (w.type == DSI_TYPE_F8_E4M3)
+        return w.scale + (w.sh0 >= 0 ? row >> w.sh0 : row / w.sb0) * w.srs;
     if (w.type == DSI_TYPE_FP4_E2M1) return w.scale + row * w.srs;
     return nullptr;
 }
@@ -143,7 +149,7 @@ __device__ __forceinline__ void load_w_chunk(
     } else if (WT == DSI_TYPE_F8_E4M3) {
         const uint4 *p = (const uint4 *)(rowp + q * 32);
         uint4 r[2] = {__ldg(p), __ldg(p + 1)};
-        uint32_t sb = srow[(q * 32) / w.sb1];
+        uint32_t sb = srow[w_scol(w, q * 32)];
 #pragma unroll
         for (int v = 0; v < 2; v++) {
             uint32_t u[4] = {r[v].x, r[v].y, r[v].z, r[v].w};
@@ -153,7 +159,7 @@ __device__ __forceinline__ void load_w_chunk(
         }
     } else { /* FP4: two codes per byte, low nibble first */
         uint4 r = __ldg((const uint4 *)(rowp + q * 16));
-        uint32_t sb = srow[(q * 32) / w.sb1];
+        uint32_t sb = srow[w_scol(w, q * 32)];
         uint32_t u[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
         for (int h = 0; h < 4; h++)
@@ -182,10 +188,10 @@ load_w_raw(const struct cu_w &w, const uint8_t *rowp, const uint8_t *srow, int64
         const uint4 *p = (const uint4 *)(rowp + q * 32);
         r.v[0] = __ldg(p);
         r.v[1] = __ldg(p + 1);
-        r.sc = srow[(q * 32) / w.sb1];
+        r.sc = srow[w_scol(w, q * 32)];
     } else if (WT == DSI_TYPE_FP4_E2M1) {
         r.v[0] = __ldg((const uint4 *)(rowp + q * 16));
-        r.sc = srow[(q * 32) / w.sb1];
+        r.sc = srow[w_scol(w, q * 32)];
     }
 }
 

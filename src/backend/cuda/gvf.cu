@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
      * pointers, set when it enters a tile; scale indices are shifts (gvf_w_ok: the scale blocks
      * along K are powers of two). */
     const uint8_t *lp0 = nullptr, *lp1 = nullptr, *ls0 = nullptr, *ls1 = nullptr;
-    int sh0 = __ffs(W[0].sb1) - 1, sh1 = __ffs(W[1].sb1) - 1;
+    int sh0 = W[0].sh1, sh1 = W[1].sh1;
     auto enter_tile = [&](int64_t i) {
         int64_t tile = tile_of(i), r0 = wrow(tile, 0), r1 = wrow(tile, 1);
         lp0 = r0 >= 0 ? W[0].data + r0 * W[0].row_bytes : nullptr;
@@ -493,7 +493,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
 
 static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
     if (!gemm_w_ok(w) || w->K != K) return false;
-    bool pow2 = w->sb1 > 0 && (w->sb1 & (w->sb1 - 1)) == 0; /* scale indices by shifts */
+    bool pow2 = w->sh1 >= 0; /* scale indices by shifts */
     switch (w->type) {
     case DSI_TYPE_F8_E4M3:
         return K % 32 == 0 && w->sb1 % 32 == 0 && pow2;
