@@ -4,7 +4,8 @@
 
 #include <algorithm>
 
-#define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
+#define HC_MAX   8 /* streams; mix rows (2 + hc) * hc <= 80 */
+#define HC_AHEAD 8 /* loads in flight per thread in the norm statistic */
 
 /* Barrier of the threads that do the small maths: warp 0 (hc * hc <= 32) or warps 0-1. */
 __device__ __forceinline__ void small_sync(int nt) {
@@ -44,14 +45,25 @@ __global__ void k_hc_pre_finish(const float *X,
     int64_t r = blockIdx.x, len = hc * dim;
     const float *Xr = X + r * len;
     double ss = 0.0;
-    if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) { /* all of a thread's loads in flight */
+    if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) {
+        /* HC_AHEAD float4 of a thread in flight at once, added in the same order as one by one */
         const float4 *X4 = (const float4 *)Xr;
-        for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
-            float4 v = X4[i];
-            ss += (double)v.x * (double)v.x;
-            ss += (double)v.y * (double)v.y;
-            ss += (double)v.z * (double)v.z;
-            ss += (double)v.w * (double)v.w;
+        int64_t n4 = len / 4;
+        for (int64_t i0 = threadIdx.x; i0 < n4; i0 += HC_AHEAD * blockDim.x) {
+            float4 v[HC_AHEAD];
+#pragma unroll
+            for (int j = 0; j < HC_AHEAD; j++) {
+                int64_t i = i0 + (int64_t)j * blockDim.x;
+                v[j] = i < n4 ? X4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < HC_AHEAD; j++) {
+                if (i0 + (int64_t)j * blockDim.x >= n4) break;
+                ss += (double)v[j].x * (double)v[j].x;
+                ss += (double)v[j].y * (double)v[j].y;
+                ss += (double)v[j].z * (double)v[j].z;
+                ss += (double)v[j].w * (double)v[j].w;
+            }
         }
     } else {
         for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
