@@ -24,8 +24,10 @@ struct dsi_gemm_args {
     float *y; /* [n, ldy] */
     int64_t ldy;
     bool round_bf16;
-    bool fast; /* `fast` numerics: the sum may run in another order (tensor cores); the CPU
-                  backend, the reference, ignores it */
+    bool fast;  /* `fast` numerics: the sum may run in another order (tensor cores); the CPU
+                   backend, the reference, ignores it */
+    bool x_fp8; /* the x rows are act_quant's output (FP8 codes times power-of-two scales in
+                   128-blocks along K): a backend may multiply them as FP8 (`fast` numerics) */
     /* groups > 1: a grouped GEMM (the grouped output projection): group g = 0..groups-1
      * multiplies rows row0 + g * n_out .. + n_out of w by the rows x + g * gx (same ldx) into
      * y + g * gy (same ldy); 0 or 1: one group */

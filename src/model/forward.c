@@ -203,14 +203,16 @@ void dsi_fwd_free(struct dsi_fwd *f) {
 
 /* ---- helpers over the op table --------------------------------------------------------------- */
 
-static void gemm(struct dsi_fwd *f,
-                 const struct dsi_tensor *w,
-                 const float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 float *y,
-                 int64_t ldy,
-                 bool round) {
+/* x_fp8: x is act()'s output in reference/fast numerics (dsi_gemm_args.x_fp8). */
+static void gemm_x(struct dsi_fwd *f,
+                   const struct dsi_tensor *w,
+                   const float *x,
+                   int64_t n,
+                   int64_t ldx,
+                   float *y,
+                   int64_t ldy,
+                   bool round,
+                   bool x_fp8) {
     struct dsi_gemm_args a = {.w = w,
                               .n_out = w->ne[1],
                               .x = x,
@@ -219,8 +221,31 @@ static void gemm(struct dsi_fwd *f,
                               .y = y,
                               .ldy = ldy,
                               .round_bf16 = round,
-                              .fast = f->F};
+                              .fast = f->F,
+                              .x_fp8 = x_fp8};
     f->be->ops->gemm(f->be, &a);
+}
+
+static void gemm(struct dsi_fwd *f,
+                 const struct dsi_tensor *w,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round) {
+    gemm_x(f, w, x, n, ldx, y, ldy, round, false);
+}
+
+/* A GEMM on act()'s output xq (FP8-quantised rows when f->R), outputs rounded when f->R. */
+static void gemm_q(struct dsi_fwd *f,
+                   const struct dsi_tensor *w,
+                   const float *xq,
+                   int64_t n,
+                   int64_t ldx,
+                   float *y,
+                   int64_t ldy) {
+    gemm_x(f, w, xq, n, ldx, y, ldy, f->R, f->R);
 }
 
 /* In reference numerics, quantise the activation rows (FP8, 128-blocks) into xq first. */
@@ -358,10 +383,10 @@ static void attention(struct dsi_fwd *f, int il) {
     int tab = li->rope;
 
     const float *xq = act(f, f->x, n, D, f->xq);
-    gemm(f, &L->wq_a, xq, n, D, f->qa, ql, f->R);
+    gemm_q(f, &L->wq_a, xq, n, D, f->qa, ql);
     rms(f, f->qa, f->qa, n, ql, &L->q_norm);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
-    gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R);
+    gemm_q(f, &L->wq_b, qaq, n, ql, f->q, HD);
     struct dsi_rms_norm_args qn = {.x = f->q,
                                    .y = f->q,
                                    .n = n,
@@ -374,7 +399,7 @@ static void attention(struct dsi_fwd *f, int il) {
                                    .round_bf16 = f->R};
     be->ops->rms_norm(be, &qn);
     rope(f, f->q, n, HD, H, hd, pos, tab, false);
-    gemm(f, &L->wkv, xq, n, D, f->kv_rows, hd, f->R);
+    gemm_q(f, &L->wkv, xq, n, D, f->kv_rows, hd);
     rms(f, f->kv_rows, f->kv_rows, n, hd, &L->kv_norm);
     rope(f, f->kv_rows, n, hd, 1, hd, pos, tab, false);
     kv_quant(f, f->kv_rows, n, hd);
@@ -395,7 +420,7 @@ static void attention(struct dsi_fwd *f, int il) {
             gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false);
             compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
                        S->ikeys, f->ient, true);
-            gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R);
+            gemm_q(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd);
             rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
             if (f->R) {
                 struct dsi_hadamard_q4_args h = {f->qI, n, nih, ihd, nih * ihd};
@@ -450,7 +475,7 @@ static void attention(struct dsi_fwd *f, int il) {
                                .gy = c->o_lora_rank};
     be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
-    gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R);
+    gemm_q(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D);
 }
 
 /* ---- MoE (spec 4.8)
@@ -785,11 +810,11 @@ int dsi_mtp_forward(struct dsi_fwd *f,
     be->ops->embed(be, &ea);
     rms(f, f->y, f->y, n, D, &L->enorm);
     const float *eq = act(f, f->y, n, D, f->xq);
-    gemm(f, &L->e_proj, eq, n, D, f->f, D, f->R);
+    gemm_q(f, &L->e_proj, eq, n, D, f->f, D);
     be->ops->upload(be, f->X2, streams, sizeof(float) * (size_t)(n * c->hc_dim));
     rms(f, f->X2, f->X2, n * hc, D, &L->hnorm);
     const float *hq = act(f, f->X2, n * hc, D, f->xq);
-    gemm(f, &L->h_proj, hq, n * hc, D, f->X, D, f->R);
+    gemm_q(f, &L->h_proj, hq, n * hc, D, f->X, D);
     for (int64_t k = 0; k < hc; k++) { /* every stream gets e_proj e */
         struct dsi_add_args ad = {f->X + k * D, f->f, f->X + k * D, n, D, hc * D, D, hc * D, f->R};
         be->ops->add(be, &ad);

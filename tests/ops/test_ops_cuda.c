@@ -59,6 +59,7 @@ run_gemm_g(struct rng *r, const struct gemm_case *gc, const struct gemm_groups *
                               .ldy = ldy,
                               .round_bf16 = gc->round,
                               .fast = fast,
+                              .x_fp8 = fast && qd % 128 == 0,
                               .groups = gg->groups,
                               .gx = gg->gx,
                               .gy = gg->gy};
@@ -106,12 +107,13 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
     return run_gemm_mode(r, gc, false);
 }
 
-/* `fast` numerics: the tensor-core kernel (tc.cu) for n >= 64 rows on FP8/BF16 weights with
- * K % 64 == 0, every block width (32, 64, 128 rows), partial weight and row tiles, padded
- * ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4 column tiles, one to
- * eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld); other calls (FP4 or
- * K % 64 != 0 from 33 rows, 33-63 rows) the exact kernels. Twice: the usual scale bytes and a
- * range past the largest one gvf.cu's short decode takes. */
+/* `fast` numerics: cuBLASLt's FP8 GEMM (lt.cu) for FP8 weights from 128 rows whose rows are
+ * act_quant's (K, n_out multiples of 512, n of 4); the tensor-core kernel (tc.cu) for n >= 64 rows
+ * on FP8/BF16 weights with K % 64 == 0, every block width (32, 64, 128 rows), partial weight and
+ * row tiles, padded ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4
+ * column tiles, one to eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld);
+ * other calls (FP4 or K % 64 != 0 from 33 rows, 33-63 rows) the exact kernels. Twice: the usual
+ * scale bytes and a range past the largest one gvf.cu's short decode takes. */
 int test_cuda_gemm_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 21);
@@ -140,6 +142,12 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_BF16, 512, 4096, 20, 0, 512, 0, 0, true},                /* BF16 */
         {DSI_TYPE_FP4_E2M1, 256, 192, 4, 0, 256, 0, 0, false},             /* FP4 dense */
         {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true}, /* 33-63 rows: not taken */
+        /* lt.cu (cuBLASLt FP8) from DSI_CUDA_LT_MIN (128) rows: wo_b at batch 256, an offset
+           row0 with padded ld, a 132-row prefill chunk; 130 rows (not a multiple of 4): tc.cu */
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 256, 0, 4096, 0, 0, false},
+        {DSI_TYPE_F8_E4M3, 8192, 4096, 128, 1024, 1024, 4100, 8200, true},
+        {DSI_TYPE_F8_E4M3, 2048, 1024, 132, 512, 1536, 0, 0, true},
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 130, 0, 1024, 0, 0, true},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int wide = 0; wide < 2; wide++) { /* gvf.cu's short and fp32 weight decoding */

@@ -89,6 +89,10 @@ struct cu_ctx {
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
+    /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
+       0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
+    int lt_min;
+    struct cu_lt *lt;
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[64];
@@ -120,6 +124,11 @@ struct cu_ctx {
     uint64_t scratch_gen; /* bumped whenever a scratch buffer moves */
     int cur_graph;        /* the entry being captured or replayed, -1: none */
 };
+
+/* lt.cu's cuBLASLt state: made at backend creation (NULL: cuBLASLt could not start; the
+ * FP8 GEMMs then stay on tc.cu), freed with the backend. */
+struct cu_lt *cu_lt_new(int layout);
+void cu_lt_free(struct cu_lt *lt);
 
 static inline struct cu_ctx *cu_ctx_of(struct dsi_backend *be) { return (struct cu_ctx *)be->ctx; }
 

@@ -350,6 +350,7 @@ static void cuda_free(struct dsi_backend *be) {
         cudaFree(c->moe[i].dev);
         free(c->moe[i].snap);
     }
+    cu_lt_free(c->lt);
     cudaStreamDestroy(c->stream);
     free(c);
     be->ctx = NULL;
@@ -465,6 +466,11 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
+    /* dense FP8 GEMMs of `fast` numerics from 128 rows through cuBLASLt (lt.cu); the handle is
+       made here, never in a step; without it the GEMMs stay on tc.cu */
+    const char *lm = getenv("DSI_CUDA_LT_MIN"), *ll = getenv("DSI_CUDA_LT_LAYOUT");
+    c->lt_min = lm && *lm ? atoi(lm) : 128;
+    c->lt = c->lt_min > 0 ? cu_lt_new(ll && *ll ? atoi(ll) : 1) : NULL;
     /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the
        previous kernel's end (common.cuh, cu_pdl_enter) */
     const char *pd = getenv("DSI_CUDA_PDL");

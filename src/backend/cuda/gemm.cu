@@ -414,7 +414,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
         return;
     }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
-        (launch_gvf_gemm(c, &call) ||
+        (launch_gvf_gemm(c, &call) || launch_lt_gemm(c, &call, a->x_fp8) ||
          launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);

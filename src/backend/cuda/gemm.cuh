@@ -60,6 +60,10 @@ __device__ __forceinline__ int64_t w_scol(const struct cu_w &w, int64_t k) {
     return w.sh1 >= 0 ? k >> w.sh1 : k / w.sb1;
 }
 
+/* The dense FP8 GEMM of `fast` numerics on the FP8 tensor cores through cuBLASLt (lt.cu) for
+ * n >= c->lt_min rows whose values are act_quant's output (x_fp8); false: not taken. */
+bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8);
+
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
     if (w.type == DSI_TYPE_F8_E4M3)
         return w.scale + (w.sh0 >= 0 ? row >> w.sh0 : row / w.sb0) * w.srs;

@@ -1,0 +1,232 @@
+/* lt.cu - dense FP8 GEMMs of `fast` numerics on the FP8 tensor cores through cuBLASLt's
+ * block-scaled FP8 matmul (cuBLAS 12.9 and later on Hopper: one fp32 scale per 128x128 weight
+ * block, one per 128 activation values along K, exactly the checkpoint's and act_quant's
+ * blocks), for many activation rows (prefill, large decode batches). A library does what
+ * DeepGEMM does for DeepSeek's engine; the decode walks (gemv.cu, gvf.cu) stay ours.
+ *
+ * Per call: k_lt_prep turns the activation rows (act_quant's output: every value is an FP8
+ * code times its block's power-of-two scale) back into FP8 bytes and fp32 block scales, and the
+ * weight's UE8M0 block scales into fp32 (exact: a UE8M0 byte is a power of two); then one
+ * cublasLtMatmul with fp32 output; then, if asked, the bf16 rounding of the outputs. The
+ * re-quantisation is exact: the scale is recomputed from the block's largest dequantised value
+ * with act_quant's rule, which gives the original scale or a smaller power of two, so every
+ * value divided by it is an FP8 code again (the codes only double).
+ *
+ * Numerics: the products are exact; the tensor cores add them within a 128-block in their
+ * own order and precision, cuBLAS then scales each block's sum and adds the blocks in fp32:
+ * the `fast` profile's licence (another order of the fp32 sums), with the truncating adds of
+ * Hopper's FP8 tensor cores inside a block (as tc.cu's bf16 ones truncate).
+ *
+ * Taken (launch_lt_gemm) in `fast` numerics for n >= c->lt_min rows (DSI_CUDA_LT_MIN, default
+ * 128; 0: never) when the caller says the rows are act_quant's output (dsi_gemm_args.x_fp8),
+ * on FP8 E4M3 weights with 128x128 scale blocks, K and n_out multiples of 512 (the scale
+ * tensors' leading dimensions multiples of 4), row0 a multiple of 128, n a multiple of 4,
+ * x and y 16-byte aligned with ldx, ldy multiples of 4; else false (the caller takes tc.cu).
+ *
+ * Ownership: struct cu_lt (the cuBLASLt handle and the plan cache) belongs to the cu_ctx,
+ * made by cu_lt_new at backend creation and freed by cu_lt_free; the per-call buffers (the
+ * cuBLASLt workspace, the FP8 rows, the scales) are carved from the op scratch (CU_SCR_OP). */
+#include "gemm.cuh"
+
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LT_PLANS 64          /* cached (shape -> algorithm) plans, replaced in turn */
+#define LT_WS    (32u << 20) /* cuBLASLt workspace (NVIDIA's advice for Hopper) */
+#define LT_FLOOR 1e-4f       /* act_quant's amax floor for FP8 (quant.c) */
+
+struct lt_plan {
+    int64_t m, n, k, ldd; /* the key: n_out, rows, K, ldy */
+    bool used, ok;
+    cublasLtMatmulDescOpaque_t op;
+    cublasLtMatrixLayoutOpaque_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct cu_lt {
+    cublasLtHandle_t h;
+    int layout; /* scale tensor layouts, see k_lt_prep (DSI_CUDA_LT_LAYOUT, default 1) */
+    int next;   /* the plan replaced next when the cache is full */
+    struct lt_plan plans[LT_PLANS];
+};
+
+struct cu_lt *cu_lt_new(int layout) {
+    struct cu_lt *lt = (struct cu_lt *)calloc(1, sizeof(*lt));
+    if (!lt) return NULL;
+    if (cublasLtCreate(&lt->h) != CUBLAS_STATUS_SUCCESS) {
+        free(lt);
+        return NULL;
+    }
+    lt->layout = layout;
+    return lt;
+}
+
+void cu_lt_free(struct cu_lt *lt) {
+    if (!lt) return;
+    cublasLtDestroy(lt->h);
+    free(lt);
+}
+
+/* Activation rows -> FP8 bytes xq [n][K] and fp32 scales xs; weight block scales -> fp32 ws.
+ * One warp per (row, 128-block); the first mb * kb threads of the grid also convert one weight
+ * scale each. layout bit 0: xs is [K/128][n] (the rows contiguous) instead of [n][K/128];
+ * bit 1: ws is [K/128][n_out/128] instead of [n_out/128][K/128]. */
+__global__ void k_lt_prep(const float *__restrict__ x,
+                          int64_t n,
+                          int64_t K,
+                          int64_t ldx,
+                          uint8_t *__restrict__ xq,
+                          float *__restrict__ xs,
+                          const uint8_t *__restrict__ wsrc, /* the first scale row of the call */
+                          int64_t srs,
+                          int64_t mb,
+                          float *__restrict__ ws,
+                          int layout) {
+    cu_pdl_enter();
+    int64_t kb = K / 128;
+    int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gid < mb * kb) {
+        int64_t r = gid / kb, b = gid % kb;
+        ws[(layout & 2) ? b * mb + r : r * kb + b] = e8m0_to_f32(wsrc[r * srs + b]);
+    }
+    int64_t pair = gid / 32;
+    int lane = threadIdx.x & 31;
+    if (pair >= n * kb) return;
+    int64_t t = pair / kb, b = pair % kb;
+    float4 v = *(const float4 *)(x + t * ldx + b * 128 + lane * 4);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (!(amax >= LT_FLOOR)) amax = LT_FLOOR;
+    uint32_t u = __float_as_uint(amax / 448.0f);
+    uint32_t e = (u >> 23) & 0xffu;
+    if (u & 0x7fffffu) e++;
+    float s = __uint_as_float(e << 23), inv = __uint_as_float((254u - e) << 23); /* 1/s exactly */
+    uint32_t q = 0;
+    float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        q |= (uint32_t)__nv_cvt_float_to_fp8(f[i] * inv, __NV_SATFINITE, __NV_E4M3) << (8 * i);
+    *(uint32_t *)(xq + t * K + b * 128 + lane * 4) = q;
+    if (lane == 0) xs[(layout & 1) ? b * n + t : t * kb + b] = s;
+}
+
+/* y[r][o] = bf16(y[r][o]) for r < n, o < m. */
+__global__ void k_lt_round(float *y, int64_t n, int64_t m, int64_t ldy) {
+    cu_pdl_enter();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * m) return;
+    float *p = y + (i / m) * ldy + i % m;
+    *p = bf16_round(*p);
+}
+
+static bool
+lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t at, const void *v, size_t sz) {
+    return cublasLtMatmulDescSetAttribute(op, at, v, sz) == CUBLAS_STATUS_SUCCESS;
+}
+
+/* The plan for (m, n, k, ldd): descriptors and the heuristic's first algorithm (host calls,
+ * no device work: safe while a step is captured). NULL: cuBLASLt has no algorithm for it. */
+static struct lt_plan *lt_plan_get(struct cu_lt *lt, int64_t m, int64_t n, int64_t k, int64_t ldd) {
+    for (int i = 0; i < LT_PLANS; i++) {
+        struct lt_plan *p = &lt->plans[i];
+        if (p->used && p->m == m && p->n == n && p->k == k && p->ldd == ldd)
+            return p->ok ? p : NULL;
+    }
+    struct lt_plan *p = &lt->plans[lt->next];
+    lt->next = (lt->next + 1) % LT_PLANS;
+    memset(p, 0, sizeof(*p));
+    p->used = true;
+    p->m = m;
+    p->n = n;
+    p->k = k;
+    p->ldd = ldd;
+    cublasLtMatmulDesc_t op = (cublasLtMatmulDesc_t)&p->op;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+            mbm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    /* A = the weight rows (K x m, column-major: a row of W per column), B = the activation rows
+       (K x n), D = y (m x n, column-major with ld ldy: y's rows) */
+    bool ok = cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              lt_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) &&
+              lt_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) &&
+              lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)) &&
+              lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mbm, sizeof(mbm)) &&
+              cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->la, CUDA_R_8F_E4M3, (uint64_t)k,
+                                       (uint64_t)m, k) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->lb, CUDA_R_8F_E4M3, (uint64_t)k,
+                                       (uint64_t)n, k) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->ld, CUDA_R_32F, (uint64_t)m,
+                                       (uint64_t)n, ldd) == CUBLAS_STATUS_SUCCESS;
+    if (ok) {
+        cublasLtMatmulPreferenceOpaque_t pr;
+        cublasLtMatmulPreference_t pref = (cublasLtMatmulPreference_t)&pr;
+        uint64_t wsb = LT_WS;
+        cublasLtMatmulHeuristicResult_t hr;
+        int found = 0;
+        ok = cublasLtMatmulPreferenceInit(pref) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &wsb, sizeof(wsb)) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulAlgoGetHeuristic(
+                 lt->h, op, (cublasLtMatrixLayout_t)&p->la, (cublasLtMatrixLayout_t)&p->lb,
+                 (cublasLtMatrixLayout_t)&p->ld, (cublasLtMatrixLayout_t)&p->ld, pref, 1, &hr,
+                 &found) == CUBLAS_STATUS_SUCCESS &&
+             found > 0;
+        if (ok) p->algo = hr.algo;
+    }
+    p->ok = ok;
+    return ok ? p : NULL;
+}
+
+bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) {
+    const struct cu_w *w = g->w;
+    int64_t K = w->K, m = g->n_out, n = g->n;
+    if (!c->lt || !x_fp8 || c->lt_min <= 0 || n < c->lt_min || g->groups > 1 ||
+        w->type != DSI_TYPE_F8_E4M3 || w->sb0 != 128 || w->sb1 != 128 || K % 512 || m % 512 ||
+        g->row0 % 128 || n % 4 || g->ldx % 4 || g->ldy % 4 || (uintptr_t)g->x % 16 ||
+        (uintptr_t)g->y % 16 || w->row_bytes != K)
+        return false;
+    struct lt_plan *p = lt_plan_get(c->lt, m, n, K, g->ldy);
+    if (!p) return false;
+    int64_t kb = K / 128, mb = m / 128;
+    size_t o_xq = LT_WS, o_xs = o_xq + cu_align((size_t)(n * K)),
+           o_ws = o_xs + cu_align((size_t)(n * kb) * 4), total = o_ws + (size_t)(mb * kb) * 4;
+    char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
+    if (!s) return c->sticky != 0; /* growing inside a capture: the capture is given up */
+    uint8_t *xq = (uint8_t *)(s + o_xq);
+    float *xs = (float *)(s + o_xs), *ws = (float *)(s + o_ws);
+    int pp = cu_prof_begin(c, "gemm.lt");
+    int64_t threads = n * kb * 32 > mb * kb ? n * kb * 32 : mb * kb;
+    cu_launch(c, k_lt_prep, dim3((unsigned)cu_div_up(threads, CU_THREADS)), dim3(CU_THREADS), 0,
+              g->x, n, K, g->ldx, xq, xs, w->scale + (g->row0 / 128) * w->srs, w->srs, mb, ws,
+              c->lt->layout);
+    if (!cu_check(c, "gemm.lt prep")) {
+        cu_prof_end(c, pp);
+        return true;
+    }
+    cublasLtMatmulDesc_t op = (cublasLtMatmulDesc_t)&p->op;
+    const void *wa = (const void *)ws, *xb = (const void *)xs;
+    float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st = CUBLAS_STATUS_INVALID_VALUE;
+    if (lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wa, sizeof(wa)) &&
+        lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xb, sizeof(xb)))
+        st = cublasLtMatmul(c->lt->h, op, &alpha, w->data + g->row0 * w->row_bytes,
+                            (cublasLtMatrixLayout_t)&p->la, xq, (cublasLtMatrixLayout_t)&p->lb,
+                            &beta, g->y, (cublasLtMatrixLayout_t)&p->ld, g->y,
+                            (cublasLtMatrixLayout_t)&p->ld, &p->algo, s, LT_WS, c->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        cu_fail(c, DSI_ERR_DEVICE, "gemm.lt: cublasLtMatmul [%lld x %lld] x %lld rows: status %d",
+                (long long)m, (long long)K, (long long)n, (int)st);
+        cu_prof_end(c, pp);
+        return true;
+    }
+    if (g->round)
+        cu_launch(c, k_lt_round, dim3((unsigned)cu_div_up(n * m, CU_THREADS)), dim3(CU_THREADS), 0,
+                  g->y, n, m, g->ldy);
+    cu_check(c, "gemm.lt");
+    cu_prof_end(c, pp);
+    return true;
+}

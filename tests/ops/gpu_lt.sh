@@ -1,0 +1,52 @@
+#!/bin/bash
+# gpu_lt.sh - one device run for lt.cu (dense FP8 GEMMs through cuBLASLt): build, find the
+# scale-tensor layout cuBLASLt reads (test_cuda_gemm_fast under DSI_CUDA_LT_LAYOUT 1, 0, 2, 3
+# until one passes; the others must fail: a wrong layout scales the blocks wrongly), every CUDA
+# test with it, then `dsinfer bench layer` (context 4096, decode at LT_BATCH, the 8k prefill,
+# `fast` numerics) with lt.cu on and off (DSI_CUDA_LT_MIN=0), alternated, LT_REPS rounds, and a
+# per-op profile of the prefill with it on. Key lines in $OUT/summary.txt, logs in
+# $OUT/logs.tgz. Usage (repository root, GPU machine): OUT=$OUT bash tests/ops/gpu_lt.sh
+set -u
+OUT=${OUT:-/tmp/dsinfer-gpu-out}
+L=/tmp/lt-logs
+rm -rf $L && mkdir -p "$OUT" $L
+. tests/ops/gpu_env.sh
+M=/tmp/flash4
+(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$L/gen.log" 2>&1
+ echo "gen exit $?" >>"$L/gen.log") &
+GEN=$!
+make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
+    { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
+log "build done"
+T=build/cuda/dsinfer-test
+LAY=
+for l in 1 0 2 3; do
+    DSI_CUDA_LT_LAYOUT=$l timeout 100 $T --root . --only test_cuda_gemm_fast >"$L/probe_$l.log" 2>&1
+    rc=$?
+    log "test_cuda_gemm_fast with DSI_CUDA_LT_LAYOUT=$l rc $rc: $(grep -o '\[1024 x 4096\] n 520[^]]*]' "$L/probe_$l.log" | head -1)"
+    [ $rc = 0 ] && [ -z "$LAY" ] && LAY=$l
+done
+log "layout: ${LAY:-none}"
+export DSI_CUDA_LT_LAYOUT=${LAY:-1}
+timeout 200 $T --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
+log "test_cuda rc $?: $(tail -1 "$L/test_cuda.log")"
+grep -E "FAIL|fail[^e]" "$L/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
+wait $GEN
+log "checkpoint: $(tail -1 "$L/gen.log")"
+for rep in $(seq 1 "${LT_REPS:-2}"); do
+    for v in on off; do
+        lm=128
+        [ $v = off ] && lm=0
+        DSI_CUDA_LT_MIN=$lm timeout 150 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 \
+            --batch "${LT_BATCH:-1,32,128,256}" --no-split --prefill 8192 --prefill-reps 1 \
+            --numerics fast >"$L/bench_${v}_$rep.txt" 2>&1
+        log "bench lt $v rep $rep rc $?"
+        grep -E "^ +[0-9]+ |tokens +chunk|^ +8192" "$L/bench_${v}_$rep.txt" | tee -a "$OUT/summary.txt"
+    done
+done
+DSI_CUDA_PROFILE=1 timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch 256 \
+    --no-split --prefill 8192 --prefill-reps 1 --numerics fast >"$L/profile_on.txt" 2>&1
+log "profile rc $?"
+grep -E "^(gemm|moe|attn|hc_pre|indexer)[a-z._]* " "$L/profile_on.txt" | tee -a "$OUT/summary.txt"
+tar czf "$OUT/logs.tgz" -C $L .
+log "done"
