@@ -109,8 +109,8 @@ struct cu_ctx {
     size_t imported_bytes;
     /* step scratch, grown on demand (stream-synchronised before it is replaced): one buffer
      * for the GEMM's split-K chunk values, one for an op's own intermediates */
-    void *scratch[2];
-    size_t scratch_bytes[2];
+    void *scratch[3];
+    size_t scratch_bytes[3];
     struct cu_freq freq[CU_MAX_FREQ];
     int n_freq;
     struct cu_moe_table moe[CU_MAX_MOE_TABLES];
@@ -158,8 +158,9 @@ static inline void cu_launch(
 #endif
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The
  * previous contents are lost when it grows. Valid until the next op. Slot CU_SCR_GEMM belongs
- * to launch_gemm, CU_SCR_OP to the op being run (one request per op: carve it up). */
-enum { CU_SCR_GEMM = 0, CU_SCR_OP = 1 };
+ * to launch_gemm, CU_SCR_LT to launch_lt_gemm, CU_SCR_OP to the op being run (one request per
+ * op: carve it up). */
+enum { CU_SCR_GEMM = 0, CU_SCR_OP = 1, CU_SCR_LT = 2 };
 void *cu_scratch(struct cu_ctx *c, int which, size_t bytes);
 /* Profiler (DSI_CUDA_PROFILE=1): GPU time of a part of an op, under a name with a '.'
  * ("gemm.reduce"); such parts are listed with the ops but not added to the total (the op

@@ -342,7 +342,7 @@ static void cuda_free(struct dsi_backend *be) {
     for (int i = 0; i < c->n_slabs; i++)
         cudaFree(c->slabs[i]);
     free(c->slabs);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     for (int i = 0; i < c->n_freq; i++)
         if (c->freq[i].dev) cudaFree(c->freq[i].dev);

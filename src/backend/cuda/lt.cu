@@ -25,7 +25,8 @@
  *
  * Ownership: struct cu_lt (the cuBLASLt handle and the plan cache) belongs to the cu_ctx,
  * made by cu_lt_new at backend creation and freed by cu_lt_free; the per-call buffers (the
- * cuBLASLt workspace, the FP8 rows, the scales) are carved from the op scratch (CU_SCR_OP). */
+ * cuBLASLt workspace, the FP8 rows, the scales) are carved from lt.cu's own scratch (CU_SCR_LT),
+ * so that an op may call it on buffers in its own (the MoE's shared expert). */
 #include "gemm.cuh"
 
 #include <cublasLt.h>
@@ -194,7 +195,7 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
     int64_t kb = K / 128, mb = m / 128;
     size_t o_xq = LT_WS, o_xs = o_xq + cu_align((size_t)(n * K)),
            o_ws = o_xs + cu_align((size_t)(n * kb) * 4), total = o_ws + (size_t)(mb * kb) * 4;
-    char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
+    char *s = (char *)cu_scratch(c, CU_SCR_LT, total);
     if (!s) return c->sticky != 0; /* growing inside a capture: the capture is given up */
     uint8_t *xq = (uint8_t *)(s + o_xq);
     float *xs = (float *)(s + o_xs), *ws = (float *)(s + o_ws);
