@@ -413,6 +413,20 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
         }
         return;
     }
+    if (a->fast && a->n % 4 && a->n > 4 && a->n_out > 0 && a->row0 >= 0 &&
+        a->row0 + a->n_out <= w.rows) { /* lt.cu takes rows in fours: the last 1-3 on gvf.cu */
+        struct cu_gemm_call head = call, tail = call;
+        head.n = a->n & ~(int64_t)3;
+        tail.n = a->n - head.n;
+        tail.x = a->x + head.n * a->ldx;
+        tail.y = a->y + head.n * a->ldy;
+        if (launch_lt_gemm(c, &head, a->x_fp8)) {
+            if (!launch_gvf_gemm(c, &tail))
+                launch_gemm(c, &w, a->row0, a->n_out, tail.x, tail.n, a->ldx, tail.y, a->ldy,
+                            a->round_bf16);
+            return;
+        }
+    }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
         (launch_gvf_gemm(c, &call) || launch_lt_gemm(c, &call, a->x_fp8) ||
          launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16)))

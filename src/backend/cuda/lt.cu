@@ -20,7 +20,8 @@
  * Taken (launch_lt_gemm) in `fast` numerics for n >= c->lt_min rows (DSI_CUDA_LT_MIN, default
  * 128; 0: never) when the caller says the rows are act_quant's output (dsi_gemm_args.x_fp8),
  * on FP8 E4M3 weights with 128x128 scale blocks, K and n_out multiples of 512 (the scale
- * tensors' leading dimensions multiples of 4), row0 a multiple of 128, n a multiple of 4,
+ * tensors' leading dimensions multiples of 4), row0 a multiple of 128, n a multiple of 4 (cuda_gemm
+ * gives lt.cu the rows in fours and the last 1-3 to gvf.cu),
  * x and y 16-byte aligned with ldx, ldy multiples of 4; else false (the caller takes tc.cu).
  *
  * Ownership: struct cu_lt (the cuBLASLt handle and the plan cache) belongs to the cu_ctx,
