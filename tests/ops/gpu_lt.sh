@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpu_lt.sh - one device run for lt.cu (dense FP8 GEMMs through cuBLASLt): build, find the
 # scale-tensor layout cuBLASLt reads (test_cuda_gemm_fast under DSI_CUDA_LT_LAYOUT 1, 0, 2, 3
-# until one passes; the others must fail: a wrong layout scales the blocks wrongly), every CUDA
+# until one passes; the others must fail: a wrong layout scales the blocks wrongly; the per-op
+# profile shows whether lt.cu was taken at all), every CUDA
 # test with it, then `dsinfer bench layer` (context 4096, decode at LT_BATCH, the 8k prefill,
 # `fast` numerics) with lt.cu on and off (DSI_CUDA_LT_MIN=0), alternated, LT_REPS rounds, and a
 # per-op profile of the prefill with it on. Key lines in $OUT/summary.txt, logs in
@@ -21,11 +22,13 @@ log "build done"
 T=build/cuda/dsinfer-test
 LAY=
 for l in 1 0 2 3; do
-    DSI_CUDA_LT_LAYOUT=$l timeout 100 $T --root . --only test_cuda_gemm_fast >"$L/probe_$l.log" 2>&1
+    DSI_CUDA_PROFILE=1 DSI_CUDA_LT_LAYOUT=$l timeout 100 $T --root . --only test_cuda_gemm_fast \
+        >"$L/probe_$l.log" 2>&1
     rc=$?
-    log "test_cuda_gemm_fast with DSI_CUDA_LT_LAYOUT=$l rc $rc: $(grep -o '\[1024 x 4096\] n 520[^]]*]' "$L/probe_$l.log" | head -1)"
+    log "test_cuda_gemm_fast with DSI_CUDA_LT_LAYOUT=$l rc $rc: $(grep -o '\[1024 x 4096\] n 520[^]]*]' "$L/probe_$l.log" | head -1) $(grep -E '^gemm.lt ' "$L/probe_$l.log" | head -1)"
     [ $rc = 0 ] && [ -z "$LAY" ] && LAY=$l
 done
+grep -h "cuBLASLt" "$L"/probe_*.log | sort | uniq -c | head -5 | tee -a "$OUT/summary.txt"
 log "layout: ${LAY:-none}"
 export DSI_CUDA_LT_LAYOUT=${LAY:-1}
 timeout 200 $T --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
@@ -38,7 +41,7 @@ for rep in $(seq 1 "${LT_REPS:-2}"); do
         lm=128
         [ $v = off ] && lm=0
         DSI_CUDA_LT_MIN=$lm timeout 150 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 \
-            --batch "${LT_BATCH:-1,32,128,256}" --no-split --prefill 8192 --prefill-reps 1 \
+            --batch "${LT_BATCH:-1,128,256}" --no-split --prefill 8192 --prefill-reps 1 \
             --numerics fast >"$L/bench_${v}_$rep.txt" 2>&1
         log "bench lt $v rep $rep rc $?"
         grep -E "^ +[0-9]+ |tokens +chunk|^ +8192" "$L/bench_${v}_$rep.txt" | tee -a "$OUT/summary.txt"
@@ -47,6 +50,6 @@ done
 DSI_CUDA_PROFILE=1 timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch 256 \
     --no-split --prefill 8192 --prefill-reps 1 --numerics fast >"$L/profile_on.txt" 2>&1
 log "profile rc $?"
-grep -E "^(gemm|moe|attn|hc_pre|indexer)[a-z._]* " "$L/profile_on.txt" | tee -a "$OUT/summary.txt"
+grep -E "^(gemm|moe|attn|hc_pre|indexer)[a-z._]* |cuBLASLt" "$L/profile_on.txt" | tee -a "$OUT/summary.txt"
 tar czf "$OUT/logs.tgz" -C $L .
 log "done"

@@ -142,8 +142,10 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_BF16, 512, 4096, 20, 0, 512, 0, 0, true},                /* BF16 */
         {DSI_TYPE_FP4_E2M1, 256, 192, 4, 0, 256, 0, 0, false},             /* FP4 dense */
         {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true}, /* 33-63 rows: not taken */
-        /* lt.cu (cuBLASLt FP8) from DSI_CUDA_LT_MIN (128) rows: wo_b at batch 256, an offset
-           row0 with padded ld, a 132-row prefill chunk; 130 rows: 128 on lt.cu, 2 on gvf.cu */
+        /* lt.cu (cuBLASLt FP8) from DSI_CUDA_LT_MIN (128) rows with bf16-rounded outputs: wo_b at
+           batch 256 (not rounded: tc.cu), an offset row0 with padded ld, a 132-row prefill chunk;
+           130 rows: 128 on lt.cu, 2 on gvf.cu */
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 256, 0, 4096, 0, 0, true},
         {DSI_TYPE_F8_E4M3, 4096, 8192, 256, 0, 4096, 0, 0, false},
         {DSI_TYPE_F8_E4M3, 8192, 4096, 128, 1024, 1024, 4100, 8200, true},
         {DSI_TYPE_F8_E4M3, 2048, 1024, 132, 512, 1536, 0, 0, true},

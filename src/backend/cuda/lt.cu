@@ -7,7 +7,8 @@
  * Per call: k_lt_prep turns the activation rows (act_quant's output: every value is an FP8
  * code times its block's power-of-two scale) back into FP8 bytes and fp32 block scales, and the
  * weight's UE8M0 block scales into fp32 (exact: a UE8M0 byte is a power of two); then one
- * cublasLtMatmul with fp32 output; then, if asked, the bf16 rounding of the outputs. The
+ * cublasLtMatmul into bf16 (the block-scaled FP8 matmul's output; so only GEMMs whose outputs
+ * are bf16-rounded are taken, and the bf16 store is that rounding), widened into y. The
  * re-quantisation is exact: the scale is recomputed from the block's largest dequantised value
  * with act_quant's rule, which gives the original scale or a smaller power of two, so every
  * value divided by it is an FP8 code again (the codes only double).
@@ -18,7 +19,8 @@
  * Hopper's FP8 tensor cores inside a block (as tc.cu's bf16 ones truncate).
  *
  * Taken (launch_lt_gemm) in `fast` numerics for n >= c->lt_min rows (DSI_CUDA_LT_MIN, default
- * 128; 0: never) when the caller says the rows are act_quant's output (dsi_gemm_args.x_fp8),
+ * 128; 0: never) when the caller says the rows are act_quant's output (dsi_gemm_args.x_fp8)
+ * and wants the outputs bf16-rounded,
  * on FP8 E4M3 weights with 128x128 scale blocks, K and n_out multiples of 512 (the scale
  * tensors' leading dimensions multiples of 4), row0 a multiple of 128, n a multiple of 4 (cuda_gemm
  * gives lt.cu the rows in fours and the last 1-3 to gvf.cu),
@@ -40,8 +42,9 @@
 #define LT_FLOOR 1e-4f       /* act_quant's amax floor for FP8 (quant.c) */
 
 struct lt_plan {
-    int64_t m, n, k, ldd; /* the key: n_out, rows, K, ldy */
+    int64_t m, n, k; /* the key: n_out, rows, K */
     bool used, ok;
+    bool swap; /* A = the activations, B = the weight (D = y^T), see lt_plan_get */
     cublasLtMatmulDescOpaque_t op;
     cublasLtMatrixLayoutOpaque_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
@@ -51,6 +54,7 @@ struct cu_lt {
     cublasLtHandle_t h;
     int layout; /* scale tensor layouts, see k_lt_prep (DSI_CUDA_LT_LAYOUT, default 1) */
     int next;   /* the plan replaced next when the cache is full */
+    bool warned;
     struct lt_plan plans[LT_PLANS];
 };
 
@@ -116,13 +120,15 @@ __global__ void k_lt_prep(const float *__restrict__ x,
     if (lane == 0) xs[(layout & 1) ? b * n + t : t * kb + b] = s;
 }
 
-/* y[r][o] = bf16(y[r][o]) for r < n, o < m. */
-__global__ void k_lt_round(float *y, int64_t n, int64_t m, int64_t ldy) {
+/* y[r][o] = the bf16 output as a float for r < n, o < m: d is [n][m] (a plain plan) or [m][n]
+ * (a swapped one). */
+__global__ void
+k_lt_widen(const uint16_t *d, float *y, int64_t n, int64_t m, int64_t ldy, bool swap) {
     cu_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * m) return;
-    float *p = y + (i / m) * ldy + i % m;
-    *p = bf16_round(*p);
+    int64_t r = i / m, o = i % m;
+    y[r * ldy + o] = __uint_as_float((uint32_t)d[swap ? o * n + r : i] << 16);
 }
 
 static bool
@@ -130,13 +136,55 @@ lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t at, const void *v
     return cublasLtMatmulDescSetAttribute(op, at, v, sz) == CUBLAS_STATUS_SUCCESS;
 }
 
-/* The plan for (m, n, k, ldd): descriptors and the heuristic's first algorithm (host calls,
- * no device work: safe while a step is captured). NULL: cuBLASLt has no algorithm for it. */
-static struct lt_plan *lt_plan_get(struct cu_lt *lt, int64_t m, int64_t n, int64_t k, int64_t ldd) {
+/* Descriptors of one arrangement and the heuristic's first algorithm; the status of the query.
+ * Plain: A = the weight rows (K x m, column-major: a row of W per column, 128x128 scales), B =
+ * the activation rows (K x n, 1x128 scales), D = bf16 (m x n: [n][m]). Swapped: A = the
+ * activations, B = the weight, D = (n x m: [m][n]). */
+static cublasStatus_t lt_try(struct cu_lt *lt, struct lt_plan *p, bool swap, int *found) {
+    int64_t m = p->m, n = p->n, k = p->k;
+    int64_t ra = swap ? n : m, rb = swap ? m : n; /* columns of A and B */
+    cublasLtMatmulDesc_t op = (cublasLtMatmulDesc_t)&p->op;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t sw = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+            sx = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const void *dummy = (const void *)(uintptr_t)256; /* the scale pointers are set per call */
+    *found = 0;
+    if (cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
+        !lt_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ||
+        !lt_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
+        !lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, swap ? &sx : &sw, sizeof(sw)) ||
+        !lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, swap ? &sw : &sx, sizeof(sw)) ||
+        !lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof(dummy)) ||
+        !lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof(dummy)) ||
+        cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->la, CUDA_R_8F_E4M3, (uint64_t)k,
+                                 (uint64_t)ra, k) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->lb, CUDA_R_8F_E4M3, (uint64_t)k,
+                                 (uint64_t)rb, k) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->ld, CUDA_R_16BF, (uint64_t)ra,
+                                 (uint64_t)rb, ra) != CUBLAS_STATUS_SUCCESS)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    cublasLtMatmulPreferenceOpaque_t pr;
+    cublasLtMatmulPreference_t pref = (cublasLtMatmulPreference_t)&pr;
+    uint64_t wsb = LT_WS;
+    cublasLtMatmulHeuristicResult_t hr;
+    cublasStatus_t st = cublasLtMatmulPreferenceInit(pref);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &wsb, sizeof(wsb));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(
+            lt->h, op, (cublasLtMatrixLayout_t)&p->la, (cublasLtMatrixLayout_t)&p->lb,
+            (cublasLtMatrixLayout_t)&p->ld, (cublasLtMatrixLayout_t)&p->ld, pref, 1, &hr, found);
+    if (st == CUBLAS_STATUS_SUCCESS && *found > 0) p->algo = hr.algo;
+    return st;
+}
+
+/* The plan for (m, n, k): the plain arrangement, else the swapped one (host calls, no device
+ * work: safe while a step is captured). NULL: cuBLASLt has no algorithm for it (said once). */
+static struct lt_plan *lt_plan_get(struct cu_lt *lt, int64_t m, int64_t n, int64_t k) {
     for (int i = 0; i < LT_PLANS; i++) {
         struct lt_plan *p = &lt->plans[i];
-        if (p->used && p->m == m && p->n == n && p->k == k && p->ldd == ldd)
-            return p->ok ? p : NULL;
+        if (p->used && p->m == m && p->n == n && p->k == k) return p->ok ? p : NULL;
     }
     struct lt_plan *p = &lt->plans[lt->next];
     lt->next = (lt->next + 1) % LT_PLANS;
@@ -145,61 +193,42 @@ static struct lt_plan *lt_plan_get(struct cu_lt *lt, int64_t m, int64_t n, int64
     p->m = m;
     p->n = n;
     p->k = k;
-    p->ldd = ldd;
-    cublasLtMatmulDesc_t op = (cublasLtMatmulDesc_t)&p->op;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-            mbm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    /* A = the weight rows (K x m, column-major: a row of W per column), B = the activation rows
-       (K x n), D = y (m x n, column-major with ld ldy: y's rows) */
-    bool ok = cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-              lt_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) &&
-              lt_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) &&
-              lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)) &&
-              lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mbm, sizeof(mbm)) &&
-              cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->la, CUDA_R_8F_E4M3, (uint64_t)k,
-                                       (uint64_t)m, k) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->lb, CUDA_R_8F_E4M3, (uint64_t)k,
-                                       (uint64_t)n, k) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&p->ld, CUDA_R_32F, (uint64_t)m,
-                                       (uint64_t)n, ldd) == CUBLAS_STATUS_SUCCESS;
-    if (ok) {
-        cublasLtMatmulPreferenceOpaque_t pr;
-        cublasLtMatmulPreference_t pref = (cublasLtMatmulPreference_t)&pr;
-        uint64_t wsb = LT_WS;
-        cublasLtMatmulHeuristicResult_t hr;
-        int found = 0;
-        ok = cublasLtMatmulPreferenceInit(pref) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &wsb, sizeof(wsb)) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulAlgoGetHeuristic(
-                 lt->h, op, (cublasLtMatrixLayout_t)&p->la, (cublasLtMatrixLayout_t)&p->lb,
-                 (cublasLtMatrixLayout_t)&p->ld, (cublasLtMatrixLayout_t)&p->ld, pref, 1, &hr,
-                 &found) == CUBLAS_STATUS_SUCCESS &&
-             found > 0;
-        if (ok) p->algo = hr.algo;
+    int f0 = 0, f1 = 0;
+    cublasStatus_t s0 = lt_try(lt, p, false, &f0), s1 = CUBLAS_STATUS_SUCCESS;
+    p->ok = s0 == CUBLAS_STATUS_SUCCESS && f0 > 0;
+    if (!p->ok) {
+        s1 = lt_try(lt, p, true, &f1);
+        p->ok = p->swap = s1 == CUBLAS_STATUS_SUCCESS && f1 > 0;
     }
-    p->ok = ok;
-    return ok ? p : NULL;
+    if (!p->ok && !lt->warned) { /* once: the GEMMs it does not take stay on tc.cu */
+        lt->warned = true;
+        dsi_log(DSI_LOG_WARN,
+                "cuda: cuBLASLt has no block-scaled FP8 matmul for [%lld x %lld] x %lld rows "
+                "(status %d / %d, %d / %d found); those GEMMs run on tc.cu",
+                (long long)m, (long long)k, (long long)n, (int)s0, (int)s1, f0, f1);
+    }
+    return p->ok ? p : NULL;
 }
 
 bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) {
     const struct cu_w *w = g->w;
     int64_t K = w->K, m = g->n_out, n = g->n;
-    if (!c->lt || !x_fp8 || c->lt_min <= 0 || n < c->lt_min || g->groups > 1 ||
+    if (!c->lt || !x_fp8 || !g->round || c->lt_min <= 0 || n < c->lt_min || g->groups > 1 ||
         w->type != DSI_TYPE_F8_E4M3 || w->sb0 != 128 || w->sb1 != 128 || K % 512 || m % 512 ||
         g->row0 % 128 || n % 4 || g->ldx % 4 || g->ldy % 4 || (uintptr_t)g->x % 16 ||
         (uintptr_t)g->y % 16 || w->row_bytes != K)
         return false;
-    struct lt_plan *p = lt_plan_get(c->lt, m, n, K, g->ldy);
+    struct lt_plan *p = lt_plan_get(c->lt, m, n, K);
     if (!p) return false;
     int64_t kb = K / 128, mb = m / 128;
     size_t o_xq = LT_WS, o_xs = o_xq + cu_align((size_t)(n * K)),
-           o_ws = o_xs + cu_align((size_t)(n * kb) * 4), total = o_ws + (size_t)(mb * kb) * 4;
+           o_ws = o_xs + cu_align((size_t)(n * kb) * 4),
+           o_d = o_ws + cu_align((size_t)(mb * kb) * 4), total = o_d + (size_t)(n * m) * 2;
     char *s = (char *)cu_scratch(c, CU_SCR_LT, total);
     if (!s) return c->sticky != 0; /* growing inside a capture: the capture is given up */
     uint8_t *xq = (uint8_t *)(s + o_xq);
     float *xs = (float *)(s + o_xs), *ws = (float *)(s + o_ws);
+    uint16_t *d = (uint16_t *)(s + o_d);
     int pp = cu_prof_begin(c, "gemm.lt");
     int64_t threads = n * kb * 32 > mb * kb ? n * kb * 32 : mb * kb;
     cu_launch(c, k_lt_prep, dim3((unsigned)cu_div_up(threads, CU_THREADS)), dim3(CU_THREADS), 0,
@@ -211,23 +240,24 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
     }
     cublasLtMatmulDesc_t op = (cublasLtMatmulDesc_t)&p->op;
     const void *wa = (const void *)ws, *xb = (const void *)xs;
+    const uint8_t *wd = w->data + g->row0 * w->row_bytes;
     float alpha = 1.0f, beta = 0.0f;
     cublasStatus_t st = CUBLAS_STATUS_INVALID_VALUE;
-    if (lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wa, sizeof(wa)) &&
-        lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xb, sizeof(xb)))
-        st = cublasLtMatmul(c->lt->h, op, &alpha, w->data + g->row0 * w->row_bytes,
-                            (cublasLtMatrixLayout_t)&p->la, xq, (cublasLtMatrixLayout_t)&p->lb,
-                            &beta, g->y, (cublasLtMatrixLayout_t)&p->ld, g->y,
-                            (cublasLtMatrixLayout_t)&p->ld, &p->algo, s, LT_WS, c->stream);
+    if (lt_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p->swap ? &xb : &wa, sizeof(wa)) &&
+        lt_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p->swap ? &wa : &xb, sizeof(xb)))
+        st = cublasLtMatmul(
+            c->lt->h, op, &alpha, p->swap ? (const void *)xq : (const void *)wd,
+            (cublasLtMatrixLayout_t)&p->la, p->swap ? (const void *)wd : (const void *)xq,
+            (cublasLtMatrixLayout_t)&p->lb, &beta, d, (cublasLtMatrixLayout_t)&p->ld, d,
+            (cublasLtMatrixLayout_t)&p->ld, &p->algo, s, LT_WS, c->stream);
     if (st != CUBLAS_STATUS_SUCCESS) {
         cu_fail(c, DSI_ERR_DEVICE, "gemm.lt: cublasLtMatmul [%lld x %lld] x %lld rows: status %d",
                 (long long)m, (long long)K, (long long)n, (int)st);
         cu_prof_end(c, pp);
         return true;
     }
-    if (g->round)
-        cu_launch(c, k_lt_round, dim3((unsigned)cu_div_up(n * m, CU_THREADS)), dim3(CU_THREADS), 0,
-                  g->y, n, m, g->ldy);
+    cu_launch(c, k_lt_widen, dim3((unsigned)cu_div_up(n * m, CU_THREADS)), dim3(CU_THREADS), 0, d,
+              g->y, n, m, g->ldy, p->swap);
     cu_check(c, "gemm.lt");
     cu_prof_end(c, pp);
     return true;
