@@ -83,12 +83,41 @@ __device__ __forceinline__ void tc_store_w(const struct tc_wraw &r, bool valid, 
             d[i] = r.v[i];
     } else if (WT == DSI_TYPE_FP4_E2M1) {
         uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+        if (r.sb <= 128u) { /* pairs (j, j + 4) of a word, put back in k order (tc.cuh) */
+            uint32_t m = bf16x2_pow2(r.sb, 126);
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                uint32_t p04 = bf16x2_mul(e2m1_pair_bits<0>(u[h]), m),
+                         p15 = bf16x2_mul(e2m1_pair_bits<1>(u[h]), m),
+                         p26 = bf16x2_mul(e2m1_pair_bits<2>(u[h]), m),
+                         p37 = bf16x2_mul(e2m1_pair_bits<3>(u[h]), m);
+                d[h] = make_uint4(__byte_perm(p04, p15, 0x5410), __byte_perm(p26, p37, 0x5410),
+                                  __byte_perm(p04, p15, 0x7632), __byte_perm(p26, p37, 0x7632));
+            }
+            return;
+        }
 #pragma unroll
         for (int h = 0; h < 4; h++) {
             float f[8];
             e2m1x8(u[h], r.sb, f);
             d[h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
                               bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+        }
+    } else if (r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order (tc.cuh) */
+        uint32_t m = bf16x2_pow2(r.sb, 120);
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
+            uint32_t o[4];
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                uint32_t p02 = bf16x2_mul(e4m3_pair_bits<0>(u[h]), m),
+                         p13 = bf16x2_mul(e4m3_pair_bits<1>(u[h]), m);
+                o[h] = __byte_perm(p02, p13, 0x5410); /* elements 0, 1 */
+                u[h] = __byte_perm(p02, p13, 0x7632); /* elements 2, 3 */
+            }
+            d[v * 2] = make_uint4(o[0], u[0], o[1], u[1]);
+            d[v * 2 + 1] = make_uint4(o[2], u[2], o[3], u[3]);
         }
     } else {
 #pragma unroll
