@@ -5,7 +5,8 @@
 # profile shows whether lt.cu was taken at all), every CUDA
 # test with it, then `dsinfer bench layer` (context 4096, decode at LT_BATCH, the 8k prefill,
 # `fast` numerics) with lt.cu on and off (DSI_CUDA_LT_MIN=0), alternated, LT_REPS rounds, and a
-# per-op profile of the prefill with it on. Key lines in $OUT/summary.txt, logs in
+# per-op profile of the prefill with it on; with build/variants/base (a whole src/backend/cuda,
+# carried with build/deps) that tree is built and benched too, as `base`. Key lines in $OUT/summary.txt, logs in
 # $OUT/logs.tgz. Usage (repository root, GPU machine): OUT=$OUT bash tests/ops/gpu_lt.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -19,6 +20,15 @@ GEN=$!
 make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
     { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
 log "build done"
+BASE=
+if [ -d build/variants/base ]; then # a baseline: this tree with build/variants/base as src/backend/cuda
+    BASE=/tmp/v_base
+    rm -rf $BASE && mkdir -p $BASE && cp -a Makefile include src tools tests ref build $BASE/ 2>/dev/null
+    rm -f $BASE/src/backend/cuda/* && cp build/variants/base/* $BASE/src/backend/cuda/ && touch $BASE/src/backend/cuda/*
+    (cd $BASE && make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer >"$L/build_base.log" 2>&1
+     echo $? >"$L/build_base.rc") &
+    BB=$!
+fi
 T=build/cuda/dsinfer-test
 LAY=
 for l in 1 0 2 3; do
@@ -36,11 +46,18 @@ log "test_cuda rc $?: $(tail -1 "$L/test_cuda.log")"
 grep -E "FAIL|fail[^e]" "$L/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
 wait $GEN
 log "checkpoint: $(tail -1 "$L/gen.log")"
+VS="on off"
+if [ -n "$BASE" ]; then
+    wait $BB
+    log "base build rc $(cat "$L/build_base.rc")"
+    [ "$(cat "$L/build_base.rc")" = 0 ] && VS="base on off"
+fi
 for rep in $(seq 1 "${LT_REPS:-2}"); do
-    for v in on off; do
-        lm=128
+    for v in $VS; do
+        lm=128 bin=build/cuda/dsinfer
         [ $v = off ] && lm=0
-        DSI_CUDA_LT_MIN=$lm timeout 150 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 \
+        [ $v = base ] && bin=$BASE/build/cuda/dsinfer
+        DSI_CUDA_LT_MIN=$lm timeout 150 $bin bench layer -m $M --ctx 4096 --steps 7 \
             --batch "${LT_BATCH:-1,128,256}" --no-split --prefill 8192 --prefill-reps 1 \
             --numerics fast >"$L/bench_${v}_$rep.txt" 2>&1
         log "bench lt $v rep $rep rc $?"
