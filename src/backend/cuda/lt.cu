@@ -29,7 +29,7 @@
  * Ownership: struct cu_lt (the cuBLASLt handle and the plan cache) belongs to the cu_ctx,
  * made by cu_lt_new at backend creation and freed by cu_lt_free; the per-call buffers (the
  * cuBLASLt workspace, the FP8 rows, the scales) are carved from lt.cu's own scratch (CU_SCR_LT),
- * so that an op may call it on buffers in its own (the MoE's shared expert). */
+ * apart from the op scratch of its caller. */
 #include "gemm.cuh"
 
 #include <cublasLt.h>

@@ -562,44 +562,6 @@ static bool moe_shapes_ok(
            w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) && gemm_w_ok(w2);
 }
 
-/* The shared expert's SwiGLU after its two GEMMs through lt.cu (g, u: [n, I], already rounded
- * as the tensor-core epilogue rounds them): h[r] = silu(min(g, L)) * clamp(u, -L, L) * 1, in
- * tc.cu's operations (so the same values from the same g, u). */
-__global__ void k_moe_lt_swiglu(
-    const float *g, const float *u, float *h, int64_t n, int64_t I, float limit, bool round) {
-    cu_pdl_enter();
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * I) return;
-    float gv = fminf(g[i], limit), uv = fminf(fmaxf(u[i], -limit), limit);
-    float silu = gv / (1.0f + exp_ref(-gv));
-    h[i] = rbf(silu * uv * 1.0f, round);
-}
-
-/* The shared expert's gate and up projections through lt.cu (cuBLASLt FP8) into g and u, then
- * its SwiGLU into h; false (nothing launched): lt.cu does not take them. */
-static bool shared_up_lt(struct cu_ctx *c,
-                         const struct dsi_moe_args *a,
-                         const struct cu_w *s1,
-                         const struct cu_w *s3,
-                         float *g,
-                         float *u,
-                         float *h) {
-    int64_t n = a->n, D = a->dim, I = a->inter;
-    struct cu_gemm_call c1 = {s1, 0, I, a->x, n, D, g, I, a->round_bf16, 1, 0, 0};
-    struct cu_gemm_call c3 = c1;
-    c3.w = s3;
-    c3.y = u;
-    if (!launch_lt_gemm(c, &c1, a->act_quant)) return false;
-    if (!launch_lt_gemm(c, &c3, a->act_quant)) { /* the same shape: cannot happen */
-        cu_fail(c, DSI_ERR_DEVICE, "moe: lt.cu took the shared gate but not the up projection");
-        return true;
-    }
-    cu_launch(c, k_moe_lt_swiglu, dim3((unsigned)cu_div_up(n * I, 256)), dim3(256), 0, g, u, h, n,
-              I, a->limit, a->round_bf16);
-    cu_check(c, "moe shared swiglu");
-    return true;
-}
-
 extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     int64_t n = a->n, D = a->dim, I = a->inter, nk = n * a->topk;
@@ -636,9 +598,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
            o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
     size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
-    size_t o_lt = o_out + cu_align((size_t)((nk + n) * D) * 4); /* the shared g, u for lt.cu */
-    bool lt_room = a->fast && a->act_quant && c->lt && c->lt_min > 0 && n >= c->lt_min;
-    size_t total = o_lt + (lt_room ? 2 * cu_align((size_t)(n * I) * 4) : 0);
+    size_t total = o_out + cu_align((size_t)((nk + n) * D) * 4);
     char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
     if (!s) return;
     struct moe_p p;
@@ -685,12 +645,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     int srx = stc ? tc_pick_bn((double)n) : sgv ? 8 * snt : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    /* many rows: the shared expert's GEMMs through lt.cu (cuBLASLt FP8) where it takes them */
-    bool slt =
-        lt_room && shared_up_lt(c, a, &s1, &s3, (float *)(s + o_lt),
-                                (float *)(s + o_lt + cu_align((size_t)(n * I) * 4)), p.h + nk * I);
-    ok = slt   ? !c->sticky
-         : stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
+    ok = stc   ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
                : moe_up(c, &ps, s1.type, srx, gsu);
     cu_prof_end(c, pp);
@@ -705,11 +660,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_down");
-    struct cu_gemm_call cd = {&s2, 0, D, p.h + nk * I, n, I, p.out + nk * D, D, a->round_bf16,
-                              1,   0, 0};
-    bool sdl = slt && launch_lt_gemm(c, &cd, a->act_quant);
-    ok = sdl   ? !c->sticky
-         : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+    ok = stc   ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
                : moe_down(c, &ps, s2.type, srx, gsd);
     cu_prof_end(c, pp);
