@@ -5,7 +5,10 @@
 # Compute (--clock-control none, as the device notes ask) on the kernels matching DIAG_KERNELS:
 # speed of light (DRAM and SM throughput), warp states (stall reasons), occupancy, launch
 # statistics; a second pass for the stall reasons per issued instruction. Output in
-# $OUT/diag.txt and $OUT/diag_stalls.txt. Usage (repository root, on the GPU machine):
+# $OUT/diag.txt and $OUT/diag_stalls.txt. DIAG_BATCH (default 1): the decode batch; with 16
+# experts, DIAG_BATCH=16 gives the routed tiles of a 256-batch step of the real model (6 rows
+# per expert): DIAG_BATCH=16 DIAG_KERNELS=k_tc for tc.cu's MoE tiles. Usage (repository root,
+# on the GPU machine):
 #   OUT=$OUT bash tests/ops/gpu_diag.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -30,15 +33,15 @@ DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none \
     --launch-skip ${DIAG_SKIP:-40} --launch-count ${DIAG_COUNT:-10} --section SpeedOfLight \
     --section WarpStateStats --section Occupancy --section LaunchStats \
     --section MemoryWorkloadAnalysis build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 \
-    --batch 1 --no-split --prefill 0 --numerics fast >"$D" 2>&1
+    --batch ${DIAG_BATCH:-1} --no-split --prefill 0 --numerics fast >"$D" 2>&1
 log "ncu rc $?"
 # stall reasons per issued instruction (a second pass: a metric this ncu lacks fails only it)
 DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none \
     -k "regex:${DIAG_KERNELS:-k_moe_up_gv|k_moe_down_gv|k_gvf}" \
     --launch-skip ${DIAG_SKIP:-40} --launch-count ${DIAG_COUNT:-10} \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-    build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 --batch 1 --no-split --prefill 0 \
-    --numerics fast >"$OUT/diag_stalls.txt" 2>&1
+    build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 --batch ${DIAG_BATCH:-1} --no-split \
+    --prefill 0 --numerics fast >"$OUT/diag_stalls.txt" 2>&1
 log "ncu stalls rc $?"
 grep -E "^  k_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|L2 Hit|Mem Busy|Max Bandwidth" "$D" | head -150 >>"$OUT/summary.txt"
 log "done"
