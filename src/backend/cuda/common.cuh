@@ -108,7 +108,8 @@ struct cu_ctx {
     size_t slab_used, slab_cap;
     size_t imported_bytes;
     /* step scratch, grown on demand (stream-synchronised before it is replaced): one buffer
-     * for the GEMM's split-K chunk values, one for an op's own intermediates */
+     * for the GEMM's split-K chunk values, one for an op's own intermediates, one for lt.cu
+     * (CU_SCR_GEMM, CU_SCR_OP, CU_SCR_LT) */
     void *scratch[3];
     size_t scratch_bytes[3];
     struct cu_freq freq[CU_MAX_FREQ];
