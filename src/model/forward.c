@@ -203,16 +203,17 @@ void dsi_fwd_free(struct dsi_fwd *f) {
 
 /* ---- helpers over the op table --------------------------------------------------------------- */
 
-/* x_fp8: x is act()'s output in reference/fast numerics (dsi_gemm_args.x_fp8). */
-static void gemm_x(struct dsi_fwd *f,
-                   const struct dsi_tensor *w,
-                   const float *x,
-                   int64_t n,
-                   int64_t ldx,
-                   float *y,
-                   int64_t ldy,
-                   bool round,
-                   bool x_fp8) {
+/* y = x W^T; round: bf16 outputs; x_fp8: x is act()'s output (FP8-quantised rows when f->R:
+ * dsi_gemm_args.x_fp8). */
+static void gemm(struct dsi_fwd *f,
+                 const struct dsi_tensor *w,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round,
+                 bool x_fp8) {
     struct dsi_gemm_args a = {.w = w,
                               .n_out = w->ne[1],
                               .x = x,
@@ -224,28 +225,6 @@ static void gemm_x(struct dsi_fwd *f,
                               .fast = f->F,
                               .x_fp8 = x_fp8};
     f->be->ops->gemm(f->be, &a);
-}
-
-static void gemm(struct dsi_fwd *f,
-                 const struct dsi_tensor *w,
-                 const float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 float *y,
-                 int64_t ldy,
-                 bool round) {
-    gemm_x(f, w, x, n, ldx, y, ldy, round, false);
-}
-
-/* A GEMM on act()'s output xq (FP8-quantised rows when f->R), outputs rounded when f->R. */
-static void gemm_q(struct dsi_fwd *f,
-                   const struct dsi_tensor *w,
-                   const float *xq,
-                   int64_t n,
-                   int64_t ldx,
-                   float *y,
-                   int64_t ldy) {
-    gemm_x(f, w, xq, n, ldx, y, ldy, f->R, f->R);
 }
 
 /* In reference numerics, quantise the activation rows (FP8, 128-blocks) into xq first. */
@@ -383,10 +362,10 @@ static void attention(struct dsi_fwd *f, int il) {
     int tab = li->rope;
 
     const float *xq = act(f, f->x, n, D, f->xq);
-    gemm_q(f, &L->wq_a, xq, n, D, f->qa, ql);
+    gemm(f, &L->wq_a, xq, n, D, f->qa, ql, f->R, f->R);
     rms(f, f->qa, f->qa, n, ql, &L->q_norm);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
-    gemm_q(f, &L->wq_b, qaq, n, ql, f->q, HD);
+    gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
     struct dsi_rms_norm_args qn = {.x = f->q,
                                    .y = f->q,
                                    .n = n,
@@ -399,7 +378,7 @@ static void attention(struct dsi_fwd *f, int il) {
                                    .round_bf16 = f->R};
     be->ops->rms_norm(be, &qn);
     rope(f, f->q, n, HD, H, hd, pos, tab, false);
-    gemm_q(f, &L->wkv, xq, n, D, f->kv_rows, hd);
+    gemm(f, &L->wkv, xq, n, D, f->kv_rows, hd, f->R, f->R);
     rms(f, f->kv_rows, f->kv_rows, n, hd, &L->kv_norm);
     rope(f, f->kv_rows, n, hd, 1, hd, pos, tab, false);
     kv_quant(f, f->kv_rows, n, hd);
@@ -411,22 +390,22 @@ static void attention(struct dsi_fwd *f, int il) {
     if (ratio) {
         struct ratio_class *k = class_of(f, ratio);
         int64_t cw = (csa ? 2 : 1) * hd;
-        gemm(f, &L->comp.wkv, f->x, n, D, f->ca, cw, false);
-        gemm(f, &L->comp.wgate, f->x, n, D, f->cb, cw, false);
+        gemm(f, &L->comp.wkv, f->x, n, D, f->ca, cw, false, false);
+        gemm(f, &L->comp.wgate, f->x, n, D, f->cb, cw, false, false);
         compressor(f, &L->comp, k, f->ca, f->cb, hd, csa, S->slot_a, S->slot_b, S->entries, f->ent,
                    false);
         if (csa) {
-            gemm(f, &L->idx_comp.wkv, f->x, n, D, f->ia, 2 * ihd, false);
-            gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false);
+            gemm(f, &L->idx_comp.wkv, f->x, n, D, f->ia, 2 * ihd, false, false);
+            gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false, false);
             compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
                        S->ikeys, f->ient, true);
-            gemm_q(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd);
+            gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R, f->R);
             rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
             if (f->R) {
                 struct dsi_hadamard_q4_args h = {f->qI, n, nih, ihd, nih * ihd};
                 be->ops->hadamard_q4(be, &h);
             }
-            gemm(f, &L->idx_weights_proj, f->x, n, D, f->wI, nih, f->R);
+            gemm(f, &L->idx_weights_proj, f->x, n, D, f->wI, nih, f->R, false);
             struct dsi_indexer_args ia = {.st = &f->st,
                                           .q = f->qI,
                                           .w = f->wI,
@@ -475,7 +454,7 @@ static void attention(struct dsi_fwd *f, int il) {
                                .gy = c->o_lora_rank};
     be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
-    gemm_q(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D);
+    gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R, f->R);
 }
 
 /* ---- MoE (spec 4.8)
@@ -485,7 +464,7 @@ static void moe(struct dsi_fwd *f, int il) {
     const struct dsi_config *c = f->c;
     const struct dsi_layer_w *L = &f->m->layers[il];
     int64_t n = f->st.n, D = c->hidden_size;
-    gemm(f, &L->gate_w, f->x, n, D, f->glog, c->n_routed_experts, false);
+    gemm(f, &L->gate_w, f->x, n, D, f->glog, c->n_routed_experts, false, false);
     struct dsi_moe_route_args ra = {.logits = f->glog,
                                     .n = n,
                                     .n_experts = c->n_routed_experts,
@@ -605,7 +584,7 @@ head(struct dsi_fwd *f, int64_t m, const struct dsi_hc_w *hc, const struct dsi_t
                                  .round_bf16 = f->R};
     f->be->ops->hc_head(f->be, &a);
     rms(f, f->y, f->x, m, D, norm);
-    gemm(f, &f->m->head, f->x, m, D, f->logits, c->vocab_size, false);
+    gemm(f, &f->m->head, f->x, m, D, f->logits, c->vocab_size, false, false);
 }
 
 /* head() and the logits to host memory (an eager step: the MTP layer). */
@@ -810,11 +789,11 @@ int dsi_mtp_forward(struct dsi_fwd *f,
     be->ops->embed(be, &ea);
     rms(f, f->y, f->y, n, D, &L->enorm);
     const float *eq = act(f, f->y, n, D, f->xq);
-    gemm_q(f, &L->e_proj, eq, n, D, f->f, D);
+    gemm(f, &L->e_proj, eq, n, D, f->f, D, f->R, f->R);
     be->ops->upload(be, f->X2, streams, sizeof(float) * (size_t)(n * c->hc_dim));
     rms(f, f->X2, f->X2, n * hc, D, &L->hnorm);
     const float *hq = act(f, f->X2, n * hc, D, f->xq);
-    gemm_q(f, &L->h_proj, hq, n * hc, D, f->X, D);
+    gemm(f, &L->h_proj, hq, n * hc, D, f->X, D, f->R, f->R);
     for (int64_t k = 0; k < hc; k++) { /* every stream gets e_proj e */
         struct dsi_add_args ad = {f->X + k * D, f->f, f->X + k * D, n, D, hc * D, D, hc * D, f->R};
         be->ops->add(be, &ad);

@@ -15,12 +15,8 @@ rm -rf $L && mkdir -p "$OUT" $L
 VARIANTS=${AB_VARIANTS:-base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0}
 BATCH=${AB_BATCH:-1,8,32,128,256}
 PREFILL=${AB_PREFILL:-8192}
-M=/tmp/flash4
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$L/gen.log" 2>&1
- echo "gen exit $?" >>"$L/gen.log") &
-GEN=$!
-make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
-    { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
+start_flash4 $L
+build_cuda $L
 log "build done"
 timeout 260 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$L/test_cuda.log" 2>&1
 log "test_cuda rc $?: $(tail -1 "$L/test_cuda.log")"

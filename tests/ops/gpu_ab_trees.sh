@@ -19,14 +19,10 @@ rm -rf $L && mkdir -p "$OUT" $L
 TREES=${AB_TREES:-$(ls build/variants)}
 BATCH=${AB_BATCH:-1,2,8,32,256}
 PREFILL=${AB_PREFILL:-0}
-M=/tmp/flash4
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$L/gen.log" 2>&1
- echo "gen exit $?" >>"$L/gen.log") &
-GEN=$!
+start_flash4 $L
 J=$(nproc)
 PIDS=()
-make -j"$J" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
-    { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
+build_cuda $L
 log "tree built"
 for v in $TREES; do
     d=/tmp/v_$v

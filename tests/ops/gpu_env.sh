@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # gpu_env.sh - sourced by the device-run scripts (gpu_ab_env.sh, gpu_final.sh): log() into
 # $OUT/summary.txt with the seconds since start, the GPU and driver line, and the jansson/pcre2
 # build flags from build/deps (carried from the development machine) where the machine lacks
@@ -10,3 +11,17 @@ if [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/pcre2.h ]; then
     export CFLAGS="-O2 -g -I$PWD/build/deps/include" LDFLAGS="-L$PWD/build/deps/lib"
     export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
 fi
+# start_flash4 LOGDIR: write the 4-layer V4-Flash-shaped random checkpoint to $M (/tmp/flash4) in
+# the background (GEN: its pid; LOGDIR/gen.log ends with "gen exit <rc>").
+start_flash4() {
+    M=/tmp/flash4
+    (python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$1/gen.log" 2>&1
+     echo "gen exit $?" >>"$1/gen.log") &
+    # shellcheck disable=SC2034 # GEN and M are the sourcing script's
+    GEN=$!
+}
+# build_cuda LOGDIR: build/cuda's dsinfer-test and dsinfer, or the build log's tail and exit 1.
+build_cuda() {
+    make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$1/build.log" 2>&1 ||
+        { tail -30 "$1/build.log"; log "BUILD FAILED"; exit 1; }
+}

@@ -52,7 +52,7 @@ if [ "${FINAL_HF:-1}" != 0 ]; then # FINAL_HF=0: no HF eager run (a short device
     PYTHONUNBUFFERED=1 timeout 120 python3 ref/hf_layer_bench.py --preset flash --layers 4 \
         --ctx 4096 --batch $B --prefill 8192 --budget 90 --out $HF_JSON >"$OUT/bench_layer.txt" 2>&1
     log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
-    HF=(--hf $HF_JSON)
+    HF=(--hf "$HF_JSON")
 fi
 if [ -n "$GEN" ]; then
     wait $GEN

@@ -13,12 +13,8 @@ OUT=${OUT:-/tmp/dsinfer-gpu-out}
 L=/tmp/lt-logs
 rm -rf $L && mkdir -p "$OUT" $L
 . tests/ops/gpu_env.sh
-M=/tmp/flash4
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >"$L/gen.log" 2>&1
- echo "gen exit $?" >>"$L/gen.log") &
-GEN=$!
-make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$L/build.log" 2>&1 ||
-    { tail -30 "$L/build.log"; log "BUILD FAILED"; exit 1; }
+start_flash4 $L
+build_cuda $L
 log "build done"
 BASE=
 if [ -d build/variants/base ]; then # a baseline: this tree with build/variants/base as src/backend/cuda
