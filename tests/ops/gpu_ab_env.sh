@@ -4,8 +4,9 @@
 # 8k prefill; `fast` numerics, and `plain` at batch 1) for each variant in AB_VARIANTS (a word
 # per variant: "base" = the defaults, else comma-separated VAR=value settings), the variants
 # alternated, AB_REPS rounds. AB_TEST_ENV (VAR=value,...): the CUDA tests once more with those
-# settings; AB_PLAIN=0 leaves out the `plain` batch-1 runs; AB_PROFILE=1: a per-op profile (DSI_CUDA_PROFILE) of batch 1 per variant. Key lines in
-# $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository root, on the GPU machine):
+# settings; AB_PLAIN=0 leaves out the `plain` batch-1 runs; AB_PROFILE=1: a per-op profile
+# (DSI_CUDA_PROFILE) per variant of a decode step at batch AB_PROFILE_BATCH (1) and, with
+# AB_PROFILE_PREFILL (0) tokens, a prefill. Key lines in $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository root, on the GPU machine):
 #   OUT=$OUT AB_VARIANTS="base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0" bash tests/ops/gpu_ab_env.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -49,8 +50,9 @@ if [ -n "${AB_PROFILE:-}" ]; then
     for v in $VARIANTS; do
         envs=()
         [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
-        env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 60 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
-            --steps 5 --batch 1 --no-split --prefill 0 --numerics fast >"$L/profile_${v//[=,]/_}.txt" 2>&1
+        env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
+            --steps 5 --batch "${AB_PROFILE_BATCH:-1}" --no-split --prefill "${AB_PROFILE_PREFILL:-0}" \
+            --prefill-reps 1 --numerics fast >"$L/profile_${v//[=,]/_}.txt" 2>&1
         log "profile $v rc $?"
     done
 fi
