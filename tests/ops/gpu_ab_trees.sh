@@ -8,7 +8,9 @@
 # sources, rebuilt (only what changed recompiles). Then the CUDA tests on the variants named in
 # AB_TEST_TREES (default: all; a failing one makes the run also test the others), and
 # `dsinfer bench layer` at context 4096 (decode at AB_BATCH, `fast` numerics, AB_PREFILL) for each
-# variant, alternated, AB_REPS rounds; AB_PROFILE=1 adds a per-op profile at batch 1 per variant.
+# variant, alternated, AB_REPS rounds; AB_PROFILE=1 adds a per-op profile per variant (a decode
+# step at batch AB_PROFILE_BATCH, default 1, and a prefill of AB_PROFILE_PREFILL tokens, default 0).
+# A word of AB_TREES may be tree:VAR=value,VAR=value (that tree benched with those settings).
 # Key lines in $OUT/summary.txt, logs in $OUT/logs.tgz. Usage (repository root, GPU machine):
 #   OUT=$OUT AB_TREES="main gvf-nodiv" bash tests/ops/gpu_ab_trees.sh
 set -u
@@ -16,7 +18,10 @@ OUT=${OUT:-/tmp/dsinfer-gpu-out}
 L=/tmp/ab-logs
 rm -rf $L && mkdir -p "$OUT" $L
 . tests/ops/gpu_env.sh
-TREES=${AB_TREES:-$(ls build/variants)}
+WORDS=${AB_TREES:-$(ls build/variants)}
+TREES=$(for w in $WORDS; do echo "${w%%:*}"; done | awk '!s[$0]++' | tr '\n' ' ')
+# word_env WORD: the settings of a tree:VAR=value,... word, one per line
+word_env() { [[ $1 == *:* ]] && tr , '\n' <<<"${1#*:}"; }
 BATCH=${AB_BATCH:-1,2,8,32,256}
 PREFILL=${AB_PREFILL:-0}
 start_flash4 $L
@@ -50,19 +55,25 @@ fi
 wait $GEN
 log "checkpoint: $(tail -1 "$L/gen.log")"
 for rep in $(seq 1 "${AB_REPS:-2}"); do
-    for v in $TREES; do
-        f="$L/bench_${v}_$rep.txt"
-        timeout 120 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 --batch "$BATCH" \
+    for w in $WORDS; do
+        v=${w%%:*}
+        f="$L/bench_${w//[:=,]/_}_$rep.txt"
+        mapfile -t envs < <(word_env "$w")
+        env "${envs[@]}" timeout 120 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 --batch "$BATCH" \
             --no-split --prefill "$PREFILL" --prefill-reps 1 --numerics fast >"$f" 2>&1
-        log "bench $v rep $rep rc $?"
+        log "bench $w rep $rep rc $?"
         grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
     done
 done
 if [ -n "${AB_PROFILE:-}" ]; then
-    for v in $TREES; do
-        DSI_CUDA_PROFILE=1 timeout 60 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
-            --batch 1 --no-split --prefill 0 --numerics fast >"$L/profile_$v.txt" 2>&1
-        log "profile $v rc $?"
+    for w in $WORDS; do
+        v=${w%%:*}
+        mapfile -t envs < <(word_env "$w")
+        env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 100 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M \
+            --ctx 4096 --steps 5 --batch "${AB_PROFILE_BATCH:-1}" --no-split \
+            --prefill "${AB_PROFILE_PREFILL:-0}" --prefill-reps 1 --numerics fast \
+            >"$L/profile_${w//[:=,]/_}.txt" 2>&1
+        log "profile $w rc $?"
     done
 fi
 tar czf "$OUT/logs.tgz" -C $L .

@@ -89,6 +89,7 @@ struct cu_ctx {
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
+    int tc_bn_max;   /* tc.cu's activation rows per block at most (DSI_CUDA_TC_BN: 16-128) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

@@ -449,11 +449,13 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gemv = !(nv && *nv && *nv != '0');
     const char *td = getenv("DSI_CUDA_TC_DENSE"), *tm = getenv("DSI_CUDA_TC_MOE");
     c->tc_dense_min = td && *td ? atoi(td) : 64;
-    /* routed experts on tc.cu at any rows per expert (from 3 tokens): measured faster than
-       gvf.cu and the exact kernels at batch 4-256 (docs/cuda.md, step 10) */
-    c->tc_moe_min = tm && *tm ? atof(tm) : 0.0;
+    /* routed experts on tc.cu from 8 rows per expert, below on gvf.cu (measured faster there
+       since gvf.cu's bf16-pair decode: batch 128 -26%, 256 -5%; docs/cuda.md, step 15) */
+    c->tc_moe_min = tm && *tm ? atof(tm) : 8.0;
+    /* gvf.cu up to this many tokens: the routed experts (below tc_moe_min rows per expert); the
+       dense GEMMs and the shared expert stop at 32 rows in any case (their tiles' limit) */
     const char *gf = getenv("DSI_CUDA_GVF");
-    c->gvf_max = gf && *gf ? atoi(gf) : 32;
+    c->gvf_max = gf && *gf ? atoi(gf) : 512;
     /* dense GEMMs and the shared expert from 1 row, the routed experts from 3 tokens (at 1-2
        the exact persistent kernels of moe_gv.cu are faster there; docs/cuda.md, step 12) */
     const char *gn = getenv("DSI_CUDA_GVF_MIN"), *gm = getenv("DSI_CUDA_GVF_MOE_MIN");
@@ -464,6 +466,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_ilv = !(gi && *gi == '0');
     const char *hs = getenv("DSI_CUDA_HC_SPLIT");
     c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;
+    const char *tb = getenv("DSI_CUDA_TC_BN");
+    c->tc_bn_max = tb && *tb ? atoi(tb) : 128;
+    if (c->tc_bn_max != 16 && c->tc_bn_max != 32 && c->tc_bn_max != 64) c->tc_bn_max = 128;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* dense FP8 GEMMs of `fast` numerics from 128 rows through cuBLASLt (lt.cu); the handle is

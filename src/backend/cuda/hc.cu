@@ -182,7 +182,9 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     cu_check(c, "hc_pre");
 }
 
-/* One thread per (row, stream k, d): Xo[k] = post[k] f + sum_j comb[j][k] X[j]. */
+/* Xo[k] = post[k] f + sum_j comb[j][k] X[j]: one thread per (row, d) computes every stream k,
+ * so X[.][d] and f[d] are read once (each output's operations in the CPU's order, as before:
+ * bitwise); grid (column blocks, rows), rows past gridDim.y in turn. No 64-bit divisions. */
 __global__ void k_hc_post(const float *f,
                           const float *X,
                           const float *post,
@@ -193,22 +195,38 @@ __global__ void k_hc_post(const float *f,
                           int64_t dim,
                           bool round) {
     cu_pdl_enter();
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * hc * dim) return;
-    int64_t d = t % dim, k = (t / dim) % hc, r = t / dim / hc;
-    const float *Xr = X + r * hc * dim, *C = comb + r * hc * hc;
-    float acc = 0.0f;
-    for (int j = 0; j < hc; j++)
-        acc += C[j * hc + k] * Xr[j * dim + d];
-    Xo[t] = rbf(post[r * hc + k] * f[r * dim + d] + acc, round);
+    int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= dim) return;
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+        const float *Xr = X + r * hc * dim + d, *C = comb + r * hc * hc, *P = post + r * hc;
+        float *Or = Xo + r * hc * dim + d;
+        float x[HC_MAX];
+#pragma unroll
+        for (int j = 0; j < HC_MAX; j++)
+            x[j] = j < hc ? Xr[j * dim] : 0.0f;
+        float fd = f[r * dim + d];
+#pragma unroll
+        for (int k = 0; k < HC_MAX; k++) {
+            if (k >= hc) break;
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < HC_MAX; j++)
+                if (j < hc) acc += C[j * hc + k] * x[j];
+            Or[k * dim] = rbf(P[k] * fd + acc, round);
+        }
+    }
 }
 
 extern "C" void cuda_hc_post(struct dsi_backend *be, const struct dsi_hc_post_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0) return;
-    int64_t t = a->n * a->hc * a->dim;
-    cu_launch(c, k_hc_post, (unsigned)cu_div_up(t, 256), 256, 0, a->f, a->X, a->post, a->comb,
-              a->Xo, a->n, (int)a->hc, a->dim, a->round_bf16);
+    if (a->hc < 1 || a->hc > HC_MAX) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "hc_post: hc_mult %d (at most %d)", (int)a->hc, HC_MAX);
+        return;
+    }
+    dim3 grid((unsigned)cu_div_up(a->dim, 256), (unsigned)std::min<int64_t>(a->n, 65535));
+    cu_launch(c, k_hc_post, grid, 256, 0, a->f, a->X, a->post, a->comb, a->Xo, a->n, (int)a->hc,
+              a->dim, a->round_bf16);
     cu_check(c, "hc_post");
 }
 

@@ -592,7 +592,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* `fast` numerics, fewer rows: the decode tensor-core kernels (tiles of up to 8-32 rows) */
     int gnt = gvf_moe_nt(2 * nk / E); /* tiles of 8, 16 or 32 rows: ~2x the mean */
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
-    int rx = tc ? tc_pick_bn((double)nk / E) : gv ? 8 * gnt : pick_rx((double)nk / E);
+    int rx = tc ? tc_pick_bn(c, (double)nk / E) : gv ? 8 * gnt : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -642,7 +642,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
     int snt = gvf_moe_nt(n);
     bool sgv = a->fast && !stc && n <= 32 && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
-    int srx = stc ? tc_pick_bn((double)n) : sgv ? 8 * snt : pick_rx((double)n);
+    int srx = stc ? tc_pick_bn(c, (double)n) : sgv ? 8 * snt : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
     ok = stc   ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky

@@ -56,7 +56,7 @@ bool tc_moe_ok(const struct cu_w *w1,
                int64_t D,
                int64_t I,
                const float *x);
-int tc_pick_bn(double rows);
+int tc_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
 
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8

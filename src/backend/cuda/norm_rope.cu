@@ -36,9 +36,79 @@ __global__ void k_rms_norm(const float *x,
     }
 }
 
+/* One warp per (row, group) for dims of 128 V (V <= 16: the per-head and LoRA norms, many short
+ * groups): a lane holds its V float4 in registers (read once; y may alias x), the sum of squares
+ * in double as k_rms_norm's. 8 warps per block. */
+template <int V>
+__global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
+                                                       float *y,
+                                                       int64_t rows, /* n * n_groups */
+                                                       int64_t n_groups,
+                                                       int64_t ldx,
+                                                       int64_t ldy,
+                                                       struct cu_vec w,
+                                                       float eps,
+                                                       bool round) {
+    cu_pdl_enter();
+    int64_t rg = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (rg >= rows) return;
+    int lane = threadIdx.x & 31;
+    int64_t r = rg / n_groups, g = rg - r * n_groups;
+    const float4 *xs = (const float4 *)(x + r * ldx + g * V * 128);
+    float4 *ys = (float4 *)(y + r * ldy + g * V * 128);
+    float4 v[V];
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        v[i] = xs[i * 32 + lane];
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        v[i] = make_float4(rbf(v[i].x, round), rbf(v[i].y, round), rbf(v[i].z, round),
+                           rbf(v[i].w, round));
+        ss += (double)v[i].x * (double)v[i].x;
+        ss += (double)v[i].y * (double)v[i].y;
+        ss += (double)v[i].z * (double)v[i].z;
+        ss += (double)v[i].w * (double)v[i].w;
+    }
+    ss = warp_sum_d(ss);
+    float ms = (float)(ss / (double)(V * 128));
+    float inv;
+    if (round && !w.data)
+        inv = bf16_round(1.0f / sqrtf(bf16_round(ms) + eps));
+    else
+        inv = 1.0f / sqrtf(ms + eps);
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        int64_t e = (int64_t)(i * 32 + lane) * 4;
+        float o[4] = {v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (w.data) o[j] = vec_get(w, e + j) * o[j];
+            o[j] = rbf(o[j], round);
+        }
+        ys[i * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+template <int V> static void rms_norm_warp(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
+    int64_t rows = a->n * a->n_groups;
+    cu_launch(c, k_rms_norm_warp<V>, (unsigned)cu_div_up(rows, 8), 256, 0, a->x, a->y, rows,
+              a->n_groups, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+}
+
 extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->n_groups <= 0 || a->dim <= 0) return;
+    bool vec = a->dim % 128 == 0 && a->ldx % 4 == 0 && a->ldy % 4 == 0 &&
+               (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0;
+    if (vec && (a->dim == 128 || a->dim == 512 || a->dim == 1024 || a->dim == 2048)) {
+        if (a->dim == 128) rms_norm_warp<1>(c, a);
+        if (a->dim == 512) rms_norm_warp<4>(c, a);
+        if (a->dim == 1024) rms_norm_warp<8>(c, a);
+        if (a->dim == 2048) rms_norm_warp<16>(c, a);
+        cu_check(c, "rms_norm");
+        return;
+    }
     int64_t blocks = a->n * a->n_groups;
     int threads = a->dim >= 2048 ? 256 : a->dim >= 512 ? 128 : 64;
     cu_launch(c, k_rms_norm, (unsigned)blocks, threads, 0, a->x, a->y, a->n_groups, a->dim, a->ldx,

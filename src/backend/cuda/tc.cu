@@ -361,8 +361,11 @@ static bool tc_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 gr
     }
 }
 
-/* Activation rows per block for `rows` rows per weight tile. */
-int tc_pick_bn(double rows) { return rows > 64 ? 128 : rows > 32 ? 64 : rows > 16 ? 32 : 16; }
+/* Activation rows per block for `rows` rows per weight tile, at most c->tc_bn_max. */
+int tc_pick_bn(const struct cu_ctx *c, double rows) {
+    int bn = rows > 64 ? 128 : rows > 32 ? 64 : rows > 16 ? 32 : 16;
+    return bn < c->tc_bn_max ? bn : c->tc_bn_max;
+}
 
 static bool tc_w_ok(const struct cu_w *w, int64_t K) {
     if (!gemm_w_ok(w) || w->K != K || K % TC_BK) return false;
@@ -394,6 +397,7 @@ bool launch_tc_gemm(struct cu_ctx *c,
     p.ldy = ldy;
     p.round = round;
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
+    if (bn > c->tc_bn_max) bn = c->tc_bn_max;
     dim3 grid((unsigned)cu_div_up(n_out, TC_BM), (unsigned)cu_div_up(n, bn));
     int pp = cu_prof_begin(c, "gemm.tc");
     bool ok = w->type == DSI_TYPE_F8_E4M3
