@@ -252,6 +252,7 @@ struct dsi_indexer_args {
     int topk;
     int32_t *sel;   /* [n, topk] */
     int32_t *n_sel; /* [n] */
+    bool fast;      /* as dsi_gemm_args.fast: the products may run on tensor cores */
 };
 
 /* dst[i] = src[idx[i]] (rows of dim floats). */

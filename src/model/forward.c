@@ -417,7 +417,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                           .w_scale = 1.0f / sqrtf((float)nih),
                                           .topk = c->index_topk,
                                           .sel = f->sel,
-                                          .n_sel = f->n_sel};
+                                          .n_sel = f->n_sel,
+                                          .fast = f->F};
             be->ops->indexer(be, &ia);
         }
     }

@@ -92,6 +92,7 @@ struct cu_ctx {
     int tc_bn_max;   /* tc.cu's activation rows per block at most (DSI_CUDA_TC_BN: 16-128) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */
     int gvf_blocks;  /* gvf.cu's grid: about this many blocks per SM (DSI_CUDA_GVF_BLOCKS, 2) */
+    bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

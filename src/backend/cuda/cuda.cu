@@ -475,6 +475,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 2;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
+    const char *ti = getenv("DSI_CUDA_TC_IDX");
+    c->tc_idx = !(ti && *ti == '0');
     /* dense FP8 GEMMs of `fast` numerics from 128 rows through cuBLASLt (lt.cu); the handle is
        made here, never in a step; without it the GEMMs stay on tc.cu */
     const char *lm = getenv("DSI_CUDA_LT_MIN"), *ll = getenv("DSI_CUDA_LT_LAYOUT");

@@ -2,10 +2,13 @@
  *   score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale   (h in order),
  * then per row the min(topk, visible) largest, ties by lower index, written in ascending index
  * order. The top-k is an exact radix select (4 passes of 8 bits over order-preserving keys)
- * followed by an index-ordered compaction, so it selects exactly what the CPU's sort does. */
-#include "common.cuh"
+ * followed by an index-ordered compaction, so it selects exactly what the CPU's sort does.
+ * In `fast` numerics the scores may come from k_idx_scores_tc (tensor cores, another sum order);
+ * the top-k is the same. */
+#include "tc.cuh"
 
 #define IDX_TK 128 /* keys per score block (one thread each) */
+#define IDX_TN 64  /* keys per tensor-core score block */
 
 struct idx_p {
     struct cu_step st;
@@ -77,6 +80,89 @@ __global__ void __launch_bounds__(IDX_TK) k_idx_scores(struct idx_p p) {
         acc += (d > 0.0f ? d * p.score_scale : 0.0f) * (ws[h] * p.w_scale);
     }
     p.Sc[(int64_t)(r - p.r0) * p.maxv + i0 + j] = acc;
+}
+
+/* `fast` numerics: grid (rows, key tiles of IDX_TN); H / 16 warps (H % 16 == 0, H <= 64,
+ * hd % 16 == 0, hd <= 128). The row's q [H][hd] and the tile's keys [IDX_TN][hd] are rounded to
+ * bf16 in shared memory, rows padded by 8 bf16 (ldmatrix without bank conflicts). q and the keys
+ * are FP4 round trips with power-of-two scales in this model, so bf16 is exact and the products
+ * are exact in fp32: only the order of the fp32 sums differs from k_idx_scores. Warp w computes
+ * heads 16w .. 16w + 15 (the mma's M, q rows: A row-major) x the 64 keys (N: 8 n8 fragments,
+ * key rows: the "col" B operand) over hd (K) with mma.sync m16n8k16 bf16 -> fp32; c[j][i] is
+ * (head 16w + g + 8 (i / 2), key 8j + 2 t4 + i % 2), g = lane / 4, t4 = lane % 4. A lane weights
+ * its two heads' relu'd products and adds them, the 8 lanes of a t4 add theirs (shuffles over
+ * g), lanes 0..3 store the warp's 64 key sums and the warps' sums are added in warp order. */
+__global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
+    cu_pdl_enter();
+    extern __shared__ uint4 idx_smem[];
+    int hd = p.hd, ld = hd + 8, nw = p.H / 16;
+    uint16_t *Qs = (uint16_t *)idx_smem;     /* [H][ld] */
+    uint16_t *Ks = Qs + p.H * ld;            /* [IDX_TN][ld] */
+    float *ws = (float *)(Ks + IDX_TN * ld); /* [H] w * w_scale */
+    float *red = ws + p.H;                   /* [nw][IDX_TN] */
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int r = p.r0 + blockIdx.x;
+    int64_t nv = (p.st.pos[r] + 1) / p.ratio, i0 = (int64_t)blockIdx.y * IDX_TN;
+    if (i0 >= nv) return;
+    int nt = nv - i0 < IDX_TN ? (int)(nv - i0) : IDX_TN;
+    int v4 = hd / 4, slot = p.st.slot[r];
+    const float4 *q4 = (const float4 *)(p.q + (int64_t)r * p.H * hd);
+    for (int e = tid; e < p.H * v4; e += blockDim.x) {
+        float4 f = q4[e];
+        *(uint2 *)(Qs + (e / v4) * ld + 4 * (e % v4)) =
+            make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+    }
+    for (int e = tid; e < p.H; e += blockDim.x)
+        ws[e] = p.w[(int64_t)r * p.H + e] * p.w_scale;
+    for (int e = tid; e < IDX_TN * v4; e += blockDim.x) {
+        int j = e / v4, c = e % v4;
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* zeros past the visible keys */
+        if (j < nt)
+            f = ((const float4 *)(p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens,
+                                                 slot, i0 + j, p.ratio, hd)))[c];
+        *(uint2 *)(Ks + j * ld + 4 * c) = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+    }
+    __syncthreads();
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[j][i] = 0.0f;
+    const uint16_t *qa = Qs + (warp * 16 + (lane & 15)) * ld + (lane >> 4) * 8;
+    const uint16_t *kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8;
+    for (int k = 0; k < hd; k += 16) {
+        uint32_t a[4];
+        ldsm_x4(smem_u32(qa + k), a);
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            uint32_t b[4];
+            ldsm_x4(smem_u32(kb + j * 8 * ld + k), b);
+            mma_bf16(acc[j], a, b[0], b[1]);
+            mma_bf16(acc[j + 1], a, b[2], b[3]);
+        }
+    }
+    int g = lane >> 2, t4 = lane & 3;
+    float w0 = ws[warp * 16 + g], w1 = ws[warp * 16 + g + 8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float d0 = acc[j][e], d1 = acc[j][e + 2];
+            float v = (d0 > 0.0f ? d0 * p.score_scale : 0.0f) * w0 +
+                      (d1 > 0.0f ? d1 * p.score_scale : 0.0f) * w1;
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (g == 0) red[warp * IDX_TN + j * 8 + 2 * t4 + e] = v;
+        }
+    __syncthreads();
+    for (int j = tid; j < nt; j += blockDim.x) {
+        float s = 0.0f;
+        for (int w = 0; w < nw; w++)
+            s += red[w * IDX_TN + j];
+        p.Sc[(int64_t)(r - p.r0) * p.maxv + i0 + j] = s;
+    }
 }
 
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -189,9 +275,13 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
     int nb = (int)(per_row * n <= cap ? n : cap / per_row > 0 ? cap / per_row : 1);
     float *Sc = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(per_row * nb));
     if (!Sc) return;
-    size_t smem = ((size_t)H * hd + ((H + 3) & ~3) + (size_t)IDX_TK * (hd + 4)) * 4;
+    /* `fast` numerics: the products on tensor cores (k_idx_scores_tc; under 48 KB of shared
+       memory: 36 KB at 64 heads x 128) */
+    bool tc = a->fast && c->tc_idx && H % 16 == 0 && H <= 64 && hd % 16 == 0 && hd <= 128;
+    size_t smem = tc ? (size_t)(H + IDX_TN) * (hd + 8) * 2 + (size_t)(H + H / 16 * IDX_TN) * 4
+                     : ((size_t)H * hd + ((H + 3) & ~3) + (size_t)IDX_TK * (hd + 4)) * 4;
     static size_t smem_set = 0;
-    if (smem > 48 * 1024 && smem > smem_set) {
+    if (!tc && smem > 48 * 1024 && smem > smem_set) {
         if (smem > c->smem_optin) {
             cu_fail(c, DSI_ERR_UNSUPPORTED,
                     "indexer: %d heads of %d need %zu bytes of shared memory", H, hd, smem);
@@ -218,8 +308,12 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
     for (int r0 = 0; r0 < n; r0 += nb) {
         int rows = n - r0 < nb ? n - r0 : nb;
         p.r0 = r0;
-        dim3 g1(rows, (unsigned)cu_div_up(maxv, IDX_TK));
-        cu_launch(c, k_idx_scores, g1, IDX_TK, smem, p);
+        if (tc)
+            cu_launch(c, k_idx_scores_tc, dim3(rows, (unsigned)cu_div_up(maxv, IDX_TN)),
+                      H / 16 * 32, smem, p);
+        else
+            cu_launch(c, k_idx_scores, dim3(rows, (unsigned)cu_div_up(maxv, IDX_TK)), IDX_TK, smem,
+                      p);
         cu_launch(c, k_idx_topk, rows, 1024, 0, p);
         if (!cu_check(c, "indexer")) return;
     }
