@@ -167,8 +167,9 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
 
 /* Grouped calls (the output projection's groups) against the groups one by one on the CPU:
  * one launch for 1-2 rows (bitwise, reference and fast numerics; fast from DSI_CUDA_GVF_MIN
- * rows: one gvf.cu launch), the groups one by one for more rows, when the grouped launch would
- * need split-K, and for x offsets not on 16 bytes. */
+ * rows: one gvf.cu launch; from DSI_CUDA_TC_DENSE rows one tc.cu launch), the groups one by
+ * one for more rows, when the grouped launch would need split-K, and for x offsets not on 16
+ * bytes. */
 int test_cuda_gemm_grouped(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 23);
@@ -185,6 +186,10 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 1, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}}, /* wo_a */
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 2, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 4, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
+        /* fast numerics from DSI_CUDA_TC_DENSE rows: one tc.cu launch (grid.z = groups) */
+        {{DSI_TYPE_F8_E4M3, 512, 256, 70, 0, 64, 2048, 520, true}, {8, 256, 64}},
+        {{DSI_TYPE_BF16, 256, 128, 65, 0, 32, 1100, 300, false}, {8, 128, 36}},
+        {{DSI_TYPE_F8_E4M3, 8192, 4096, 72, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++) {

@@ -89,9 +89,9 @@ struct cu_ctx {
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
-    int tc_bn_max;   /* tc.cu's activation rows per block at most (DSI_CUDA_TC_BN: 16-128) */
+    int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */
-    int gvf_blocks;  /* gvf.cu's grid: about this many blocks per SM (DSI_CUDA_GVF_BLOCKS, 2) */
+    int gvf_blocks;  /* gvf.cu's MoE grid: about this many blocks per SM (DSI_CUDA_GVF_BLOCKS) */
     bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */

@@ -467,12 +467,12 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *hs = getenv("DSI_CUDA_HC_SPLIT");
     c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;
     const char *tb = getenv("DSI_CUDA_TC_BN");
-    c->tc_bn_max = tb && *tb ? atoi(tb) : 128;
-    if (c->tc_bn_max != 16 && c->tc_bn_max != 32 && c->tc_bn_max != 64) c->tc_bn_max = 128;
+    c->tc_bn_max = tb && *tb ? atoi(tb) : 64; /* 128: 1 block per SM (200 registers); step 15 */
+    if (c->tc_bn_max != 16 && c->tc_bn_max != 32 && c->tc_bn_max != 128) c->tc_bn_max = 64;
     const char *gt = getenv("DSI_CUDA_GVF_MOE_NT");
     c->gvf_moe_nt = gt && (*gt == '1' || *gt == '2' || *gt == '4') ? *gt - '0' : 0;
     const char *gb = getenv("DSI_CUDA_GVF_BLOCKS");
-    c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 2;
+    c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 8;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ti = getenv("DSI_CUDA_TC_IDX");

@@ -393,7 +393,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
         &w,     a->row0, a->n_out, a->x,          a->n,
         a->ldx, a->y,    a->ldy,   a->round_bf16, a->groups > 1 ? a->groups : 1,
         a->gx,  a->gy};
-    if (a->groups > 1) { /* one launch for 1-2 rows (decode), else the groups one by one */
+    if (a->groups > 1) { /* one launch (decode kernels; tc.cu in `fast`), else one by one */
         int64_t last = a->row0 + (int64_t)a->groups * a->n_out;
         if (a->n <= 0 || a->n_out <= 0) return;
         if (a->row0 < 0 || last > w.rows) {
@@ -404,7 +404,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
             return;
         }
         if (c->grouped && a->gx % 4 == 0 &&
-            ((a->fast && launch_gvf_gemm(c, &call)) ||
+            ((a->fast && (launch_gvf_gemm(c, &call) || launch_tc_gemm(c, &call))) ||
              (gemm_fast_ok(&w, a->x, a->ldx) && launch_gemv(c, &call))))
             return;
         for (int g = 0; g < a->groups; g++) {
@@ -429,7 +429,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
     }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
         (launch_gvf_gemm(c, &call) || launch_lt_gemm(c, &call, a->x_fp8) ||
-         launch_tc_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16)))
+         launch_tc_gemm(c, &call)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);
 }

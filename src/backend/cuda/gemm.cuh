@@ -39,17 +39,9 @@ struct cu_gemm_call {
 bool launch_gemv(struct cu_ctx *c, const struct cu_gemm_call *g);
 bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
 /* The tensor-core GEMM of `fast` numerics (tc.cu) for n >= c->tc_dense_min rows on FP8/BF16
- * weights with K % 64 == 0; false: not taken (the caller runs the exact kernels). */
-bool launch_tc_gemm(struct cu_ctx *c,
-                    const struct cu_w *w,
-                    int64_t row0,
-                    int64_t n_out,
-                    const float *x,
-                    int64_t n,
-                    int64_t ldx,
-                    float *y,
-                    int64_t ldy,
-                    bool round);
+ * weights with K % 64 == 0, groups in one launch (gxs % 4 == 0); false: not taken (the caller
+ * runs the exact kernels). */
+bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
 
 /* The decode GEMM of `fast` numerics (gvf.cu) for c->gvf_min <= n <= min(32, c->gvf_max) rows on
  * FP8/FP4/BF16 weights, the groups in one launch; false: not taken. */

@@ -590,8 +590,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool tc = rfast && n >= c->gvf_min && (double)nk / E >= c->tc_moe_min &&
               tc_moe_ok(&r1, &r3, &r2, D, I, a->x);
     /* `fast` numerics, fewer rows: the decode tensor-core kernels (tiles of up to 8-32 rows) */
-    /* tiles of 8, 16 or 32 rows: ~2x the mean, or c->gvf_moe_nt (DSI_CUDA_GVF_MOE_NT) */
-    int gnt = c->gvf_moe_nt ? c->gvf_moe_nt : gvf_moe_nt(2 * nk / E);
+    /* tiles of 8, 16 or 32 rows: the mean's (an expert with more takes several tiles: measured
+       faster than 2x the mean at batch 256, whose 16-row tiles fit one block per SM; step 15),
+       or c->gvf_moe_nt (DSI_CUDA_GVF_MOE_NT) */
+    int gnt = c->gvf_moe_nt ? c->gvf_moe_nt : gvf_moe_nt(nk / E);
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
     int rx = tc ? tc_pick_bn(c, (double)nk / E) : gv ? 8 * gnt : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);

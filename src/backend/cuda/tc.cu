@@ -37,6 +37,7 @@ struct tc_p {
     int64_t ldy;
     bool round;
     struct moe_p m; /* TC_UP / TC_DOWN */
+    int64_t gx, gy; /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
 };
 
 static size_t tc_smem_bytes(int BN) { return (size_t)2 * (TC_BM + BN) * TC_LD * 2; }
@@ -159,6 +160,9 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     int64_t pos0 = 0, nk = p.m.n * p.m.topk, K;
     if (MODE == TC_DENSE) {
         K = p.w.K;
+        p.row0 += (int64_t)blockIdx.z * p.n_out;
+        p.x += (int64_t)blockIdx.z * p.gx;
+        p.y += (int64_t)blockIdx.z * p.gy;
     } else {
         if (!moe_tile(p.m, BN, &e, &pos0, &rows)) return; /* the same for the whole block */
         K = MODE == TC_UP ? p.m.D : p.m.I;
@@ -361,7 +365,7 @@ static bool tc_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 gr
     }
 }
 
-/* Activation rows per block for `rows` rows per weight tile, at most c->tc_bn_max. */
+/* Activation rows per block for an expert's `rows` rows, at most c->tc_bn_max. */
 int tc_pick_bn(const struct cu_ctx *c, double rows) {
     int bn = rows > 64 ? 128 : rows > 32 ? 64 : rows > 16 ? 32 : 16;
     return bn < c->tc_bn_max ? bn : c->tc_bn_max;
@@ -372,33 +376,29 @@ static bool tc_w_ok(const struct cu_w *w, int64_t K) {
     return w->type == DSI_TYPE_F8_E4M3 || w->type == DSI_TYPE_FP4_E2M1 || w->type == DSI_TYPE_BF16;
 }
 
-bool launch_tc_gemm(struct cu_ctx *c,
-                    const struct cu_w *w,
-                    int64_t row0,
-                    int64_t n_out,
-                    const float *x,
-                    int64_t n,
-                    int64_t ldx,
-                    float *y,
-                    int64_t ldy,
-                    bool round) {
+bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
+    const struct cu_w *w = g->w;
+    int64_t n = g->n;
     if (n < c->tc_dense_min || !tc_w_ok(w, w->K) || w->type == DSI_TYPE_FP4_E2M1 ||
-        !gemm_fast_ok(w, x, ldx))
+        !gemm_fast_ok(w, g->x, g->ldx) || g->groups < 1 || g->groups > 65535 ||
+        (g->groups > 1 && (g->gxs % 4 || (uintptr_t)g->x % 16)))
         return false;
     struct tc_p p;
     memset(&p, 0, sizeof(p));
     p.w = *w;
-    p.row0 = row0;
-    p.n_out = n_out;
-    p.x = x;
+    p.row0 = g->row0;
+    p.n_out = g->n_out;
+    p.x = g->x;
     p.n = n;
-    p.ldx = ldx;
-    p.y = y;
-    p.ldy = ldy;
-    p.round = round;
+    p.ldx = g->ldx;
+    p.y = g->y;
+    p.ldy = g->ldy;
+    p.round = g->round;
+    p.gx = g->gxs;
+    p.gy = g->gys;
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
-    if (bn > c->tc_bn_max) bn = c->tc_bn_max;
-    dim3 grid((unsigned)cu_div_up(n_out, TC_BM), (unsigned)cu_div_up(n, bn));
+    dim3 grid((unsigned)cu_div_up(g->n_out, TC_BM), (unsigned)cu_div_up(n, bn),
+              (unsigned)g->groups);
     int pp = cu_prof_begin(c, "gemm.tc");
     bool ok = w->type == DSI_TYPE_F8_E4M3
                   ? tc_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &p, bn, grid)
