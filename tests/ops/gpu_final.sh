@@ -7,7 +7,8 @@
 # FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels; FINAL_HF=0
 # leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only,
 # FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command),
-# FINAL_SAN=0 the sanitizers and the CLI check. Logs
+# FINAL_SAN=0 the sanitizers and the CLI check, FINAL_KEEP_CKPT=1 keeps a checkpoint already in
+# /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command). Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
@@ -19,7 +20,9 @@ M=/tmp/flash4
 B=${FINAL_BATCH:-1,8,32,128,256}
 [ "${FINAL_BENCH:-1}" = 0 ] && FINAL_HF=0 # FINAL_BENCH=0: the tests and checks only
 GEN=
-if [ "${FINAL_BENCH:-1}" != 0 ]; then
+if [ "${FINAL_BENCH:-1}" != 0 ] && [ -f $M/config.json ] && [ "${FINAL_KEEP_CKPT:-0}" = 1 ]; then
+    log "checkpoint kept: $M (written by an earlier script in the same command)"
+elif [ "${FINAL_BENCH:-1}" != 0 ]; then
     (python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify --out $M >/tmp/final-gen.log 2>&1
      echo "gen exit $?" >>/tmp/final-gen.log) &
     GEN=$!
