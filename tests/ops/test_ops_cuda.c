@@ -538,12 +538,61 @@ int test_cuda_rope(struct test_ctx *t) {
 /* ---- mHC
  * -------------------------------------------------------------------------------------------- */
 
+/* The last k rows of a GPU run of hc_pre or hc_head (n rows; its outputs fetched to y, post,
+ * comb) again on their own: bitwise the same. Used where the run's mix went through k_hc_mix (n
+ * >= DSI_CUDA_HC_MIX_MIN, 512 by default) and the k rows' through launch_gemm. */
+static int hc_tail_same(const struct dsi_hc_pre_args *pre,
+                        const struct dsi_hc_head_args *head,
+                        const float *y,
+                        const float *post,
+                        const float *comb,
+                        int64_t k) {
+    int64_t n = pre ? pre->n : head->n, D = pre ? pre->dim : head->dim,
+            hc = pre ? pre->hc : head->hc, r0 = n - k;
+    float *dy = dpoison(sizeof(float) * (size_t)(k * D)),
+          *dp = dpoison(sizeof(float) * (size_t)(k * hc)),
+          *dc = dpoison(sizeof(float) * (size_t)(k * hc * hc));
+    if (pre) {
+        struct dsi_hc_pre_args a = *pre;
+        a.X += r0 * hc * D;
+        a.n = k;
+        a.y = dy;
+        a.post = dp;
+        a.comb = dc;
+        g_gpu->ops->hc_pre(g_gpu, &a);
+    } else {
+        struct dsi_hc_head_args a = *head;
+        a.X += r0 * hc * D;
+        a.n = k;
+        a.y = dy;
+        g_gpu->ops->hc_head(g_gpu, &a);
+    }
+    int ok = gsync("hc tail") == 0;
+    float *yt = hpoison(k * D), *pt = hpoison(k * hc), *ct = hpoison(k * hc * hc);
+    dget(yt, dy, sizeof(float) * (size_t)(k * D));
+    dget(pt, dp, sizeof(float) * (size_t)(k * hc));
+    dget(ct, dc, sizeof(float) * (size_t)(k * hc * hc));
+    ok = ok && same("hc tail y", yt, y + r0 * D, sizeof(float) * (size_t)(k * D));
+    ok = ok && (!pre || same("hc tail post", pt, post + r0 * hc, sizeof(float) * (size_t)(k * hc)));
+    ok = ok && (!pre || same("hc tail comb", ct, comb + r0 * hc * hc,
+                             sizeof(float) * (size_t)(k * hc * hc)));
+    dfree(dy);
+    dfree(dp);
+    dfree(dc);
+    free(yt);
+    free(pt);
+    free(ct);
+    return ok;
+}
+
+/* n = 601: the mix on k_hc_mix (DSI_CUDA_HC_MIX_MIN 512) with a partial last block of 8 rows;
+ * D = 200: 25 chunks of 32, a partial last piece of 16 chunks. */
 int test_cuda_hc(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 7);
-    const int64_t dims[] = {128, 4096}, ns[] = {1, 3, 17};
-    for (int di = 0; di < (tiny_only() ? 1 : 2); di++)
-        for (int ni = 0; ni < 3; ni++)
+    const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 601};
+    for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
+        for (int ni = 0; ni < 4; ni++)
             for (int rnd = 0; rnd < 2; rnd++) {
                 int64_t D = dims[di], n = ns[ni], hc = 4, len = hc * D, mix = (2 + hc) * hc;
                 struct wt fn, base, scale, hfn, hbase, hscale;
@@ -590,6 +639,7 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(close_to("hc_pre y", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
                 TEST_ASSERT(close_to("hc_pre post", pg, pc, n * hc, 1e-5));
                 TEST_ASSERT(close_to("hc_pre comb", cg, cc, n * hc * hc, 1e-5));
+                if (n > 17) TEST_ASSERT(hc_tail_same(&a, NULL, yg, pg, cg, 17));
                 /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
                 float *f = fnorm(&r, n * D, 1.0f);
                 float *df = dput(f, sizeof(float) * (size_t)(n * D));
@@ -630,6 +680,7 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(gsync("hc_head") == 0);
                 dget(yg, dy, sizeof(float) * (size_t)(n * D));
                 TEST_ASSERT(close_to("hc_head", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
+                if (n > 17) TEST_ASSERT(hc_tail_same(NULL, &ha, yg, NULL, NULL, 17));
                 dfree(dX);
                 dfree(dy);
                 dfree(dp);

@@ -88,6 +88,8 @@ struct cu_ctx {
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
+    int hc_mix_min;  /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
+                        (DSI_CUDA_HC_MIX_MIN, default 512; 0: never, launch_gemm) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */

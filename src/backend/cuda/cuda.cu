@@ -473,6 +473,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_moe_nt = gt && (*gt == '1' || *gt == '2' || *gt == '4') ? *gt - '0' : 0;
     const char *gb = getenv("DSI_CUDA_GVF_BLOCKS");
     c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 8;
+    const char *hm = getenv("DSI_CUDA_HC_MIX_MIN");
+    c->hc_mix_min = hm && *hm ? atoi(hm) : 512;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ti = getenv("DSI_CUDA_TC_IDX");

@@ -1,11 +1,117 @@
 /* hc.cu - mHC: hc_pre (mix GEMM, then per token: norm statistic, pre/post/comb, Sinkhorn and
  * the collapse fused in one block), hc_post and the final hc_head, as cpu/ops.c. */
 #include "common.cuh"
+#include "gemm.cuh"
 
 #include <algorithm>
 
 #define HC_MAX   8 /* streams; mix rows (2 + hc) * hc <= 80 */
 #define HC_AHEAD 8 /* loads in flight per thread in the norm statistic */
+
+#define MIX_R     8  /* k_hc_mix: X rows per block */
+#define MIX_PC    16 /* k_hc_mix: 32-element chunks per piece of K */
+#define MIX_MAX   32 /* k_hc_mix: outputs at most (hc_pre: hc <= 4) */
+#define MIX_XS    36 /* k_hc_mix: floats per staged chunk (padded as gemm.cuh's XS_STRIDE) */
+#define MIX_AHEAD 4  /* k_hc_mix: staging loads in flight per thread */
+
+static_assert(CU_THREADS == 2 * MIX_PC * 8, "k_hc_mix stages a piece's rows two at a time");
+static_assert(MIX_R * MIX_MAX <= CU_THREADS, "k_hc_mix: one owner thread per (row, output)");
+
+/* The mix GEMM at many rows: y[r * n_mix + o] = fn[o] . X[r] (F32 fn, rows of len floats, len
+ * % 32 == 0, 16-byte aligned; ldw: fn's row stride) for r < n, o < n_mix <= MIX_MAX. Each block
+ * takes MIX_R rows and reads them once (launch_gemm reads X once per 16 outputs, fn per lane).
+ * K goes in pieces of MIX_PC chunks of 32. Per piece the block stages the piece of its rows and
+ * of the n_mix fn rows in shared memory (coalesced float4 loads; fn comes from L2 in every
+ * block); then thread (row group g, output pair op, chunk c) holds fn chunks c of outputs 2 op
+ * and 2 op + 1 in registers and computes chunk_dot (cpu_dot's chunk value) with chunk c of rows
+ * g, g + ng, ... into cv. Thread t < MIX_R * n_mix owns output t (row t / n_mix, output t %
+ * n_mix): it alone adds that output's chunk values to its acc, piece after piece, c = 0, 1, ...
+ * within a piece: acc = 0, acc += chunk q for q = 0 .. len / 32 - 1, then acc + 0.0f, which
+ * are cpu_dot's additions (and k_gemm's / k_gemm_reduce's: the same bits as launch_gemm). The
+ * barriers: stage, sync, chunk values, sync, owners' adds (the next staging only writes the
+ * staged pieces, read before the second sync; the next chunk values follow its first sync). */
+__global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(
+    const float *X, const float *fn, int64_t ldw, int n_mix, int64_t len, int64_t n, float *y) {
+    cu_pdl_enter();
+    extern __shared__ float4 mix_sm[];
+    float *xs = (float *)mix_sm;                           /* [MIX_R + n_mix][MIX_PC][MIX_XS]: */
+    float *ws = xs + MIX_R * MIX_PC * MIX_XS;              /* the rows' pieces, then fn's */
+    float *cv = ws + n_mix * MIX_PC * MIX_XS;              /* [MIX_R * n_mix][MIX_PC + 1] */
+    int tid = threadIdx.x, per = (n_mix + 1) / 2 * MIX_PC; /* threads per row group */
+    int ng = min(MIX_R, CU_THREADS / per), g = tid / per, op = (tid % per) / MIX_PC,
+        c = tid % MIX_PC;
+    /* staging: float4 e of the piece of staged rows s0 + 2 i, i < nst */
+    int e = tid % (MIX_PC * 8), s0 = tid / (MIX_PC * 8), nst = (MIX_R + n_mix + 1) / 2;
+    int64_t r0 = (int64_t)blockIdx.x * MIX_R, nq = len / 32;
+    float acc = 0.0f;
+    for (int64_t q0 = 0; q0 < nq; q0 += MIX_PC) {
+        int cnt = (int)(nq - q0 < MIX_PC ? nq - q0 : MIX_PC);
+#pragma unroll 1
+        for (int i0 = 0; i0 < nst; i0 += MIX_AHEAD) { /* MIX_AHEAD loads, then their stores */
+            float4 v[MIX_AHEAD];
+#pragma unroll
+            for (int i = 0; i < MIX_AHEAD; i++) { /* zeros past n and past K */
+                int s = s0 + 2 * (i0 + i);
+                bool ok = e / 8 < cnt && (s < MIX_R ? r0 + s < n : s < MIX_R + n_mix);
+                const float *p = s < MIX_R ? X + (r0 + s) * len : fn + (s - MIX_R) * ldw;
+                v[i] = ok ? *(const float4 *)(p + q0 * 32 + e * 4)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int i = 0; i < MIX_AHEAD; i++) {
+                int s = s0 + 2 * (i0 + i);
+                if (s < MIX_R + n_mix)
+                    *(float4 *)(xs + (s * MIX_PC + e / 8) * MIX_XS + e % 8 * 4) = v[i];
+            }
+        }
+        __syncthreads();
+        if (g < ng && c < cnt) {
+            int o0 = 2 * op, o1 = o0 + 1 < n_mix ? o0 + 1 : o0;
+            float w0[32], w1[32];
+            load_x_chunk(ws + (o0 * MIX_PC + c) * MIX_XS, true, w0);
+            load_x_chunk(ws + (o1 * MIX_PC + c) * MIX_XS, true, w1);
+            for (int rr = g; rr < MIX_R; rr += ng) {
+                float xf[32];
+                load_x_chunk(xs + (rr * MIX_PC + c) * MIX_XS, true, xf);
+                cv[(rr * n_mix + o0) * (MIX_PC + 1) + c] = chunk_dot(xf, w0);
+                if (o1 != o0) cv[(rr * n_mix + o1) * (MIX_PC + 1) + c] = chunk_dot(xf, w1);
+            }
+        }
+        __syncthreads();
+        if (tid < MIX_R * n_mix)
+            for (int j = 0; j < cnt; j++)
+                acc += cv[tid * (MIX_PC + 1) + j];
+    }
+    if (tid < MIX_R * n_mix && r0 + tid / n_mix < n) y[r0 * n_mix + tid] = acc + 0.0f;
+}
+
+static size_t mix_smem(int n_mix) {
+    return (size_t)(MIX_R + n_mix) * MIX_PC * MIX_XS * 4 + (size_t)MIX_R * n_mix * (MIX_PC + 1) * 4;
+}
+
+/* mraw[r * n_mix + o] = fn[o] . X[r] (the caller checked fn's shape): k_hc_mix from
+ * c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never) where it applies, else launch_gemm. Both
+ * give cpu_dot's bits. */
+static void hc_mix(struct cu_ctx *c,
+                   const struct cu_w *fn,
+                   int n_mix,
+                   const float *X,
+                   int64_t n,
+                   int64_t len,
+                   float *mraw) {
+    static bool smem_raised = false;
+    if (c->hc_mix_min <= 0 || n < c->hc_mix_min || n_mix > MIX_MAX || fn->type != DSI_TYPE_F32 ||
+        !gemm_fast_ok(fn, X, len)) {
+        launch_gemm(c, fn, 0, n_mix, X, n, len, mraw, n_mix, false);
+        return;
+    }
+    if (!smem_limit(c, k_hc_mix, mix_smem(MIX_MAX), &smem_raised, "hc mix")) return;
+    int pm = cu_prof_begin(c, "hc.mix");
+    cu_launch(c, k_hc_mix, (unsigned)cu_div_up(n, MIX_R), CU_THREADS, mix_smem(n_mix), X,
+              (const float *)fn->data, fn->row_bytes / 4, n_mix, len, n, mraw);
+    cu_prof_end(c, pm);
+    cu_check(c, "hc mix");
+}
 
 /* Barrier of the threads that do the small maths: warp 0 (hc * hc <= 32) or warps 0-1. */
 __device__ __forceinline__ void small_sync(int nt) {
@@ -170,7 +276,7 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
                 (long long)fn.rows, (long long)fn.K, (long long)n_mix, (long long)len);
         return;
     }
-    launch_gemm(c, &fn, 0, n_mix, a->X, a->n, len, mraw, n_mix, false);
+    hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw);
     int pf = cu_prof_begin(c, "hc_pre.finish");
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
     int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
@@ -281,7 +387,7 @@ extern "C" void cuda_hc_head(struct dsi_backend *be, const struct dsi_hc_head_ar
                 (long long)fn.rows, (long long)fn.K, hc, (long long)len);
         return;
     }
-    launch_gemm(c, &fn, 0, hc, a->X, a->n, len, mraw, hc, false);
+    hc_mix(c, &fn, hc, a->X, a->n, len, mraw);
     cu_launch(c, k_hc_head_finish, (unsigned)a->n, 256, 0, a->X, mraw, hc, a->dim,
               cu_vec_of(a->base), cu_vec_of(a->scale), a->norm_eps, a->hc_eps, a->y, a->round_bf16);
     cu_check(c, "hc_head");
