@@ -57,15 +57,14 @@ if [ "${FINAL_HF:-1}" != 0 ]; then # FINAL_HF=0: no HF eager run (a short device
     log "hf_layer_bench rc $?: $(tail -1 "$OUT/bench_layer.txt")"
     HF=(--hf "$HF_JSON")
 fi
-if [ -n "$GEN" ]; then
-    wait $GEN
-    log "checkpoint: $(tail -1 /tmp/final-gen.log)"
+if [ "${FINAL_BENCH:-1}" != 0 ]; then
+    [ -n "$GEN" ] && wait $GEN && log "checkpoint: $(tail -1 /tmp/final-gen.log)"
     timeout 200 build/cuda/dsinfer bench layer -m $M --ctx ${FINAL_CTX:-4096,65536} --steps 5 --batch $B --prefill 8192 \
         --prefill-reps 1 --budget 150 "${HF[@]}" --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
         grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
     log "bench layer fast rc ${PIPESTATUS[0]}"
 fi
-if [ -n "${FINAL_DIAG:-}" ] && [ -n "$GEN" ]; then # where batch 1's time goes: per-op events, then ncu on kernels
+if [ -n "${FINAL_DIAG:-}" ] && [ "${FINAL_BENCH:-1}" != 0 ]; then # where batch 1's time goes: per-op events, then ncu on kernels
     D="$OUT/diag.txt"
     DSI_CUDA_PROFILE=1 timeout 60 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 --batch 1 \
         --no-split --prefill 0 --numerics fast >"$D" 2>&1
