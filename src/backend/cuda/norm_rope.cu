@@ -2,6 +2,18 @@
  * backend's arithmetic (cpu/ops.c). */
 #include "common.cuh"
 
+/* 1 / rms from the sum of squares of dim values (cpu_rms_norm's arithmetic), and an output. */
+__device__ __forceinline__ float rms_inv(double ss, int64_t dim, float eps, bool round, bool w) {
+    float ms = (float)(ss / (double)dim);
+    return round && !w ? bf16_round(1.0f / sqrtf(bf16_round(ms) + eps)) : 1.0f / sqrtf(ms + eps);
+}
+__device__ __forceinline__ float
+rms_out(float v, float inv, struct cu_vec w, int64_t i, bool round) {
+    v = v * inv;
+    if (w.data) v = vec_get(w, i) * v;
+    return rbf(v, round);
+}
+
 /* One block per (row, group). Two passes over x so that y may alias x. */
 __global__ void k_rms_norm(const float *x,
                            float *y,
@@ -22,18 +34,9 @@ __global__ void k_rms_norm(const float *x,
         float v = rbf(xs[i], round);
         ss += (double)v * (double)v;
     }
-    ss = block_sum_d(ss, red);
-    float ms = (float)(ss / (double)dim);
-    float inv;
-    if (round && !w.data)
-        inv = bf16_round(1.0f / sqrtf(bf16_round(ms) + eps));
-    else
-        inv = 1.0f / sqrtf(ms + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = rbf(xs[i], round) * inv;
-        if (w.data) v = vec_get(w, i) * v;
-        ys[i] = rbf(v, round);
-    }
+    float inv = rms_inv(block_sum_d(ss, red), dim, eps, round, w.data != nullptr);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+        ys[i] = rms_out(rbf(xs[i], round), inv, w, i, round);
 }
 
 /* One warp per (row, group) for dims of 128 V (V <= 16: the per-head and LoRA norms, many short
@@ -70,23 +73,13 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
         ss += (double)v[i].z * (double)v[i].z;
         ss += (double)v[i].w * (double)v[i].w;
     }
-    ss = warp_sum_d(ss);
-    float ms = (float)(ss / (double)(V * 128));
-    float inv;
-    if (round && !w.data)
-        inv = bf16_round(1.0f / sqrtf(bf16_round(ms) + eps));
-    else
-        inv = 1.0f / sqrtf(ms + eps);
+    float inv = rms_inv(warp_sum_d(ss), V * 128, eps, round, w.data != nullptr);
 #pragma unroll
     for (int i = 0; i < V; i++) {
         int64_t e = (int64_t)(i * 32 + lane) * 4;
-        float o[4] = {v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (w.data) o[j] = vec_get(w, e + j) * o[j];
-            o[j] = rbf(o[j], round);
-        }
-        ys[i * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+        ys[i * 32 + lane] = make_float4(
+            rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
+            rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
     }
 }
 
