@@ -653,11 +653,13 @@ prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, bool pad, struct
     for (int i = 0; i < f->n_rc && !mtp; i++) {
         struct ratio_class *k = &f->rc[i];
         int ne = 0;
-        for (int r = 0; r < b->n; r++) {
-            int last = r + 1 == b->n || b->slot[r + 1] != b->slot[r] ? r : -1;
-            for (int q = r; last < 0; q++) /* last row of this sequence */
-                if (q + 1 == b->n || b->slot[q + 1] != b->slot[r]) last = q;
+        /* rows backwards, so that the last row of each sequence is known (one pass: a scan
+           forward from every row was quadratic in a prefill chunk's rows) */
+        for (int r = b->n - 1, last = r; r >= 0; r--) {
+            if (r + 1 == b->n || b->slot[r + 1] != b->slot[r]) last = r;
             f->h_store[r] = b->pos[r] > b->pos[last] - k->n_slots;
+        }
+        for (int r = 0; r < b->n; r++) {
             if ((b->pos[r] + 1) % k->ratio == 0) {
                 f->h_emit_rows[ne] = r;
                 f->h_emit_entry[ne] = (b->pos[r] + 1) / k->ratio - 1;
