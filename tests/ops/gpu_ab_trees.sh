@@ -1,11 +1,11 @@
 #!/bin/bash
-# gpu_ab_trees.sh - one device run comparing versions of src/backend/cuda (e.g. branches not yet
-# merged). Each variant is a folder build/variants/<name>/ holding a whole src/backend/cuda (carry
-# build/variants with build/deps); fill it on the development machine, e.g.
-#   for b in main gvf-nodiv; do mkdir -p build/variants/$b; for f in $(git ls-tree --name-only $b \
-#     src/backend/cuda/); do git show $b:$f >build/variants/$b/$(basename $f); done; done
-# The tree itself is built once (build/cuda); each variant is a copy of it with its own CUDA
-# sources, rebuilt (only what changed recompiles). Then the CUDA tests on the variants named in
+# gpu_ab_trees.sh - one device run comparing versions of the sources (e.g. commits not yet
+# merged). Each variant is a folder build/variants/<name>/ (carry build/variants with build/deps)
+# holding either a whole src/backend/cuda (its files at the top) or trees of the repository
+# (src, include, tests, ...: tests/ops/fill_variants.sh NAME=GITREF ... writes those). The tree
+# itself is built once (build/cuda); each variant is a copy of it with the variant's files in
+# place of the tree's (the folders it holds replace the tree's), rebuilt (only the files that
+# differ recompile). Then the CUDA tests on the variants named in
 # AB_TEST_TREES (default: all; a failing one makes the run also test the others), and
 # `dsinfer bench layer` at context 4096 (decode at AB_BATCH, `fast` numerics, AB_PREFILL) for each
 # variant, alternated, AB_REPS rounds; AB_PROFILE=1 adds a per-op profile per variant (a decode
@@ -24,6 +24,23 @@ TREES=$(for w in $WORDS; do echo "${w%%:*}"; done | awk '!s[$0]++' | tr '\n' ' '
 word_env() { [[ $1 == *:* ]] && tr , '\n' <<<"${1#*:}"; }
 BATCH=${AB_BATCH:-1,2,8,32,256}
 PREFILL=${AB_PREFILL:-0}
+# overlay VARIANT DIR: VARIANT's files that differ from DIR's are copied there and touched (so
+# that make rebuilds them and what includes them); in src and include (built by wildcards) the
+# files VARIANT lacks go too
+overlay() {
+    local f top
+    for top in "$1"/*; do
+        top=$(basename "$top")
+        [ "$top" = src ] || [ "$top" = include ] &&
+            (cd "$2" && find "$top" -type f 2>/dev/null) | while read -r f; do
+                [ -f "$1/$f" ] || rm -f "${2:?}/$f"
+            done
+        (cd "$1" && find "$top" -type f) | while read -r f; do
+            cmp -s "$1/$f" "$2/$f" && continue
+            mkdir -p "$(dirname "$2/$f")" && cp "$1/$f" "$2/$f" && touch "$2/$f"
+        done
+    done
+}
 start_flash4 $L
 J=$(nproc)
 PIDS=()
@@ -33,7 +50,11 @@ for v in $TREES; do
     d=/tmp/v_$v
     rm -rf "$d" && mkdir -p "$d"
     cp -a Makefile include src tools tests ref build "$d"/ 2>/dev/null
-    rm -f "$d"/src/backend/cuda/* && cp build/variants/$v/* "$d"/src/backend/cuda/ && touch "$d"/src/backend/cuda/*
+    if [ -d build/variants/$v/src ]; then
+        overlay build/variants/$v "$d"
+    else
+        rm -f "$d"/src/backend/cuda/* && cp build/variants/$v/* "$d"/src/backend/cuda/ && touch "$d"/src/backend/cuda/*
+    fi
     (cd "$d" && make -j"$J" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer \
         >"$L/build_$v.log" 2>&1; echo $? >"$L/build_$v.rc") &
     PIDS+=($!)
