@@ -103,6 +103,7 @@ struct cu_ctx {
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[64];
     int n_tot;
+    double prof_t0; /* host seconds at the profile's last mark (dsi_cuda_profile_dump) */
     size_t smem_optin;
     cudaStream_t stream;
     int sticky; /* first error (dsi_status), 0 if none */

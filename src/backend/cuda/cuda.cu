@@ -8,6 +8,7 @@
  * waits for the copy, as the forward pass expects. */
 #include "common.cuh"
 
+#include <chrono>
 #include <stdarg.h>
 #include <string.h>
 
@@ -265,7 +266,13 @@ static void prof_harvest(struct cu_ctx *c) {
 /* Parts of an op ("gemm.reduce") are listed but not added to the total. */
 static bool prof_is_part(const char *name) { return strchr(name, '.') != NULL; }
 
-static void prof_print(struct cu_ctx *c) {
+static double host_s(void) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+/* Prints the totals; returns the ops' GPU time in ms. */
+static double prof_print(struct cu_ctx *c) {
     double all = 0;
     for (int k = 0; k < c->n_tot; k++)
         if (!prof_is_part(c->tot[k].name)) all += c->tot[k].ms;
@@ -283,6 +290,7 @@ static void prof_print(struct cu_ctx *c) {
                 t.calls ? 1e3 * t.ms / (double)t.calls : 0.0, all > 0 ? 100.0 * t.ms / all : 0.0);
     }
     fprintf(stderr, "%-14s %8s %12.3f\n", "total", "", all);
+    return all;
 }
 
 /* For tools (bench layer): with DSI_CUDA_PROFILE=1, print the profile gathered since the last
@@ -295,11 +303,18 @@ extern "C" void dsi_cuda_profile_dump(struct dsi_backend *be, const char *title)
     if (!c || !c->prof) return;
     cudaStreamSynchronize(c->stream);
     prof_harvest(c);
+    double now = host_s();
     if (title && c->n_tot) {
         fprintf(stderr, "# profile: %s\n", title);
-        prof_print(c);
+        double ops = prof_print(c), wall = 1e3 * (now - c->prof_t0);
+        /* what the events do not cover: the GPU idle between ops (host-bound gaps, copies) and
+           the caller's own work between the marks */
+        fprintf(stderr,
+                "%-14s %8s %12.3f  (host wall time between the marks; %.3f ms not in ops)\n",
+                "wall", "", wall, wall - ops);
     }
     c->n_tot = 0;
+    c->prof_t0 = now;
 }
 
 static int cuda_sync(struct dsi_backend *be, struct dsi_err *err) {
@@ -443,6 +458,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* read once at start-up, never in a step */
     const char *pe = getenv("DSI_CUDA_PROFILE");
     c->prof = pe && *pe && *pe != '0';
+    c->prof_t0 = host_s();
     const char *ns = getenv("DSI_CUDA_NOSTAGE");
     c->xstage = !(ns && *ns && *ns != '0');
     const char *nv = getenv("DSI_CUDA_NOGEMV");
