@@ -491,6 +491,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 8;
     const char *hm = getenv("DSI_CUDA_HC_MIX_MIN");
     c->hc_mix_min = hm && *hm ? atoi(hm) : 512;
+    /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
+    const char *hf = getenv("DSI_CUDA_HC_FUSE");
+    c->hc_fuse = hf && *hf == '1';
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ti = getenv("DSI_CUDA_TC_IDX");

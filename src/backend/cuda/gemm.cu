@@ -17,6 +17,8 @@
 #include "common.cuh"
 #include "gemm.cuh"
 
+#include <algorithm>
+
 /* ---- the generic kernel: one thread per output --------------------------------------------- */
 
 __global__ void k_gemm_generic(struct cu_w w,
@@ -265,6 +267,24 @@ bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx) {
     return gemm_w_ok(w) && (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
 }
 
+static int gemm_rx(int64_t n) { return n >= 8 ? 8 : n >= 3 ? 4 : n == 2 ? 2 : 1; }
+
+/* k_gemm's split along K: pieces of 32 chunks per z-slice (*pps); > 1: split-K (chunk values
+ * in CU_SCR_GEMM, then launch_gemm_reduce) */
+static int64_t
+gemm_split(const struct cu_ctx *c, const struct cu_w *w, int64_t n, int64_t n_out, int64_t *pps) {
+    int64_t blocks = cu_div_up(n_out, CU_WARPS * GEMM_RW) * cu_div_up(n, gemm_rx(n));
+    int64_t nq = w->K / 32, np = cu_div_up(nq, 32), target = 2 * (int64_t)c->n_sms;
+    *pps = np;
+    if (blocks >= target || np <= 1 || nq * n * n_out * 4 > ((int64_t)64 << 20)) return 1;
+    int64_t split = std::min(cu_div_up(target, blocks), np);
+    *pps = cu_div_up(np, split);
+    split = cu_div_up(np, *pps);
+    if (split <= 1) *pps = np;
+    return split;
+}
+
+/* keep: split-K without its reduce; *keep gets the chunk values (NULL: not split) */
 template <int WT>
 static void launch_fast(struct cu_ctx *c,
                         const struct cu_w *w,
@@ -275,24 +295,16 @@ static void launch_fast(struct cu_ctx *c,
                         int64_t ldx,
                         float *y,
                         int64_t ldy,
-                        bool round) {
-    int rx = n >= 8 ? 8 : n >= 3 ? 4 : n == 2 ? 2 : 1;
-    int64_t gx = cu_div_up(n_out, CU_WARPS * GEMM_RW), gy = cu_div_up(n, rx);
-    int64_t nq = w->K / 32, np = cu_div_up(nq, 32), blocks = gx * gy;
-    int64_t target = 2 * (int64_t)c->n_sms;
-    int64_t split = 1, pps = np;
+                        bool round,
+                        const float **keep = nullptr) {
+    int rx = gemm_rx(n);
+    int64_t gx = cu_div_up(n_out, CU_WARPS * GEMM_RW), gy = cu_div_up(n, rx), nq = w->K / 32;
+    int64_t pps, split = gemm_split(c, w, n, n_out, &pps);
     float *cv = NULL;
-    if (blocks < target && np > 1 && nq * n * n_out * 4 <= ((int64_t)64 << 20)) {
-        split = cu_div_up(target, blocks);
-        if (split > np) split = np;
-        pps = cu_div_up(np, split);
-        split = cu_div_up(np, pps);
-        if (split > 1) {
-            cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_out) * 4);
-            if (!cv) return;
-        } else {
-            pps = np;
-        }
+    if (keep) *keep = NULL;
+    if (split > 1) {
+        cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_out) * 4);
+        if (!cv) return;
     }
     if (gy > 65535) {
         cu_fail(c, DSI_ERR_UNSUPPORTED, "gemm: %lld rows in one call", (long long)n);
@@ -322,7 +334,27 @@ static void launch_fast(struct cu_ctx *c,
 #undef GEMM_LAUNCH
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemm")) return;
-    if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
+    if (cv && keep)
+        *keep = cv;
+    else if (cv)
+        launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
+}
+
+const float *launch_gemm_chunks(struct cu_ctx *c,
+                                const struct cu_w *w,
+                                int64_t n_out,
+                                const float *x,
+                                int64_t n,
+                                int64_t ldx,
+                                int64_t *nq) {
+    int64_t pps;
+    if (n <= 0 || n_out <= 0 || n_out > w->rows || w->type != DSI_TYPE_F32 ||
+        !gemm_fast_ok(w, x, ldx) || gemm_split(c, w, n, n_out, &pps) <= 1)
+        return NULL;
+    const float *cv = NULL;
+    launch_fast<DSI_TYPE_F32>(c, w, 0, n_out, x, n, ldx, NULL, 0, false, &cv);
+    *nq = w->K / 32;
+    return cv;
 }
 
 void launch_gemm_reduce(struct cu_ctx *c,

@@ -130,9 +130,15 @@ __device__ __forceinline__ void small_sync(int nt) {
  * small maths (pre/post, the comb softmax and the Sinkhorn iterations) run on hc * hc threads, one
  * per comb element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
- * hc x hc matrix (in local memory) 2 * iters times. */
+ * hc x hc matrix (in local memory) 2 * iters times. With cv (DSI_CUDA_HC_FUSE=1), the mix comes
+ * as the split-K chunk values of launch_gemm_chunks, [nq][n * n_mix]: threads < n_mix add their
+ * output's nq values in chunk order (k_gemm_reduce's additions: the same bits) instead of a
+ * reduce launch reading them before. */
 __global__ void k_hc_pre_finish(const float *X,
                                 const float *mraw,
+                                const float *cv,
+                                int64_t nq,
+                                int64_t n,
                                 int hc,
                                 int64_t dim,
                                 struct cu_vec base,
@@ -148,8 +154,24 @@ __global__ void k_hc_pre_finish(const float *X,
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
     __shared__ float M[HC_MAX * HC_MAX];
+    __shared__ float mix_s[(2 + HC_MAX) * HC_MAX];
     int64_t r = blockIdx.x, len = hc * dim;
     const float *Xr = X + r * len;
+    int n_mix = (2 + hc) * hc;
+    const float *mr = mraw + r * n_mix;
+    if (cv) {
+        if (threadIdx.x < n_mix) {
+            const float *src = cv + r * n_mix + threadIdx.x;
+            int64_t T = n * n_mix;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int64_t q = 0; q < nq; q++)
+                acc += src[q * T];
+            mix_s[threadIdx.x] = acc + 0.0f;
+        }
+        __syncthreads();
+        mr = mix_s;
+    }
     double ss = 0.0;
     if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) {
         /* HC_AHEAD float4 of a thread in flight at once, added in the same order as one by one */
@@ -178,8 +200,6 @@ __global__ void k_hc_pre_finish(const float *X,
     ss = block_sum_d(ss, red); /* the same value in every thread */
     int nt = hc * hc, tid = threadIdx.x, small = nt <= 32 ? 32 : 64;
     float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
-    int n_mix = (2 + hc) * hc;
-    const float *mr = mraw + r * n_mix;
     bool lead = blockIdx.y == 0;
     if (tid < hc) {
         int k = tid;
@@ -276,14 +296,20 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
                 (long long)fn.rows, (long long)fn.K, (long long)n_mix, (long long)len);
         return;
     }
-    hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw);
+    /* the mix: its split-K chunk values added by the finish (c->hc_fuse, below k_hc_mix's rows),
+       or mraw */
+    const float *cv = NULL;
+    int64_t nq = 0;
+    if (c->hc_fuse && (c->hc_mix_min <= 0 || a->n < c->hc_mix_min))
+        cv = launch_gemm_chunks(c, &fn, n_mix, a->X, a->n, len, &nq);
+    if (!cv) hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw);
     int pf = cu_prof_begin(c, "hc_pre.finish");
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
     int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
     dim3 grid((unsigned)a->n, (unsigned)split);
-    cu_launch(c, k_hc_pre_finish, grid, 256, 0, a->X, mraw, hc, a->dim, cu_vec_of(a->base),
-              cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y, a->post, a->comb,
-              a->round_bf16);
+    cu_launch(c, k_hc_pre_finish, grid, 256, 0, a->X, mraw, cv, nq, a->n, hc, a->dim,
+              cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y,
+              a->post, a->comb, a->round_bf16);
     cu_prof_end(c, pf);
     cu_check(c, "hc_pre");
 }
