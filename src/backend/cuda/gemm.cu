@@ -200,52 +200,15 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_gemm(struct cu_w w,
 }
 
 /* Split-K second pass: y[t] = sum of the chunk values cv[q][t] (t = i * n_out + o) in chunk
- * order q = 0, 1, ..., nq - 1, from acc = 0 (the same additions as the one-pass kernel and
- * cpu_dot). The adds are one serial chain per output; what must not be serial is the loads.
- * A block owns 32 consecutive outputs: its 8 warps stage RED_ROWS chunk rows at a time in
- * shared memory (warp w loads rows w, w + 8, ...: 128-byte coalesced rows, 16 independent
- * loads per thread in flight), and warp 0 adds the staged rows in order from shared memory
- * while the other rows of the next round are being loaded. One round trip to L2 per
- * RED_ROWS chunks instead of one per 4 chunks. */
-#define RED_ROWS 128
-#define RED_PER  (RED_ROWS / CU_WARPS)
-
+ * order (chunk_sum_staged, gemm.cuh); a block owns 32 consecutive outputs. */
 __global__ void __launch_bounds__(CU_THREADS) k_gemm_reduce(
     const float *cv, int64_t nq, int64_t n, int64_t n_out, float *y, int64_t ldy, bool round) {
     cu_pdl_enter();
     __shared__ float buf[RED_ROWS][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t T = n * n_out, t = (int64_t)blockIdx.x * 32 + lane;
-    bool tv = t < T;
-    const float *src = cv + (tv ? t : 0);
-    float v[RED_PER];
-#pragma unroll
-    for (int j = 0; j < RED_PER; j++) {
-        int64_t q = warp + CU_WARPS * j;
-        v[j] = tv && q < nq ? src[q * T] : 0.0f;
-    }
-    float acc = 0.0f;
-    for (int64_t q0 = 0; q0 < nq; q0 += RED_ROWS) {
-#pragma unroll
-        for (int j = 0; j < RED_PER; j++)
-            buf[warp + CU_WARPS * j][lane] = v[j];
-        __syncthreads();
-        if (q0 + RED_ROWS < nq) { /* next round's loads, in flight during the adds */
-#pragma unroll
-            for (int j = 0; j < RED_PER; j++) {
-                int64_t q = q0 + RED_ROWS + warp + CU_WARPS * j;
-                v[j] = tv && q < nq ? src[q * T] : 0.0f;
-            }
-        }
-        if (warp == 0) {
-            int cnt = (int)(nq - q0 < RED_ROWS ? nq - q0 : RED_ROWS);
-#pragma unroll 16
-            for (int k = 0; k < cnt; k++)
-                acc += buf[k][lane];
-        }
-        __syncthreads();
-    }
-    if (warp == 0 && tv) y[(t / n_out) * ldy + t % n_out] = rbf(acc + 0.0f, round);
+    float acc = chunk_sum_staged(cv, nq, T, t, t < T, buf);
+    if (warp == 0 && t < T) y[(t / n_out) * ldy + t % n_out] = rbf(acc + 0.0f, round);
 }
 
 bool gemm_w_ok(const struct cu_w *w) {

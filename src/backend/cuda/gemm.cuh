@@ -334,4 +334,49 @@ __device__ __forceinline__ float chunk_dot(const float (&a)[32], const float (&b
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* The in-order sum of split-K chunk values: acc = 0, acc += cv[q * T + t] for q = 0 .. nq - 1
+ * (the same additions as the one-pass kernels and cpu_dot; the caller adds + 0.0f). Called by
+ * all CU_THREADS threads of the block (it has barriers); lane l of every warp names its output t
+ * (tv: valid) and warp 0's lanes return the sums. The adds are one serial chain per output; what
+ * must not be serial is the loads: the 8 warps stage RED_ROWS chunk rows at a time in buf
+ * (warp w loads rows w, w + 8, ...: RED_PER independent loads per thread in flight), and warp 0
+ * adds the staged rows in order while the next round's rows are being loaded. One round trip to
+ * L2 per RED_ROWS chunks instead of one per few chunks. */
+#define RED_ROWS 128
+#define RED_PER  (RED_ROWS / CU_WARPS)
+
+__device__ __forceinline__ float
+chunk_sum_staged(const float *cv, int64_t nq, int64_t T, int64_t t, bool tv, float (*buf)[32]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float *src = cv + (tv ? t : 0);
+    float v[RED_PER];
+#pragma unroll
+    for (int j = 0; j < RED_PER; j++) {
+        int64_t q = warp + CU_WARPS * j;
+        v[j] = tv && q < nq ? src[q * T] : 0.0f;
+    }
+    float acc = 0.0f;
+    for (int64_t q0 = 0; q0 < nq; q0 += RED_ROWS) {
+#pragma unroll
+        for (int j = 0; j < RED_PER; j++)
+            buf[warp + CU_WARPS * j][lane] = v[j];
+        __syncthreads();
+        if (q0 + RED_ROWS < nq) { /* next round's loads, in flight during the adds */
+#pragma unroll
+            for (int j = 0; j < RED_PER; j++) {
+                int64_t q = q0 + RED_ROWS + warp + CU_WARPS * j;
+                v[j] = tv && q < nq ? src[q * T] : 0.0f;
+            }
+        }
+        if (warp == 0) {
+            int cnt = (int)(nq - q0 < RED_ROWS ? nq - q0 : RED_ROWS);
+#pragma unroll 16
+            for (int k = 0; k < cnt; k++)
+                acc += buf[k][lane];
+        }
+        __syncthreads();
+    }
+    return acc;
+}
+
 #endif

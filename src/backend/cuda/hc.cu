@@ -131,9 +131,9 @@ __device__ __forceinline__ void small_sync(int nt) {
  * per comb element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
  * hc x hc matrix (in local memory) 2 * iters times. With cv (DSI_CUDA_HC_FUSE=1), the mix comes
- * as the split-K chunk values of launch_gemm_chunks, [nq][n * n_mix]: threads < n_mix add their
- * output's nq values in chunk order (k_gemm_reduce's additions: the same bits) instead of a
- * reduce launch reading them before. */
+ * as the split-K chunk values of launch_gemm_chunks, [nq][n * n_mix]: the block adds each
+ * output's nq values in chunk order (chunk_sum_staged, as k_gemm_reduce: the same bits) instead
+ * of a reduce launch reading them before. The finish runs on CU_THREADS threads. */
 __global__ void k_hc_pre_finish(const float *X,
                                 const float *mraw,
                                 const float *cv,
@@ -159,15 +159,13 @@ __global__ void k_hc_pre_finish(const float *X,
     const float *Xr = X + r * len;
     int n_mix = (2 + hc) * hc;
     const float *mr = mraw + r * n_mix;
-    if (cv) {
-        if (threadIdx.x < n_mix) {
-            const float *src = cv + r * n_mix + threadIdx.x;
-            int64_t T = n * n_mix;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int64_t q = 0; q < nq; q++)
-                acc += src[q * T];
-            mix_s[threadIdx.x] = acc + 0.0f;
+    if (cv) { /* 32 outputs at a time, the block's warps staging their chunk values */
+        __shared__ float red_buf[RED_ROWS][32];
+        int lane = threadIdx.x & 31;
+        for (int o0 = 0; o0 < n_mix; o0 += 32) {
+            bool tv = o0 + lane < n_mix;
+            float acc = chunk_sum_staged(cv, nq, n * n_mix, r * n_mix + o0 + lane, tv, red_buf);
+            if (threadIdx.x < 32 && tv) mix_s[o0 + lane] = acc + 0.0f;
         }
         __syncthreads();
         mr = mix_s;
@@ -307,7 +305,7 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
     int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
     dim3 grid((unsigned)a->n, (unsigned)split);
-    cu_launch(c, k_hc_pre_finish, grid, 256, 0, a->X, mraw, cv, nq, a->n, hc, a->dim,
+    cu_launch(c, k_hc_pre_finish, grid, CU_THREADS, 0, a->X, mraw, cv, nq, a->n, hc, a->dim,
               cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y,
               a->post, a->comb, a->round_bf16);
     cu_prof_end(c, pf);
