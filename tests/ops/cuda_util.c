@@ -30,6 +30,28 @@ int backends(void) {
     return g_state;
 }
 
+struct dsi_backend *cuda_backend_with(const char *settings) {
+    char buf[256], *save = NULL, *names[8];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", settings);
+    for (char *w = strtok_r(buf, ",", &save); w && n < 8; w = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(w, '=');
+        if (!eq) continue;
+        *eq = 0;
+        setenv(w, eq + 1, 1);
+        names[n++] = w;
+    }
+    struct dsi_err err = {0};
+    struct dsi_backend *be = NULL;
+    if (dsi_backend_cuda_new(&be, 0, &err)) {
+        fprintf(stderr, "[cuda backend with %s: %s] ", settings, err.msg);
+        be = NULL;
+    }
+    for (int i = 0; i < n; i++)
+        unsetenv(names[i]);
+    return be;
+}
+
 /* DSI_TEST_TINY=1 (set for runs under compute-sanitizer) skips the real-shape cases. */
 int tiny_only(void) { return getenv("DSI_TEST_TINY") != NULL; }
 

@@ -32,6 +32,9 @@ struct wt {
 };
 
 int backends(void);
+/* Another CUDA backend made with the comma-separated VAR=value settings in the environment
+ * (read at creation; unset again after), or NULL with the error printed. The caller frees it. */
+struct dsi_backend *cuda_backend_with(const char *settings);
 int tiny_only(void);
 struct rng rng_of(const struct test_ctx *t, uint64_t salt);
 uint64_t rnext(struct rng *r);

@@ -264,12 +264,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {16, 4, 512, 256, 48, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 12 */
         {16, 6, 4096, 2048, 16, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 6, real shapes */
     };
-    struct dsi_err err = {0};
-    struct dsi_backend *g2 = NULL, *keep = g_gpu;
-    setenv("DSI_CUDA_TC_MOE", "1000", 1);
-    int rc = dsi_backend_cuda_new(&g2, 0, &err);
-    unsetenv("DSI_CUDA_TC_MOE");
-    TEST_ASSERTF(rc == 0, "second cuda backend: %s", err.msg);
+    struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_TC_MOE=1000"), *keep = g_gpu;
+    TEST_ASSERT(g2 != NULL);
     g_gpu = g2;
     int ok = 1;
     for (size_t i = 0; i < sizeof(wide) / sizeof(wide[0]) && ok; i++) {
@@ -279,6 +275,19 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     }
     g_gpu = keep;
     g2->ops->free(g2);
+    TEST_ASSERT(ok);
+    /* wg.cu's wgmma kernels (DSI_CUDA_WG=1): routed tiles from 32 rows per expert (64 and 128
+       rows per block) and the shared expert from 33 rows: the cases above with 40+ rows */
+    struct dsi_backend *g3 = cuda_backend_with("DSI_CUDA_WG=1");
+    TEST_ASSERT(g3 != NULL);
+    g_gpu = g3;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+        if (cases[i].n < 40 || (tiny_only() && cases[i].D > 256)) continue;
+        ok = run_moe_mode(&r, &cases[i], true, true);
+        if (!ok) fprintf(stderr, "[moe fast wgmma case %zu] ", i);
+    }
+    g_gpu = keep;
+    g3->ops->free(g3);
     TEST_ASSERT(ok);
     return 0;
 }

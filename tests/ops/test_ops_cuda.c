@@ -162,6 +162,21 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         }
     }
     wt_scales_wide(false);
+    /* wg.cu's wgmma kernels (DSI_CUDA_WG=1; cuBLASLt off so that they take the FP8 calls) on
+       the cases of 128 rows and more (tiles of 64 and 128 rows) */
+    struct dsi_backend *wg = cuda_backend_with("DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0"), *keep = g_gpu;
+    TEST_ASSERT(wg != NULL);
+    g_gpu = wg;
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        if (cases[i].rows < 128 || (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)))
+            continue;
+        ok = run_gemm_mode(&r, &cases[i], true);
+        if (!ok) fprintf(stderr, "[gemm fast wgmma case %d] ", i);
+    }
+    g_gpu = keep;
+    wg->ops->free(wg);
+    TEST_ASSERT(ok);
     return 0;
 }
 

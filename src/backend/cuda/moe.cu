@@ -595,7 +595,12 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        or c->gvf_moe_nt (DSI_CUDA_GVF_MOE_NT) */
     int gnt = c->gvf_moe_nt ? c->gvf_moe_nt : gvf_moe_nt(nk / E);
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
-    int rx = tc ? tc_pick_bn(c, (double)nk / E) : gv ? 8 * gnt : pick_rx((double)nk / E);
+    /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg) */
+    bool wg = tc && c->wg && (double)nk / E > 32;
+    int rx = wg   ? wg_pick_bn((double)nk / E)
+             : tc ? tc_pick_bn(c, (double)nk / E)
+             : gv ? 8 * gnt
+                  : pick_rx((double)nk / E);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -631,7 +636,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = tc   ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
+    bool ok = wg   ? launch_wg_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
+              : tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
               : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
                    : moe_up(c, &p, r1.type, rx, gu);
     cu_prof_end(c, pp);
@@ -645,10 +651,15 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
     int snt = gvf_moe_nt(n);
     bool sgv = a->fast && !stc && n <= 32 && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
-    int srx = stc ? tc_pick_bn(c, (double)n) : sgv ? 8 * snt : pick_rx((double)n);
+    bool swg = stc && c->wg && n > 32;
+    int srx = swg   ? wg_pick_bn((double)n)
+              : stc ? tc_pick_bn(c, (double)n)
+              : sgv ? 8 * snt
+                    : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    ok = stc   ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
+    ok = swg   ? launch_wg_moe(c, &ps, true, srx, gsu.y) && !c->sticky
+         : stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
                : moe_up(c, &ps, s1.type, srx, gsu);
     cu_prof_end(c, pp);
@@ -656,14 +667,16 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = tc   ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
+    ok = wg   ? launch_wg_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
+         : tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
          : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
               : moe_down(c, &p, r2.type, rx, gd);
     cu_prof_end(c, pp);
     if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_down");
-    ok = stc   ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+    ok = swg   ? launch_wg_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+         : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
                : moe_down(c, &ps, s2.type, srx, gsd);
     cu_prof_end(c, pp);

@@ -59,6 +59,11 @@ bool tc_moe_ok(const struct cu_w *w1,
 int tc_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
 
+/* The same on wgmma (wg.cu, sm_90a) for tiles of 64 or 128 rows: the block width for a mean
+ * of `rows` rows per tile, and the launch (as launch_tc_moe). */
+int wg_pick_bn(double rows);
+bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
+
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
  * tiles in shared memory) fit them, the n8 column
  * tiles for tiles of `rows` rows (1, 2, 4: at most 8, 16, 32 rows; routed tiles are grouped by

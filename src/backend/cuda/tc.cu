@@ -26,115 +26,7 @@
 #define TC_LD (TC_BK + 8) /* bf16 per shared row: 144 bytes, ldmatrix without bank conflicts */
 #define TC_T  256
 
-enum { TC_DENSE = 0, TC_UP = 1, TC_DOWN = 2 };
-
-struct tc_p {
-    struct cu_w w; /* dense: the weight; row0 .. row0 + n_out */
-    int64_t row0, n_out;
-    const float *x;
-    int64_t n, ldx;
-    float *y;
-    int64_t ldy;
-    bool round;
-    struct moe_p m; /* TC_UP / TC_DOWN */
-    int64_t gx, gy; /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
-};
-
 static size_t tc_smem_bytes(int BN) { return (size_t)2 * (TC_BM + BN) * TC_LD * 2; }
-
-/* One thread's share of a step's weight tile: 32 consecutive K values of one row. */
-struct tc_wraw {
-    uint4 v[4]; /* FP4: v[0]; FP8: v[0..1]; BF16: v[0..3] */
-    uint32_t sb;
-};
-
-template <int WT>
-__device__ __forceinline__ void
-tc_load_w(const uint8_t *row, const uint8_t *srow, int sb1, int64_t k, struct tc_wraw &r) {
-    if (!row) return;
-    if (WT == DSI_TYPE_FP4_E2M1) {
-        r.v[0] = __ldg((const uint4 *)(row + k / 2));
-        r.sb = srow[k / sb1];
-    } else if (WT == DSI_TYPE_F8_E4M3) {
-        const uint4 *p = (const uint4 *)(row + k);
-        r.v[0] = __ldg(p);
-        r.v[1] = __ldg(p + 1);
-        r.sb = srow[k / sb1];
-    } else {
-        const uint4 *p = (const uint4 *)(row + k * 2);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            r.v[i] = __ldg(p + i);
-    }
-}
-
-/* Decode 32 values to bf16 and store them at dst (16-byte aligned, 64 bytes). */
-template <int WT>
-__device__ __forceinline__ void tc_store_w(const struct tc_wraw &r, bool valid, uint16_t *dst) {
-    uint4 *d = (uint4 *)dst;
-    if (!valid) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            d[i] = make_uint4(0, 0, 0, 0);
-        return;
-    }
-    if (WT == DSI_TYPE_BF16) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            d[i] = r.v[i];
-    } else if (WT == DSI_TYPE_FP4_E2M1) {
-        uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
-        if (r.sb <= 128u) { /* pairs (j, j + 4) of a word, put back in k order (tc.cuh) */
-            uint32_t m = bf16x2_pow2(r.sb, 126);
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                uint32_t p04 = bf16x2_mul(e2m1_pair_bits<0>(u[h]), m),
-                         p15 = bf16x2_mul(e2m1_pair_bits<1>(u[h]), m),
-                         p26 = bf16x2_mul(e2m1_pair_bits<2>(u[h]), m),
-                         p37 = bf16x2_mul(e2m1_pair_bits<3>(u[h]), m);
-                d[h] = make_uint4(__byte_perm(p04, p15, 0x5410), __byte_perm(p26, p37, 0x5410),
-                                  __byte_perm(p04, p15, 0x7632), __byte_perm(p26, p37, 0x7632));
-            }
-            return;
-        }
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            float f[8];
-            e2m1x8(u[h], r.sb, f);
-            d[h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
-                              bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
-        }
-    } else if (r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order (tc.cuh) */
-        uint32_t m = bf16x2_pow2(r.sb, 120);
-#pragma unroll
-        for (int v = 0; v < 2; v++) {
-            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
-            uint32_t o[4];
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                uint32_t p02 = bf16x2_mul(e4m3_pair_bits<0>(u[h]), m),
-                         p13 = bf16x2_mul(e4m3_pair_bits<1>(u[h]), m);
-                o[h] = __byte_perm(p02, p13, 0x5410); /* elements 0, 1 */
-                u[h] = __byte_perm(p02, p13, 0x7632); /* elements 2, 3 */
-            }
-            d[v * 2] = make_uint4(o[0], u[0], o[1], u[1]);
-            d[v * 2 + 1] = make_uint4(o[2], u[2], o[3], u[3]);
-        }
-    } else {
-#pragma unroll
-        for (int v = 0; v < 2; v++) {
-            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float f[8];
-                e4m3x4(u[2 * h], r.sb, f);
-                e4m3x4(u[2 * h + 1], r.sb, f + 4);
-                d[v * 2 + h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
-                                          bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
-            }
-        }
-    }
-}
 
 /* Shared row of the m-fragment f (0, 1) of warp row wm (0..3). For the up projection, fragment
  * 0 holds W1 columns and fragment 1 the same W3 columns. */
@@ -156,68 +48,27 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     int wm = warp & 3, wn = warp >> 2;
 
     /* ---- the block's rows */
-    int e = -1, rows = 0;
-    int64_t pos0 = 0, nk = p.m.n * p.m.topk, K;
-    if (MODE == TC_DENSE) {
-        K = p.w.K;
-        p.row0 += (int64_t)blockIdx.z * p.n_out;
-        p.x += (int64_t)blockIdx.z * p.gx;
-        p.y += (int64_t)blockIdx.z * p.gy;
-    } else {
-        if (!moe_tile(p.m, BN, &e, &pos0, &rows)) return; /* the same for the whole block */
-        K = MODE == TC_UP ? p.m.D : p.m.I;
-    }
-    if (tid < BN) {
-        const float *xr = nullptr;
-        int64_t op = -1;
-        if (MODE == TC_DENSE) {
-            int64_t r = (int64_t)blockIdx.y * BN + tid;
-            if (r < p.n) xr = p.x + r * p.ldx;
-        } else if (tid < rows) {
-            int64_t pos = pos0 + tid;
-            op = pos;
-            if (MODE == TC_UP)
-                xr = p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D;
-            else
-                xr = p.m.h + pos * p.m.I;
-        }
-        xrow[tid] = xr;
-        opos[tid] = op;
-    }
+    int e;
+    int64_t K;
+    if (!tc_block_rows<MODE, BN>(p, xrow, opos, &e, &K)) return;
     /* ---- this thread's weight row (loads): row tid / 2, K half tid % 2 of each step */
     int srow = tid >> 1, khalf = tid & 1;
-    const uint8_t *wrow = nullptr, *wsrow = nullptr;
-    int sb1 = 1;
+    const uint8_t *wrow, *wsrow;
+    int sb1;
     {
-        struct cu_w W;
         int64_t r = -1;
+        int mat = MODE == TC_UP && srow >= 64;
         if (MODE == TC_DENSE) {
-            W = p.w;
             int64_t o = (int64_t)blockIdx.x * TC_BM + srow;
             if (o < p.n_out) r = p.row0 + o;
         } else if (MODE == TC_UP) {
-            int mat = srow >= 64;
-            W = mat ? p.m.w3 : p.m.w1;
-            if (e >= 0) {
-                W.data = p.m.tab[e].p[mat ? 2 : 0];
-                W.scale = p.m.tab[e].p[mat ? 3 : 1];
-            }
             int64_t col = (int64_t)blockIdx.x * 64 + (srow & 63);
             if (col < p.m.I) r = col;
         } else {
-            W = p.m.w2;
-            if (e >= 0) {
-                W.data = p.m.tab[e].p[4];
-                W.scale = p.m.tab[e].p[5];
-            }
             int64_t o = (int64_t)blockIdx.x * TC_BM + srow;
             if (o < p.m.D) r = o;
         }
-        if (r >= 0) {
-            wrow = W.data + r * W.row_bytes;
-            wsrow = w_scale_row(W, r);
-        }
-        sb1 = W.sb1;
+        tc_wsrc<MODE>(p, e, mat, r, &wrow, &wsrow, &sb1);
     }
     __syncthreads();
 
@@ -248,7 +99,14 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     auto step = [&](int64_t s, struct tc_wraw &w) {
         int buf = (int)(s & 1);
         uint16_t *W = Ws + buf * TC_BM * TC_LD, *X = Xs + buf * BN * TC_LD;
-        tc_store_w<WT>(w, wrow != nullptr, W + srow * TC_LD + khalf * 32);
+        {
+            uint4 d[4];
+            tc_decode_w<WT>(w, wrow != nullptr, d);
+            uint4 *dst = (uint4 *)(W + srow * TC_LD + khalf * 32);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                dst[i] = d[i];
+        }
 #pragma unroll
         for (int v = 0; v < XV; v++) {
             int idx = tid + v * TC_T, j = idx >> 4, q = idx & 15;
@@ -310,33 +168,16 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int m = g + (i >> 1) * 8, jr = wn * (BN / 2) + j * 8 + 2 * t4 + (i & 1);
-            if (MODE == TC_DENSE) {
-                int64_t r = (int64_t)blockIdx.y * BN + jr;
-                if (r >= p.n) continue;
+            int64_t ar = (int64_t)blockIdx.y * BN + jr;
+            if (MODE == TC_UP)
+                tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wm * 16 + m, acc[0][j][i],
+                          acc[1][j][i]);
+            else
 #pragma unroll
-                for (int f = 0; f < 2; f++) {
-                    int64_t o = (int64_t)blockIdx.x * TC_BM + tc_arow<MODE>(wm, f) + m;
-                    if (o < p.n_out) p.y[r * p.ldy + o] = rbf(acc[f][j][i] + 0.0f, p.round);
-                }
-            } else if (MODE == TC_UP) {
-                int64_t pos = opos[jr], col = (int64_t)blockIdx.x * 64 + wm * 16 + m;
-                if (pos < 0 || col >= p.m.I) continue;
-                float gt = rbf(acc[0][j][i] + 0.0f, p.m.round),
-                      u = rbf(acc[1][j][i] + 0.0f, p.m.round);
-                float wi = pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;
-                float gv = fminf(gt, p.m.limit), uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
-                float silu = gv / (1.0f + exp_ref(-gv));
-                p.m.h[pos * p.m.I + col] = rbf(silu * uv * wi, p.m.round);
-            } else {
-                int64_t pos = opos[jr];
-                if (pos < 0) continue;
-                int64_t orow = pos < nk ? p.m.perm[pos] : pos;
-#pragma unroll
-                for (int f = 0; f < 2; f++) {
-                    int64_t o = (int64_t)blockIdx.x * TC_BM + tc_arow<MODE>(wm, f) + m;
-                    if (o < p.m.D) p.m.out[orow * p.m.D + o] = rbf(acc[f][j][i] + 0.0f, p.m.round);
-                }
-            }
+                for (int f = 0; f < 2; f++)
+                    tc_put<MODE>(p, opos, jr, ar,
+                                 (int64_t)blockIdx.x * TC_BM + tc_arow<MODE>(wm, f) + m,
+                                 acc[f][j][i]);
         }
 }
 
@@ -399,6 +240,12 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
     dim3 grid((unsigned)cu_div_up(g->n_out, TC_BM), (unsigned)cu_div_up(n, bn),
               (unsigned)g->groups);
+    if (c->wg && bn >= 64) { /* wg.cu: the same tiles (128 weight rows x bn) on wgmma */
+        int pw = cu_prof_begin(c, "gemm.wg");
+        bool ok = launch_wg_gemm(c, &p, bn, grid);
+        cu_prof_end(c, pw);
+        return ok || c->sticky;
+    }
     int pp = cu_prof_begin(c, "gemm.tc");
     bool ok = w->type == DSI_TYPE_F8_E4M3
                   ? tc_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &p, bn, grid)

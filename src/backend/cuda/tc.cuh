@@ -4,6 +4,8 @@
 #define DSI_CUDA_TC_CUH
 
 #include "common.cuh"
+#include "gemm.cuh"
+#include "moe.cuh"
 
 #include <cuda_bf16.h>
 
@@ -82,5 +84,215 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t (&r)[4]) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+
+/* ---- weight tiles in registers (tc.cu, wg.cu) ------------------------------------------- */
+
+enum { TC_DENSE = 0, TC_UP = 1, TC_DOWN = 2 };
+
+struct tc_p {
+    struct cu_w w; /* dense: the weight; row0 .. row0 + n_out */
+    int64_t row0, n_out;
+    const float *x;
+    int64_t n, ldx;
+    float *y;
+    int64_t ldy;
+    bool round;
+    struct moe_p m; /* TC_UP / TC_DOWN */
+    int64_t gx, gy; /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
+};
+
+/* One thread's share of a step's weight tile: 32 consecutive K values of one row. */
+struct tc_wraw {
+    uint4 v[4]; /* FP4: v[0]; FP8: v[0..1]; BF16: v[0..3] */
+    uint32_t sb;
+};
+
+template <int WT>
+__device__ __forceinline__ void
+tc_load_w(const uint8_t *row, const uint8_t *srow, int sb1, int64_t k, struct tc_wraw &r) {
+    if (!row) return;
+    if (WT == DSI_TYPE_FP4_E2M1) {
+        r.v[0] = __ldg((const uint4 *)(row + k / 2));
+        r.sb = srow[k / sb1];
+    } else if (WT == DSI_TYPE_F8_E4M3) {
+        const uint4 *p = (const uint4 *)(row + k);
+        r.v[0] = __ldg(p);
+        r.v[1] = __ldg(p + 1);
+        r.sb = srow[k / sb1];
+    } else {
+        const uint4 *p = (const uint4 *)(row + k * 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            r.v[i] = __ldg(p + i);
+    }
+}
+
+/* Decode 32 values to bf16, in k order: d[i] holds k 8i .. 8i + 7. */
+template <int WT>
+__device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid, uint4 (&d)[4]) {
+    if (!valid) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            d[i] = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    if (WT == DSI_TYPE_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            d[i] = r.v[i];
+    } else if (WT == DSI_TYPE_FP4_E2M1) {
+        uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+        if (r.sb <= 128u) { /* pairs (j, j + 4) of a word, put back in k order (tc.cuh) */
+            uint32_t m = bf16x2_pow2(r.sb, 126);
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                uint32_t p04 = bf16x2_mul(e2m1_pair_bits<0>(u[h]), m),
+                         p15 = bf16x2_mul(e2m1_pair_bits<1>(u[h]), m),
+                         p26 = bf16x2_mul(e2m1_pair_bits<2>(u[h]), m),
+                         p37 = bf16x2_mul(e2m1_pair_bits<3>(u[h]), m);
+                d[h] = make_uint4(__byte_perm(p04, p15, 0x5410), __byte_perm(p26, p37, 0x5410),
+                                  __byte_perm(p04, p15, 0x7632), __byte_perm(p26, p37, 0x7632));
+            }
+            return;
+        }
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            float f[8];
+            e2m1x8(u[h], r.sb, f);
+            d[h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
+                              bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+        }
+    } else if (r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order (tc.cuh) */
+        uint32_t m = bf16x2_pow2(r.sb, 120);
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
+            uint32_t o[4];
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                uint32_t p02 = bf16x2_mul(e4m3_pair_bits<0>(u[h]), m),
+                         p13 = bf16x2_mul(e4m3_pair_bits<1>(u[h]), m);
+                o[h] = __byte_perm(p02, p13, 0x5410); /* elements 0, 1 */
+                u[h] = __byte_perm(p02, p13, 0x7632); /* elements 2, 3 */
+            }
+            d[v * 2] = make_uint4(o[0], u[0], o[1], u[1]);
+            d[v * 2 + 1] = make_uint4(o[2], u[2], o[3], u[3]);
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float f[8];
+                e4m3x4(u[2 * h], r.sb, f);
+                e4m3x4(u[2 * h + 1], r.sb, f + 4);
+                d[v * 2 + h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
+                                          bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+            }
+        }
+    }
+}
+
+/* ---- block GEMM pieces shared by tc.cu (mma.sync) and wg.cu (wgmma) ------------------------
+ * A block computes a tile of weight rows x activation rows over all of K. These pieces find the
+ * block's activation rows, its weight rows, and write an output element; what the kernels own
+ * is the shared-memory layout and the tensor-core instructions. */
+
+/* The block's activation rows (threads < BN write them): xrow[j] (NULL: none) and, for the MoE,
+ * opos[j] (the h / out position of row j; -1: none); K. Dense: p's row0, x and y move to group
+ * blockIdx.z. false: no tile here (the same for the whole block, which returns). The caller
+ * synchronises before reading xrow / opos. */
+template <int MODE, int BN>
+__device__ __forceinline__ bool
+tc_block_rows(struct tc_p &p, const float **xrow, int64_t *opos, int *e, int64_t *K) {
+    int tid = threadIdx.x, rows = 0;
+    int64_t pos0 = 0, nk = p.m.n * p.m.topk;
+    *e = -1;
+    if (MODE == TC_DENSE) {
+        *K = p.w.K;
+        p.row0 += (int64_t)blockIdx.z * p.n_out;
+        p.x += (int64_t)blockIdx.z * p.gx;
+        p.y += (int64_t)blockIdx.z * p.gy;
+    } else {
+        if (!moe_tile(p.m, BN, e, &pos0, &rows)) return false;
+        *K = MODE == TC_UP ? p.m.D : p.m.I;
+    }
+    if (tid < BN) {
+        const float *xr = nullptr;
+        int64_t op = -1;
+        if (MODE == TC_DENSE) {
+            int64_t r = (int64_t)blockIdx.y * BN + tid;
+            if (r < p.n) xr = p.x + r * p.ldx;
+        } else if (tid < rows) {
+            int64_t pos = pos0 + tid;
+            op = pos;
+            if (MODE == TC_UP)
+                xr = p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D;
+            else
+                xr = p.m.h + pos * p.m.I;
+        }
+        xrow[tid] = xr;
+        opos[tid] = op;
+    }
+    return true;
+}
+
+/* Weight row r (-1: none; the caller checks the bounds) of the block: dense: p.w's row r; MoE
+ * up: row r of W1 (mat 0) or W3 (mat 1) of expert e (-1: the shared expert); down: W2's.
+ * *wrow stays NULL for none. */
+template <int MODE>
+__device__ __forceinline__ void tc_wsrc(const struct tc_p &p,
+                                        int e,
+                                        int mat,
+                                        int64_t r,
+                                        const uint8_t **wrow,
+                                        const uint8_t **wsrow,
+                                        int *sb1) {
+    struct cu_w W = MODE == TC_DENSE ? p.w : MODE == TC_DOWN ? p.m.w2 : mat ? p.m.w3 : p.m.w1;
+    if (MODE != TC_DENSE && e >= 0) {
+        int i = MODE == TC_DOWN ? 4 : mat ? 2 : 0;
+        W.data = p.m.tab[e].p[i];
+        W.scale = p.m.tab[e].p[i + 1];
+    }
+    *sb1 = W.sb1;
+    *wrow = *wsrow = nullptr;
+    if (r >= 0) {
+        *wrow = W.data + r * W.row_bytes;
+        *wsrow = w_scale_row(W, r);
+    }
+}
+
+/* Output (weight row o, the block's activation row j) = v, dense or MoE down (bounds of o
+ * checked here; ar: dense activation row blockIdx.y * BN + j). */
+template <int MODE>
+__device__ __forceinline__ void
+tc_put(const struct tc_p &p, const int64_t *opos, int j, int64_t ar, int64_t o, float v) {
+    if (MODE == TC_DENSE) {
+        if (ar < p.n && o < p.n_out) p.y[ar * p.ldy + o] = rbf(v + 0.0f, p.round);
+    } else {
+        int64_t pos = opos[j], nk = p.m.n * p.m.topk;
+        if (pos < 0 || o >= p.m.D) return;
+        int64_t orow = pos < nk ? p.m.perm[pos] : pos;
+        p.m.out[orow * p.m.D + o] = rbf(v + 0.0f, p.m.round);
+    }
+}
+
+/* MoE up: h at (the block's activation row j, intermediate column col) from the gate and up
+ * sums: the clamped SwiGLU times the routing weight. */
+__device__ __forceinline__ void
+tc_put_up(const struct tc_p &p, const int64_t *opos, int j, int64_t col, float gs, float us) {
+    int64_t pos = opos[j], nk = p.m.n * p.m.topk;
+    if (pos < 0 || col >= p.m.I) return;
+    float gt = rbf(gs + 0.0f, p.m.round), u = rbf(us + 0.0f, p.m.round);
+    float wi = pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;
+    float gv = fminf(gt, p.m.limit), uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
+    float silu = gv / (1.0f + exp_ref(-gv));
+    p.m.h[pos * p.m.I + col] = rbf(silu * uv * wi, p.m.round);
+}
+
+/* wg.cu: a dense GEMM of tc.cu's parameters on wgmma, tiles of bn (64, 128) activation rows,
+ * grid (weight rows / 128, rows / bn, groups). */
+bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
 
 #endif

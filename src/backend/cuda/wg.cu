@@ -1,0 +1,260 @@
+/* wg.cu - the tensor-core block GEMMs of tc.cu on Hopper's warpgroup instructions (wgmma,
+ * sm_90a): the MoE expert GEMMs (up + SwiGLU, down) on FP4 / FP8 weights and dense GEMMs on FP8
+ * / BF16 weights, for calls with many activation rows (the prefill). Same numerics as tc.cu
+ * (weights decoded exactly to bf16, activations rounded to bf16, fp32 accumulation in the tensor
+ * cores' order): not bitwise; the op tests bound the difference.
+ *
+ * A block of WG_T = 256 threads (2 warpgroups) computes WG_BM = 128 weight rows x BN activation
+ * rows (64 or 128) over all of K, WG_BK = 64 at a time. Each step every thread decodes its share
+ * of the weight tile (row tid / 2, 32 k) and converts its activation floats to bf16, both
+ * stored in shared memory in the 128-byte swizzled K-major layout that wgmma reads (a row of 64
+ * bf16 is 128 bytes; its 16-byte chunk c sits at chunk c ^ (row % 8); 8-row atoms of 1 KB);
+ * then warpgroup w issues 4 wgmma m64nBNk16 on its 64 weight rows (A) and all BN activation
+ * rows (B), both from shared memory, asynchronously. WG_ST = 3 stages: the stores of step s go
+ * to stage s % 3, which wgmma read at step s - 3; each thread waits for its warpgroup's wgmma of
+ * step s - 1 (wait_group 1) before the barrier of step s + 1, so no stage is overwritten while
+ * read. Weight bytes are loaded two steps ahead and activations one step ahead into registers,
+ * as in tc.cu; the decode of step s + 1 overlaps the wgmma of step s.
+ *
+ * MoE up: the block's 128 weight rows are 64 columns of W1 and the same 64 of W3, placed so that
+ * the accumulator of a thread holds the gate and the up value of the same (column, row): in a
+ * warp's 16 rows, rows 0-7 are W1 columns and rows 8-15 the same W3 columns (the accumulator's
+ * row g and g + 8). */
+#include "gemm.cuh"
+#include "moe.cuh"
+#include "tc.cuh"
+
+#define WG_BM 128
+#define WG_BK 64 /* bf16: one 128-byte swizzle row */
+#define WG_T  256
+#define WG_ST 3
+
+/* Stage bytes and the dynamic shared memory (plus 1 KB to align the stages to the atoms). */
+static size_t wg_smem_bytes(int BN) { return (size_t)WG_ST * (WG_BM + BN) * 128 + 1024; }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_HAVE 1
+#endif
+
+/* Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte swizzled tile. */
+__device__ __forceinline__ uint32_t wg_sw(int r, int c) {
+    return (uint32_t)r * 128u + ((uint32_t)(c ^ (r & 7)) << 4);
+}
+
+/* Shared-memory matrix descriptor of a K-major 128-byte swizzled tile at saddr (1 KB atoms:
+ * stride byte offset 1024 between 8-row groups; the leading offset is unused in this mode). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+#ifdef WG_HAVE
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Shared memory written by ordinary stores, read next by wgmma (the async proxy). */
+__device__ __forceinline__ void wg_fence_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* The accumulators are written by wgmma in the background: pin them around the waits. */
+template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d += A (64 x 16, descriptor da) * B (BN x 16, descriptor db)^T, fp32 accumulators. */
+__device__ __forceinline__ void wg_mma_n64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wg_mma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+template <int BN>
+__device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+    if constexpr (BN == 64)
+        wg_mma_n64(d, da, db);
+    else
+        wg_mma_n128(d, da, db);
+}
+#endif
+
+template <int MODE, int WT, int BN>
+__global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
+#ifdef WG_HAVE
+    cu_pdl_enter();
+    constexpr int XV = BN * 16 / WG_T;                  /* float4 activation loads per thread */
+    constexpr uint32_t STAGE = (WG_BM + BN) * 128;      /* bytes per stage: A, then B */
+    constexpr int PF = 2;                               /* weight loads this many steps ahead */
+    extern __shared__ uint4 wg_smem[];
+    uint32_t raw = smem_u32(wg_smem), base = (raw + 1023u) & ~1023u;
+    char *gbase = (char *)wg_smem + (base - raw);
+    __shared__ const float *xrow[BN];
+    __shared__ int64_t opos[BN]; /* MoE: h / out position of the row; -1: none */
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
+
+    int e;
+    int64_t K;
+    if (!tc_block_rows<MODE, BN>(p, xrow, opos, &e, &K)) return;
+    /* this thread's weight row: A row srow, K half khalf of each step */
+    int srow = tid >> 1, khalf = tid & 1;
+    const uint8_t *wrow, *wsrow;
+    int sb1;
+    {
+        int64_t r = -1;
+        int mat = 0;
+        if (MODE == TC_UP) { /* A row = 64 wg + 16 w4 + 8 mat + g: column 32 wg + 8 w4 + g */
+            mat = (srow >> 3) & 1;
+            int64_t col = (int64_t)blockIdx.x * 64 + (srow >> 6) * 32 + ((srow >> 4) & 3) * 8 +
+                          (srow & 7);
+            if (col < p.m.I) r = col;
+        } else {
+            int64_t o = (int64_t)blockIdx.x * WG_BM + srow;
+            if (o < (MODE == TC_DENSE ? p.n_out : p.m.D)) r = MODE == TC_DENSE ? p.row0 + o : o;
+        }
+        tc_wsrc<MODE>(p, e, mat, r, &wrow, &wsrow, &sb1);
+    }
+    __syncthreads();
+
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = 0.0f;
+    struct tc_wraw wr[PF];
+    float4 xr[XV];
+    int64_t steps = K / WG_BK;
+    auto load_x = [&](int64_t s) {
+        int64_t k0 = s * WG_BK;
+#pragma unroll
+        for (int v = 0; v < XV; v++) {
+            int idx = tid + v * WG_T, j = idx >> 4, q = idx & 15;
+            const float *src = xrow[j];
+            xr[v] = src ? __ldg((const float4 *)(src + k0) + q) : make_float4(0, 0, 0, 0);
+        }
+    };
+    auto step = [&](int64_t s, struct tc_wraw &w) {
+        uint32_t st = (uint32_t)(s % WG_ST) * STAGE;
+        char *A = gbase + st, *B = A + WG_BM * 128;
+        {
+            uint4 d[4];
+            tc_decode_w<WT>(w, wrow != nullptr, d);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                *(uint4 *)(A + wg_sw(srow, khalf * 4 + i)) = d[i];
+        }
+#pragma unroll
+        for (int v = 0; v < XV; v++) {
+            int idx = tid + v * WG_T, j = idx >> 4, q = idx & 15;
+            *(uint2 *)(B + wg_sw(j, q >> 1) + (q & 1) * 8) =
+                make_uint2(bf16x2_rn(xr[v].x, xr[v].y), bf16x2_rn(xr[v].z, xr[v].w));
+        }
+        wg_fence_smem();
+        __syncthreads();
+        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sb1, (s + PF) * WG_BK + khalf * 32, w);
+        if (s + 1 < steps) load_x(s + 1);
+        uint32_t a0 = base + st + (uint32_t)wgi * 64 * 128, b0 = base + st + WG_BM * 128;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 16; kk++)
+            wg_mma<BN>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32));
+        wg_commit();
+        wg_wait<1>();
+    };
+#pragma unroll
+    for (int u = 0; u < PF; u++)
+        if (u < steps) tc_load_w<WT>(wrow, wsrow, sb1, (int64_t)u * WG_BK + khalf * 32, wr[u]);
+    load_x(0);
+    for (int64_t s = 0; s < steps; s += PF) {
+#pragma unroll
+        for (int u = 0; u < PF; u++)
+            if (s + u < steps) step(s + u, wr[u]);
+    }
+    wg_wait<0>();
+    wg_pin(acc);
+
+    /* epilogue: acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation row 8 j + 2 t + i % 2) */
+    int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int jr = j * 8 + 2 * t4 + (i & 1);
+            int64_t ar = (int64_t)blockIdx.y * BN + jr;
+            if (MODE == TC_UP) {
+                if (i >= 2) continue; /* i and i + 2: the gate and the up value */
+                tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g,
+                          acc[4 * j + i], acc[4 * j + i + 2]);
+            } else {
+                tc_put<MODE>(p, opos, jr, ar,
+                             (int64_t)blockIdx.x * WG_BM + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
+                             acc[4 * j + i]);
+            }
+        }
+#endif
+}
+
+/* ---- launchers --------------------------------------------------------------------------- */
+
+template <int MODE, int WT, int BN>
+static bool wg_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
+    static bool smem_done = false;
+    size_t sm = wg_smem_bytes(BN);
+    if (!smem_limit(c, k_wg<MODE, WT, BN>, sm, &smem_done, "wgmma gemm")) return false;
+    cu_launch(c, k_wg<MODE, WT, BN>, grid, WG_T, sm, *p);
+    return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma)" : "moe (wgmma)");
+}
+
+template <int MODE, int WT>
+static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
+    return bn <= 64 ? wg_launch<MODE, WT, 64>(c, p, grid) : wg_launch<MODE, WT, 128>(c, p, grid);
+}
+
+int wg_pick_bn(double rows) { return rows > 64 ? 128 : 64; }
+
+bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
+    return p->w.type == DSI_TYPE_F8_E4M3 ? wg_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, p, bn, grid)
+                                         : wg_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, p, bn, grid);
+}
+
+bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, unsigned tiles) {
+    struct tc_p p;
+    memset(&p, 0, sizeof(p));
+    p.m = *mp;
+    int type = up ? mp->w1.type : mp->w2.type;
+    dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WG_BM)), tiles);
+    if (up)
+        return type == DSI_TYPE_FP4_E2M1 ? wg_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, grid)
+                                         : wg_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, grid);
+    return type == DSI_TYPE_FP4_E2M1 ? wg_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, grid)
+                                     : wg_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, grid);
+}
