@@ -597,16 +597,28 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
     /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg) */
     bool wg = tc && c->wg && (double)nk / E > 32;
-    int rx = wg   ? wg_pick_bn((double)nk / E)
+    int rx = wg   ? wg_pick_bn(c, (double)nk / E)
              : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt
                   : pick_rx((double)nk / E);
+    /* the shared expert: implicit tiles over all rows */
+    bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
+    int snt = gvf_moe_nt(n);
+    bool sgv = a->fast && !stc && n <= 32 && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
+    bool swg = stc && c->wg && n > 32;
+    int srx = swg   ? wg_pick_bn(c, (double)n)
+              : stc ? tc_pick_bn(c, (double)n)
+              : sgv ? 8 * snt
+                    : pick_rx((double)n);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
            o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
     size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
-    size_t total = o_out + cu_align((size_t)((nk + n) * D) * 4);
+    /* wg.cu reads bf16 copies of x and h */
+    size_t o_x16 = o_out + cu_align((size_t)((nk + n) * D) * 4),
+           o_h16 = o_x16 + cu_align((size_t)(n * D) * 2);
+    size_t total = wg || swg ? o_h16 + cu_align((size_t)((nk + n) * I) * 2) : o_x16;
     char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
     if (!s) return;
     struct moe_p p;
@@ -628,6 +640,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.stage = c->xstage;
     p.h = (float *)(s + o_h);
     p.out = (float *)(s + o_out);
+    p.x16 = wg || swg ? (const uint16_t *)(s + o_x16) : NULL;
+    p.h16 = wg || swg ? (const uint16_t *)(s + o_h16) : NULL;
+    if (p.x16) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
     cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, (int32_t *)(s + o_perm),
@@ -642,20 +657,11 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                    : moe_up(c, &p, r1.type, rx, gu);
     cu_prof_end(c, pp);
     if (!ok) return;
-    /* shared expert: implicit tiles over all rows */
     struct moe_p ps = p;
     ps.tiles = NULL;
     ps.w1 = s1;
     ps.w3 = s3;
     ps.w2 = s2;
-    bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
-    int snt = gvf_moe_nt(n);
-    bool sgv = a->fast && !stc && n <= 32 && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
-    bool swg = stc && c->wg && n > 32;
-    int srx = swg   ? wg_pick_bn((double)n)
-              : stc ? tc_pick_bn(c, (double)n)
-              : sgv ? 8 * snt
-                    : pick_rx((double)n);
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
     ok = swg   ? launch_wg_moe(c, &ps, true, srx, gsu.y) && !c->sticky
@@ -665,6 +671,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     cu_prof_end(c, pp);
     if (!ok) return;
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
+    if (p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
     ok = wg   ? launch_wg_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky

@@ -17,9 +17,10 @@ struct moe_p {
     const float *weight;    /* [nk] */
     float limit;
     bool round;
-    bool stage; /* stage x rows in shared memory (c->xstage) */
-    float *h;   /* [nk + n, I] */
-    float *out; /* [nk + n, D] */
+    bool stage;                /* stage x rows in shared memory (c->xstage) */
+    float *h;                  /* [nk + n, I] */
+    const uint16_t *x16, *h16; /* wg.cu: bf16 copies of x and h */
+    float *out;                /* [nk + n, D] */
 };
 
 /* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
@@ -60,9 +61,18 @@ int tc_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
 
 /* The same on wgmma (wg.cu, sm_90a) for tiles of 64 or 128 rows: the block width for a mean
- * of `rows` rows per tile, and the launch (as launch_tc_moe). */
-int wg_pick_bn(double rows);
+ * of `rows` rows per tile (128 only if DSI_CUDA_TC_BN allows), and the launch (as
+ * launch_tc_moe; p->x16 and p->h16 hold the bf16 copies of x and h). */
+int wg_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
+/* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations. */
+void launch_wg_bf16(struct cu_ctx *c,
+                    const float *x,
+                    int64_t rows,
+                    int64_t cols,
+                    int64_t ldx,
+                    uint16_t *y,
+                    int64_t ldy);
 
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
  * tiles in shared memory) fit them, the n8 column

@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     /* ---- the block's rows */
     int e;
     int64_t K;
-    if (!tc_block_rows<MODE, BN>(p, xrow, opos, &e, &K)) return;
+    const float *xs = MODE == TC_DENSE ? p.x : MODE == TC_UP ? p.m.x : p.m.h;
+    int64_t lds = MODE == TC_DENSE ? p.ldx : MODE == TC_UP ? p.m.D : p.m.I;
+    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K)) return;
     /* ---- this thread's weight row (loads): row tid / 2, K half tid % 2 of each step */
     int srow = tid >> 1, khalf = tid & 1;
     const uint8_t *wrow, *wsrow;
@@ -240,7 +242,8 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
     dim3 grid((unsigned)cu_div_up(g->n_out, TC_BM), (unsigned)cu_div_up(n, bn),
               (unsigned)g->groups);
-    if (c->wg && bn >= 64) { /* wg.cu: the same tiles (128 weight rows x bn) on wgmma */
+    /* wg.cu: the same tiles (128 weight rows x bn) on wgmma, groups side by side in a row */
+    if (c->wg && bn >= 64 && (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx)) {
         int pw = cu_prof_begin(c, "gemm.wg");
         bool ok = launch_wg_gemm(c, &p, bn, grid);
         cu_prof_end(c, pw);

@@ -97,8 +97,10 @@ struct tc_p {
     float *y;
     int64_t ldy;
     bool round;
-    struct moe_p m; /* TC_UP / TC_DOWN */
-    int64_t gx, gy; /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
+    struct moe_p m;      /* TC_UP / TC_DOWN */
+    int64_t gx, gy;      /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
+    const uint16_t *x16; /* wg.cu, dense: the bf16 copy of the rows of x (row stride ld16) */
+    int64_t ld16;
 };
 
 /* One thread's share of a step's weight tile: 32 consecutive K values of one row. */
@@ -200,37 +202,45 @@ __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid,
  * is the shared-memory layout and the tensor-core instructions. */
 
 /* The block's activation rows (threads < BN write them): xrow[j] (NULL: none) and, for the MoE,
- * opos[j] (the h / out position of row j; -1: none); K. Dense: p's row0, x and y move to group
- * blockIdx.z. false: no tile here (the same for the whole block, which returns). The caller
- * synchronises before reading xrow / opos. */
-template <int MODE, int BN>
-__device__ __forceinline__ bool
-tc_block_rows(struct tc_p &p, const float **xrow, int64_t *opos, int *e, int64_t *K) {
+ * opos[j] (the h / out position of row j; -1: none); K. The rows come from xs (T: float, or
+ * uint16_t for bf16 copies) with row stride lds: dense: the activation rows (group z at xs + z
+ * gxs; p's row0 and y move to group blockIdx.z too); MoE up: x ([n, D]); down: h ([nk + n, I]).
+ * false: no tile here (the same for the whole block, which returns). The caller synchronises
+ * before reading xrow / opos. */
+template <int MODE, int BN, typename T>
+__device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
+                                              const T *xs,
+                                              int64_t lds,
+                                              int64_t gxs,
+                                              const T **xrow,
+                                              int64_t *opos,
+                                              int *e,
+                                              int64_t *K) {
     int tid = threadIdx.x, rows = 0;
     int64_t pos0 = 0, nk = p.m.n * p.m.topk;
     *e = -1;
     if (MODE == TC_DENSE) {
         *K = p.w.K;
         p.row0 += (int64_t)blockIdx.z * p.n_out;
-        p.x += (int64_t)blockIdx.z * p.gx;
+        xs += (int64_t)blockIdx.z * gxs;
         p.y += (int64_t)blockIdx.z * p.gy;
     } else {
         if (!moe_tile(p.m, BN, e, &pos0, &rows)) return false;
         *K = MODE == TC_UP ? p.m.D : p.m.I;
     }
     if (tid < BN) {
-        const float *xr = nullptr;
+        const T *xr = nullptr;
         int64_t op = -1;
         if (MODE == TC_DENSE) {
             int64_t r = (int64_t)blockIdx.y * BN + tid;
-            if (r < p.n) xr = p.x + r * p.ldx;
+            if (r < p.n) xr = xs + r * lds;
         } else if (tid < rows) {
             int64_t pos = pos0 + tid;
             op = pos;
             if (MODE == TC_UP)
-                xr = p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D;
+                xr = xs + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * lds;
             else
-                xr = p.m.h + pos * p.m.I;
+                xr = xs + pos * lds;
         }
         xrow[tid] = xr;
         opos[tid] = op;
@@ -291,8 +301,8 @@ tc_put_up(const struct tc_p &p, const int64_t *opos, int j, int64_t col, float g
     p.m.h[pos * p.m.I + col] = rbf(silu * uv * wi, p.m.round);
 }
 
-/* wg.cu: a dense GEMM of tc.cu's parameters on wgmma, tiles of bn (64, 128) activation rows,
- * grid (weight rows / 128, rows / bn, groups). */
+/* wg.cu: a dense GEMM of tc.cu's parameters on wgmma (its rows copied to bf16 first), tiles of bn
+ * (64, 128) rows, grid (weight rows / 128, rows / bn, groups). */
 bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
 
 #endif

@@ -5,16 +5,18 @@
  * cores' order): not bitwise; the op tests bound the difference.
  *
  * A block of WG_T = 256 threads (2 warpgroups) computes WG_BM = 128 weight rows x BN activation
- * rows (64 or 128) over all of K, WG_BK = 64 at a time. Each step every thread decodes its share
- * of the weight tile (row tid / 2, 32 k) and converts its activation floats to bf16, both
- * stored in shared memory in the 128-byte swizzled K-major layout that wgmma reads (a row of 64
- * bf16 is 128 bytes; its 16-byte chunk c sits at chunk c ^ (row % 8); 8-row atoms of 1 KB);
- * then warpgroup w issues 4 wgmma m64nBNk16 on its 64 weight rows (A) and all BN activation
- * rows (B), both from shared memory, asynchronously. WG_ST = 3 stages: the stores of step s go
- * to stage s % 3, which wgmma read at step s - 3; each thread waits for its warpgroup's wgmma of
- * step s - 1 (wait_group 1) before the barrier of step s + 1, so no stage is overwritten while
- * read. Weight bytes are loaded two steps ahead and activations one step ahead into registers,
- * as in tc.cu; the decode of step s + 1 overlaps the wgmma of step s.
+ * rows (64 or 128) over all of K, WG_BK = 64 at a time, in shared memory in the 128-byte
+ * swizzled K-major layout that wgmma reads (a row of 64 bf16 is 128 bytes; its 16-byte chunk c
+ * sits at chunk c ^ (row % 8); 8-row atoms of 1 KB). The activations come from a bf16 copy of
+ * the rows (launch_wg_bf16: exact for the rows `fast` numerics feeds), copied straight into
+ * shared memory by cp.async two steps ahead; every thread decodes its share of the weight tile
+ * (row tid / 2, 32 k; loaded two steps ahead into registers) and stores it. Then warpgroup w
+ * issues 4 wgmma m64nBNk16 on its 64 weight rows (A) and all BN activation rows (B),
+ * asynchronously, and waits for its previous step's (wait_group 1). WG_ST = 4 stages, step s
+ * in stage s % 4: after the barrier of step s the wgmma of step s - 2 is done in both
+ * warpgroups, so the copies of step s + 2's activations into stage (s + 2) % 4 = (s - 2) % 4
+ * start there, and step s + 1's weights (stored after it) go to a stage read at step s - 3. The
+ * decode of step s + 1 overlaps the wgmma of step s.
  *
  * MoE up: the block's 128 weight rows are 64 columns of W1 and the same 64 of W3, placed so that
  * the accumulator of a thread holds the gate and the up value of the same (column, row): in a
@@ -24,10 +26,12 @@
 #include "moe.cuh"
 #include "tc.cuh"
 
+#include <algorithm>
+
 #define WG_BM 128
 #define WG_BK 64 /* bf16: one 128-byte swizzle row */
 #define WG_T  256
-#define WG_ST 3
+#define WG_ST 4
 
 /* Stage bytes and the dynamic shared memory (plus 1 KB to align the stages to the atoms). */
 static size_t wg_smem_bytes(int BN) { return (size_t)WG_ST * (WG_BM + BN) * 128 + 1024; }
@@ -44,12 +48,14 @@ __device__ __forceinline__ uint32_t wg_sw(int r, int c) {
 /* Shared-memory matrix descriptor of a K-major 128-byte swizzled tile at saddr (1 KB atoms:
  * stride byte offset 1024 between 8-row groups; the leading offset is unused in this mode). */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
 #ifdef WG_HAVE
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -59,6 +65,18 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 /* Shared memory written by ordinary stores, read next by wgmma (the async proxy). */
 __device__ __forceinline__ void wg_fence_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* 16 bytes global -> shared, asynchronously (zeros when !valid; src must be mapped anyway). */
+__device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void wg_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 /* The accumulators are written by wgmma in the background: pin them around the waits. */
 template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
@@ -74,10 +92,12 @@ __device__ __forceinline__ void wg_mma_n64(float (&d)[32], uint64_t da, uint64_t
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
                  "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(1));
 }
 
@@ -89,14 +109,17 @@ __device__ __forceinline__ void wg_mma_n128(float (&d)[64], uint64_t da, uint64_
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
                  "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(1));
 }
 
@@ -109,23 +132,24 @@ __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t
 }
 #endif
 
-template <int MODE, int WT, int BN>
-__global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
+template <int MODE, int WT, int BN> __global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
 #ifdef WG_HAVE
     cu_pdl_enter();
-    constexpr int XV = BN * 16 / WG_T;                  /* float4 activation loads per thread */
-    constexpr uint32_t STAGE = (WG_BM + BN) * 128;      /* bytes per stage: A, then B */
-    constexpr int PF = 2;                               /* weight loads this many steps ahead */
+    constexpr int XC = BN * 8 / WG_T;              /* 16-byte activation chunks per thread */
+    constexpr uint32_t STAGE = (WG_BM + BN) * 128; /* bytes per stage: A, then B */
+    constexpr int PF = 2;                          /* weight loads this many steps ahead */
     extern __shared__ uint4 wg_smem[];
     uint32_t raw = smem_u32(wg_smem), base = (raw + 1023u) & ~1023u;
     char *gbase = (char *)wg_smem + (base - raw);
-    __shared__ const float *xrow[BN];
+    __shared__ const uint16_t *xrow[BN];
     __shared__ int64_t opos[BN]; /* MoE: h / out position of the row; -1: none */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
 
     int e;
     int64_t K;
-    if (!tc_block_rows<MODE, BN>(p, xrow, opos, &e, &K)) return;
+    const uint16_t *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
+    int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
+    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K)) return;
     /* this thread's weight row: A row srow, K half khalf of each step */
     int srow = tid >> 1, khalf = tid & 1;
     const uint8_t *wrow, *wsrow;
@@ -135,8 +159,8 @@ __global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
         int mat = 0;
         if (MODE == TC_UP) { /* A row = 64 wg + 16 w4 + 8 mat + g: column 32 wg + 8 w4 + g */
             mat = (srow >> 3) & 1;
-            int64_t col = (int64_t)blockIdx.x * 64 + (srow >> 6) * 32 + ((srow >> 4) & 3) * 8 +
-                          (srow & 7);
+            int64_t col =
+                (int64_t)blockIdx.x * 64 + (srow >> 6) * 32 + ((srow >> 4) & 3) * 8 + (srow & 7);
             if (col < p.m.I) r = col;
         } else {
             int64_t o = (int64_t)blockIdx.x * WG_BM + srow;
@@ -151,37 +175,35 @@ __global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
     for (int i = 0; i < BN / 2; i++)
         acc[i] = 0.0f;
     struct tc_wraw wr[PF];
-    float4 xr[XV];
     int64_t steps = K / WG_BK;
+    /* activations of step s into stage s % WG_ST: chunk c of row j (one cp.async group) */
     auto load_x = [&](int64_t s) {
-        int64_t k0 = s * WG_BK;
+        if (s < steps) {
+            uint32_t B = base + (uint32_t)(s % WG_ST) * STAGE + WG_BM * 128;
 #pragma unroll
-        for (int v = 0; v < XV; v++) {
-            int idx = tid + v * WG_T, j = idx >> 4, q = idx & 15;
-            const float *src = xrow[j];
-            xr[v] = src ? __ldg((const float4 *)(src + k0) + q) : make_float4(0, 0, 0, 0);
+            for (int v = 0; v < XC; v++) {
+                int idx = tid + v * WG_T, j = idx >> 3, c = idx & 7;
+                const uint16_t *src = xrow[j];
+                wg_cp16(B + wg_sw(j, c), src ? src + s * WG_BK + c * 8 : xs, src != nullptr);
+            }
         }
+        wg_cp_commit(); /* one group per step, empty past the end */
     };
     auto step = [&](int64_t s, struct tc_wraw &w) {
         uint32_t st = (uint32_t)(s % WG_ST) * STAGE;
-        char *A = gbase + st, *B = A + WG_BM * 128;
         {
             uint4 d[4];
             tc_decode_w<WT>(w, wrow != nullptr, d);
+            char *A = gbase + st;
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 *(uint4 *)(A + wg_sw(srow, khalf * 4 + i)) = d[i];
         }
-#pragma unroll
-        for (int v = 0; v < XV; v++) {
-            int idx = tid + v * WG_T, j = idx >> 4, q = idx & 15;
-            *(uint2 *)(B + wg_sw(j, q >> 1) + (q & 1) * 8) =
-                make_uint2(bf16x2_rn(xr[v].x, xr[v].y), bf16x2_rn(xr[v].z, xr[v].w));
-        }
+        wg_cp_wait<1>(); /* this thread's activations of step s (s + 1's may be in flight) */
         wg_fence_smem();
         __syncthreads();
+        load_x(s + 2); /* stage (s + 2) % 4: read by the wgmma of step s - 2, done (see above) */
         if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sb1, (s + PF) * WG_BK + khalf * 32, w);
-        if (s + 1 < steps) load_x(s + 1);
         uint32_t a0 = base + st + (uint32_t)wgi * 64 * 128, b0 = base + st + WG_BM * 128;
         wg_fence();
 #pragma unroll
@@ -194,6 +216,7 @@ __global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
     for (int u = 0; u < PF; u++)
         if (u < steps) tc_load_w<WT>(wrow, wsrow, sb1, (int64_t)u * WG_BK + khalf * 32, wr[u]);
     load_x(0);
+    load_x(1);
     for (int64_t s = 0; s < steps; s += PF) {
 #pragma unroll
         for (int u = 0; u < PF; u++)
@@ -239,11 +262,48 @@ static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 gr
     return bn <= 64 ? wg_launch<MODE, WT, 64>(c, p, grid) : wg_launch<MODE, WT, 128>(c, p, grid);
 }
 
-int wg_pick_bn(double rows) { return rows > 64 ? 128 : 64; }
+/* The bf16 copy: one thread per pair, rows in grid.y (strided past 65535). */
+__global__ void
+k_wg_bf16(const float *x, int64_t rows, int64_t cols, int64_t ldx, uint16_t *y, int64_t ldy) {
+    cu_pdl_enter();
+    int64_t k = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (k >= cols) return;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        float2 v = *(const float2 *)(x + r * ldx + k);
+        *(uint32_t *)(y + r * ldy + k) = bf16x2_rn(v.x, v.y);
+    }
+}
+
+void launch_wg_bf16(struct cu_ctx *c,
+                    const float *x,
+                    int64_t rows,
+                    int64_t cols,
+                    int64_t ldx,
+                    uint16_t *y,
+                    int64_t ldy) {
+    if (rows <= 0) return;
+    dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
+    cu_launch(c, k_wg_bf16, grid, 256, 0, x, rows, cols, ldx, y, ldy);
+    cu_check(c, "bf16 copy");
+}
+
+/* 128 rows per block from 65 rows per tile, if c->tc_bn_max (DSI_CUDA_TC_BN) allows. */
+int wg_pick_bn(const struct cu_ctx *c, double rows) {
+    return rows > 64 && c->tc_bn_max >= 128 ? 128 : 64;
+}
 
 bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
-    return p->w.type == DSI_TYPE_F8_E4M3 ? wg_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, p, bn, grid)
-                                         : wg_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, p, bn, grid);
+    /* the bf16 copy of the rows: the columns every group reads, [0, (groups - 1) gx + K) (the
+       caller checked that this is within a row) */
+    int64_t width = (int64_t)(grid.z - 1) * p->gx + p->w.K;
+    uint16_t *x16 = (uint16_t *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p->n * width) * 2);
+    if (!x16) return false;
+    struct tc_p q = *p;
+    q.x16 = x16;
+    q.ld16 = width;
+    launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width);
+    return p->w.type == DSI_TYPE_F8_E4M3 ? wg_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, grid)
+                                         : wg_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &q, bn, grid);
 }
 
 bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, unsigned tiles) {
