@@ -276,15 +276,15 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     g_gpu = keep;
     g2->ops->free(g2);
     TEST_ASSERT(ok);
-    /* wg.cu's wgmma kernels (DSI_CUDA_WG=1): routed tiles from 32 rows per expert (64 and 128
-       rows per block) and the shared expert from 33 rows: the cases above with 40+ rows */
-    struct dsi_backend *g3 = cuda_backend_with("DSI_CUDA_WG=1");
+    /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
+       shared expert from 33 rows; tc.cu's (DSI_CUDA_WG=0) on the cases above with 40+ rows */
+    struct dsi_backend *g3 = cuda_backend_with("DSI_CUDA_WG=0");
     TEST_ASSERT(g3 != NULL);
     g_gpu = g3;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (cases[i].n < 40 || (tiny_only() && cases[i].D > 256)) continue;
         ok = run_moe_mode(&r, &cases[i], true, true);
-        if (!ok) fprintf(stderr, "[moe fast wgmma case %zu] ", i);
+        if (!ok) fprintf(stderr, "[moe fast tc.cu case %zu] ", i);
     }
     g_gpu = keep;
     g3->ops->free(g3);

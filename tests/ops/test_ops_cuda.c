@@ -162,8 +162,8 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         }
     }
     wt_scales_wide(false);
-    /* wg.cu's wgmma kernels (DSI_CUDA_WG=1; cuBLASLt off so that they take the FP8 calls) on
-       the cases of 128 rows and more (tiles of 64 and 128 rows) */
+    /* cuBLASLt off: the FP8 cases of 128 rows and more on tc.cu, and from 512 rows on wg.cu's
+       wgmma kernels (DSI_CUDA_WG=1, the default) */
     struct dsi_backend *wg = cuda_backend_with("DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0"), *keep = g_gpu;
     TEST_ASSERT(wg != NULL);
     g_gpu = wg;
@@ -184,7 +184,7 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
  * one launch for 1-2 rows (bitwise, reference and fast numerics; fast from DSI_CUDA_GVF_MIN
  * rows: one gvf.cu launch; from DSI_CUDA_TC_DENSE rows one tc.cu launch), the groups one by
  * one for more rows, when the grouped launch would need split-K, and for x offsets not on 16
- * bytes. */
+ * bytes; from 512 rows one wg.cu launch. */
 int test_cuda_gemm_grouped(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 23);
@@ -205,6 +205,9 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         {{DSI_TYPE_F8_E4M3, 512, 256, 70, 0, 64, 2048, 520, true}, {8, 256, 64}},
         {{DSI_TYPE_BF16, 256, 128, 65, 0, 32, 1100, 300, false}, {8, 128, 36}},
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 72, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
+        /* from 512 rows: one wg.cu launch on the groups' bf16 copy */
+        {{DSI_TYPE_F8_E4M3, 512, 256, 520, 0, 64, 2048, 520, true}, {8, 256, 64}},
+        {{DSI_TYPE_BF16, 256, 128, 530, 0, 32, 1100, 300, false}, {8, 128, 36}},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++) {

@@ -494,9 +494,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
     const char *hf = getenv("DSI_CUDA_HC_FUSE");
     c->hc_fuse = hf && *hf == '1';
-    /* off until measured on a GPU (docs/cuda.md, step 16) */
+    /* wgmma for tc.cu's large tiles (prefill 8k: 163.9 -> 156.2 ms; docs/cuda.md, step 16) */
     const char *wg = getenv("DSI_CUDA_WG");
-    c->wg = wg && *wg == '1';
+    c->wg = !(wg && *wg == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ti = getenv("DSI_CUDA_TC_IDX");

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     /* ---- this thread's weight row (loads): row tid / 2, K half tid % 2 of each step */
     int srow = tid >> 1, khalf = tid & 1;
     const uint8_t *wrow, *wsrow;
-    int sb1;
+    int sh1, sb1;
     {
         int64_t r = -1;
         int mat = MODE == TC_UP && srow >= 64;
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
             int64_t o = (int64_t)blockIdx.x * TC_BM + srow;
             if (o < p.m.D) r = o;
         }
-        tc_wsrc<MODE>(p, e, mat, r, &wrow, &wsrow, &sb1);
+        tc_wsrc<MODE>(p, e, mat, r, &wrow, &wsrow, &sh1, &sb1);
     }
     __syncthreads();
 
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
                 make_uint2(bf16x2_rn(xr[v].x, xr[v].y), bf16x2_rn(xr[v].z, xr[v].w));
         }
         __syncthreads();
-        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sb1, (s + PF) * TC_BK + khalf * 32, w);
+        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (s + PF) * TC_BK + khalf * 32, w);
         if (s + 1 < steps) load_x(s + 1);
 #pragma unroll
         for (int kk = 0; kk < TC_BK / 16; kk++) {
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     };
 #pragma unroll
     for (int u = 0; u < PF; u++)
-        if (u < steps) tc_load_w<WT>(wrow, wsrow, sb1, (int64_t)u * TC_BK + khalf * 32, wr[u]);
+        if (u < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (int64_t)u * TC_BK + khalf * 32, wr[u]);
     load_x(0);
     for (int64_t s = 0; s < steps; s += PF) {
 #pragma unroll
@@ -242,8 +242,9 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
     dim3 grid((unsigned)cu_div_up(g->n_out, TC_BM), (unsigned)cu_div_up(n, bn),
               (unsigned)g->groups);
-    /* wg.cu: the same tiles (128 weight rows x bn) on wgmma, groups side by side in a row */
-    if (c->wg && bn >= 64 && (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx)) {
+    /* wg.cu: the same tiles (128 weight rows x bn) on wgmma from 512 rows (bn 128; at 256 rows
+       measured slower with its bf16 copy, step 16), groups side by side in a row */
+    if (c->wg && bn >= 128 && (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx)) {
         int pw = cu_prof_begin(c, "gemm.wg");
         bool ok = launch_wg_gemm(c, &p, bn, grid);
         cu_prof_end(c, pw);

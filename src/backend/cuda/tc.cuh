@@ -109,18 +109,21 @@ struct tc_wraw {
     uint32_t sb;
 };
 
+/* The 32 values of `row` from k and their scale byte (scale column k >> sh1, or k / sb1 where
+ * the block is not a power of two: sh1 < 0). A NULL row loads nothing. */
 template <int WT>
 __device__ __forceinline__ void
-tc_load_w(const uint8_t *row, const uint8_t *srow, int sb1, int64_t k, struct tc_wraw &r) {
+tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, struct tc_wraw &r) {
+    uint32_t sc = sh1 >= 0 ? (uint32_t)k >> sh1 : (uint32_t)k / (uint32_t)sb1; /* k < 2^31 */
     if (!row) return;
     if (WT == DSI_TYPE_FP4_E2M1) {
         r.v[0] = __ldg((const uint4 *)(row + k / 2));
-        r.sb = srow[k / sb1];
+        r.sb = srow[sc];
     } else if (WT == DSI_TYPE_F8_E4M3) {
         const uint4 *p = (const uint4 *)(row + k);
         r.v[0] = __ldg(p);
         r.v[1] = __ldg(p + 1);
-        r.sb = srow[k / sb1];
+        r.sb = srow[sc];
     } else {
         const uint4 *p = (const uint4 *)(row + k * 2);
 #pragma unroll
@@ -258,6 +261,7 @@ __device__ __forceinline__ void tc_wsrc(const struct tc_p &p,
                                         int64_t r,
                                         const uint8_t **wrow,
                                         const uint8_t **wsrow,
+                                        int *sh1,
                                         int *sb1) {
     struct cu_w W = MODE == TC_DENSE ? p.w : MODE == TC_DOWN ? p.m.w2 : mat ? p.m.w3 : p.m.w1;
     if (MODE != TC_DENSE && e >= 0) {
@@ -265,6 +269,7 @@ __device__ __forceinline__ void tc_wsrc(const struct tc_p &p,
         W.data = p.m.tab[e].p[i];
         W.scale = p.m.tab[e].p[i + 1];
     }
+    *sh1 = W.sh1;
     *sb1 = W.sb1;
     *wrow = *wsrow = nullptr;
     if (r >= 0) {

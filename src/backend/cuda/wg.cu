@@ -10,7 +10,7 @@
  * sits at chunk c ^ (row % 8); 8-row atoms of 1 KB). The activations come from a bf16 copy of
  * the rows (launch_wg_bf16: exact for the rows `fast` numerics feeds), copied straight into
  * shared memory by cp.async two steps ahead; every thread decodes its share of the weight tile
- * (row tid / 2, 32 k; loaded two steps ahead into registers) and stores it. Then warpgroup w
+ * (row tid / 2, 32 k; loaded four steps ahead into registers) and stores it. Then warpgroup w
  * issues 4 wgmma m64nBNk16 on its 64 weight rows (A) and all BN activation rows (B),
  * asynchronously, and waits for its previous step's (wait_group 1). WG_ST = 4 stages, step s
  * in stage s % 4: after the barrier of step s the wgmma of step s - 2 is done in both
@@ -132,12 +132,13 @@ __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t
 }
 #endif
 
-template <int MODE, int WT, int BN> __global__ void __launch_bounds__(WG_T, 1) k_wg(struct tc_p p) {
+template <int MODE, int WT, int BN>
+__global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
 #ifdef WG_HAVE
     cu_pdl_enter();
     constexpr int XC = BN * 8 / WG_T;              /* 16-byte activation chunks per thread */
     constexpr uint32_t STAGE = (WG_BM + BN) * 128; /* bytes per stage: A, then B */
-    constexpr int PF = 2;                          /* weight loads this many steps ahead */
+    constexpr int PF = 4;                          /* weight loads this many steps ahead */
     extern __shared__ uint4 wg_smem[];
     uint32_t raw = smem_u32(wg_smem), base = (raw + 1023u) & ~1023u;
     char *gbase = (char *)wg_smem + (base - raw);
@@ -153,7 +154,7 @@ template <int MODE, int WT, int BN> __global__ void __launch_bounds__(WG_T, 1) k
     /* this thread's weight row: A row srow, K half khalf of each step */
     int srow = tid >> 1, khalf = tid & 1;
     const uint8_t *wrow, *wsrow;
-    int sb1;
+    int sh1, sb1;
     {
         int64_t r = -1;
         int mat = 0;
@@ -166,7 +167,7 @@ template <int MODE, int WT, int BN> __global__ void __launch_bounds__(WG_T, 1) k
             int64_t o = (int64_t)blockIdx.x * WG_BM + srow;
             if (o < (MODE == TC_DENSE ? p.n_out : p.m.D)) r = MODE == TC_DENSE ? p.row0 + o : o;
         }
-        tc_wsrc<MODE>(p, e, mat, r, &wrow, &wsrow, &sb1);
+        tc_wsrc<MODE>(p, e, mat, r, &wrow, &wsrow, &sh1, &sb1);
     }
     __syncthreads();
 
@@ -203,7 +204,7 @@ template <int MODE, int WT, int BN> __global__ void __launch_bounds__(WG_T, 1) k
         wg_fence_smem();
         __syncthreads();
         load_x(s + 2); /* stage (s + 2) % 4: read by the wgmma of step s - 2, done (see above) */
-        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sb1, (s + PF) * WG_BK + khalf * 32, w);
+        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (s + PF) * WG_BK + khalf * 32, w);
         uint32_t a0 = base + st + (uint32_t)wgi * 64 * 128, b0 = base + st + WG_BM * 128;
         wg_fence();
 #pragma unroll
@@ -214,7 +215,7 @@ template <int MODE, int WT, int BN> __global__ void __launch_bounds__(WG_T, 1) k
     };
 #pragma unroll
     for (int u = 0; u < PF; u++)
-        if (u < steps) tc_load_w<WT>(wrow, wsrow, sb1, (int64_t)u * WG_BK + khalf * 32, wr[u]);
+        if (u < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (int64_t)u * WG_BK + khalf * 32, wr[u]);
     load_x(0);
     load_x(1);
     for (int64_t s = 0; s < steps; s += PF) {
