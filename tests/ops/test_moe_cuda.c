@@ -277,17 +277,24 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     g2->ops->free(g2);
     TEST_ASSERT(ok);
     /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
-       shared expert from 33 rows; tc.cu's (DSI_CUDA_WG=0) on the cases above with 40+ rows */
-    struct dsi_backend *g3 = cuda_backend_with("DSI_CUDA_WG=0");
-    TEST_ASSERT(g3 != NULL);
-    g_gpu = g3;
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
-        if (cases[i].n < 40 || (tiny_only() && cases[i].D > 256)) continue;
-        ok = run_moe_mode(&r, &cases[i], true, true);
-        if (!ok) fprintf(stderr, "[moe fast tc.cu case %zu] ", i);
+       shared expert from 33 rows, 64 rows per block; the cases above with 40+ rows once more on
+       tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 128 and 192 rows (DSI_CUDA_WG_BN), plus
+       150 rows per expert */
+    const char *other[] = {"DSI_CUDA_WG=0", "DSI_CUDA_WG_BN=192"};
+    const struct moe_case big = {8, 3, 128, 128, 400, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3};
+    for (size_t b = 0; b < 2 && ok; b++) {
+        struct dsi_backend *g3 = cuda_backend_with(other[b]);
+        TEST_ASSERT(g3 != NULL);
+        g_gpu = g3;
+        for (size_t i = 0; i <= sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+            const struct moe_case *mc = i < sizeof(cases) / sizeof(cases[0]) ? &cases[i] : &big;
+            if (mc->n < 40 || (tiny_only() && mc->D > 256)) continue;
+            ok = run_moe_mode(&r, mc, true, true);
+            if (!ok) fprintf(stderr, "[moe fast case %zu with %s] ", i, other[b]);
+        }
+        g_gpu = keep;
+        g3->ops->free(g3);
     }
-    g_gpu = keep;
-    g3->ops->free(g3);
     TEST_ASSERT(ok);
     return 0;
 }

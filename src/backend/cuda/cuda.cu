@@ -497,6 +497,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* wgmma for tc.cu's large tiles (prefill 8k: 163.9 -> 156.2 ms; docs/cuda.md, step 16) */
     const char *wg = getenv("DSI_CUDA_WG");
     c->wg = !(wg && *wg == '0');
+    const char *wb = getenv("DSI_CUDA_WG_BN");
+    c->wg_bn = wb && *wb ? atoi(wb) : 64;
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ti = getenv("DSI_CUDA_TC_IDX");

@@ -61,7 +61,7 @@ int tc_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
 
 /* The same on wgmma (wg.cu, sm_90a) for tiles of 64 or 128 rows: the block width for a mean
- * of `rows` rows per tile (128 only if DSI_CUDA_TC_BN allows), and the launch (as
+ * of `rows` rows per tile (64; 128 or 192 if DSI_CUDA_WG_BN allows), and the launch (as
  * launch_tc_moe; p->x16 and p->h16 hold the bf16 copies of x and h). */
 int wg_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);

@@ -5,10 +5,10 @@
  * cores' order): not bitwise; the op tests bound the difference.
  *
  * A block of WG_T = 256 threads (2 warpgroups) computes WG_BM = 128 weight rows x BN activation
- * rows (64 or 128) over all of K, WG_BK = 64 at a time, in shared memory in the 128-byte
- * swizzled K-major layout that wgmma reads (a row of 64 bf16 is 128 bytes; its 16-byte chunk c
- * sits at chunk c ^ (row % 8); 8-row atoms of 1 KB). The activations come from a bf16 copy of
- * the rows (launch_wg_bf16: exact for the rows `fast` numerics feeds), copied straight into
+ * rows (64, 128 or 192; dense: 64 or 128) over all of K, WG_BK = 64 at a time, in shared memory in
+ * the 128-byte swizzled K-major layout that wgmma reads (a row of 64 bf16 is 128 bytes; its 16-byte
+ * chunk c sits at chunk c ^ (row % 8); 8-row atoms of 1 KB). The activations come from a bf16 copy
+ * of the rows (launch_wg_bf16: exact for the rows `fast` numerics feeds), copied straight into
  * shared memory by cp.async two steps ahead; every thread decodes its share of the weight tile
  * (row tid / 2, 32 k; loaded four steps ahead into registers) and stores it. Then warpgroup w
  * issues 4 wgmma m64nBNk16 on its 64 weight rows (A) and all BN activation rows (B),
@@ -123,12 +123,42 @@ __device__ __forceinline__ void wg_mma_n128(float (&d)[64], uint64_t da, uint64_
                  : "l"(da), "l"(db), "r"(1));
 }
 
+__device__ __forceinline__ void wg_mma_n192(float (&d)[96], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db), "r"(1));
+}
+
 template <int BN>
 __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
     if constexpr (BN == 64)
         wg_mma_n64(d, da, db);
-    else
+    else if constexpr (BN == 128)
         wg_mma_n128(d, da, db);
+    else
+        wg_mma_n192(d, da, db);
 }
 #endif
 
@@ -260,7 +290,12 @@ static bool wg_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
 
 template <int MODE, int WT>
 static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
-    return bn <= 64 ? wg_launch<MODE, WT, 64>(c, p, grid) : wg_launch<MODE, WT, 128>(c, p, grid);
+    if (bn <= 64) return wg_launch<MODE, WT, 64>(c, p, grid);
+    if constexpr (MODE == TC_DENSE)
+        return wg_launch<MODE, WT, 128>(c, p, grid);
+    else
+        return bn <= 128 ? wg_launch<MODE, WT, 128>(c, p, grid)
+                         : wg_launch<MODE, WT, 192>(c, p, grid);
 }
 
 /* The bf16 copy: one thread per pair, rows in grid.y (strided past 65535). */
@@ -288,9 +323,10 @@ void launch_wg_bf16(struct cu_ctx *c,
     cu_check(c, "bf16 copy");
 }
 
-/* 128 rows per block from 65 rows per tile, if c->tc_bn_max (DSI_CUDA_TC_BN) allows. */
+/* Activation rows per block for a mean of `rows` per tile: 64, or 128 / 192 from 65 / 129 rows
+ * where c->wg_bn (DSI_CUDA_WG_BN) allows. */
 int wg_pick_bn(const struct cu_ctx *c, double rows) {
-    return rows > 64 && c->tc_bn_max >= 128 ? 128 : 64;
+    return rows > 128 && c->wg_bn >= 192 ? 192 : rows > 64 && c->wg_bn >= 128 ? 128 : 64;
 }
 
 bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
