@@ -242,6 +242,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {16, 3, 128, 128, 270, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 50 */
         {16, 3, 128, 128, 440, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 82 (tiny-b) */
         {8, 3, 128, 256, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 112 */
+        {8, 3, 128, 128, 400, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 150 */
         {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* 2.6 per expert */
         {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
         {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 1 row: exact */
@@ -277,19 +278,17 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     g2->ops->free(g2);
     TEST_ASSERT(ok);
     /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
-       shared expert from 33 rows, 64 rows per block; the cases above with 40+ rows once more on
-       tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 128 and 192 rows (DSI_CUDA_WG_BN), plus
-       150 rows per expert */
-    const char *other[] = {"DSI_CUDA_WG=0", "DSI_CUDA_WG_BN=192"};
-    const struct moe_case big = {8, 3, 128, 128, 400, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3};
+       shared expert from 33 rows, blocks of 64, 128 or 192 rows; the cases above with 40+ rows
+       once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of
+       64 rows only (DSI_CUDA_WG_BN=64) */
+    const char *other[] = {"DSI_CUDA_WG=0", "DSI_CUDA_WG_BN=64"};
     for (size_t b = 0; b < 2 && ok; b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b]);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
-        for (size_t i = 0; i <= sizeof(cases) / sizeof(cases[0]) && ok; i++) {
-            const struct moe_case *mc = i < sizeof(cases) / sizeof(cases[0]) ? &cases[i] : &big;
-            if (mc->n < 40 || (tiny_only() && mc->D > 256)) continue;
-            ok = run_moe_mode(&r, mc, true, true);
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+            if (cases[i].n < 40 || (tiny_only() && cases[i].D > 256)) continue;
+            ok = run_moe_mode(&r, &cases[i], true, true);
             if (!ok) fprintf(stderr, "[moe fast case %zu with %s] ", i, other[b]);
         }
         g_gpu = keep;

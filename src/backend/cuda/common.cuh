@@ -97,7 +97,7 @@ struct cu_ctx {
     bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
     bool wg;         /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
-    int wg_bn;       /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN) */
+    int wg_bn; /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

@@ -498,7 +498,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *wg = getenv("DSI_CUDA_WG");
     c->wg = !(wg && *wg == '0');
     const char *wb = getenv("DSI_CUDA_WG_BN");
-    c->wg_bn = wb && *wb ? atoi(wb) : 64;
+    c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     const char *ti = getenv("DSI_CUDA_TC_IDX");
