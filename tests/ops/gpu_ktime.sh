@@ -1,0 +1,33 @@
+#!/bin/bash
+# gpu_ktime.sh - every kernel of the decode steps of `dsinfer bench layer` timed one by one by
+# Nsight Compute (gpu__time_duration; --clock-control none as the device notes ask; graphs off,
+# so each kernel runs alone, with no launch gap or overlap): the kernels' own time, to set beside
+# the step's wall time (the difference is launch gaps and dependencies). Uses build/cuda/dsinfer
+# and the checkpoint at $M (default /tmp/flash4; both as gpu_ab_env.sh leaves them; built /
+# written here when absent). KT_BATCH (default 1): the batch. Output: $OUT/ktime_b<batch>.csv
+# (ncu's CSV: one line per kernel launch in launch order) and a per-kernel-name summary in
+# $OUT/summary.txt (tools/ktime_sum.py). Usage (repository root, on the GPU machine):
+#   OUT=$OUT bash tests/ops/gpu_ktime.sh
+set -u
+OUT=${OUT:-/tmp/dsinfer-gpu-out}
+mkdir -p "$OUT"
+. tests/ops/gpu_env.sh
+M=${M:-/tmp/flash4}
+if [ ! -f $M/config.json ]; then
+    start_flash4 "$OUT"
+    wait "$GEN"
+fi
+[ -x build/cuda/dsinfer ] || build_cuda "$OUT"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+log "ncu: ${NCU:-none}"
+[ -n "$NCU" ] || exit 0
+for b in ${KT_BATCH:-1}; do
+    f="$OUT/ktime_b$b.csv"
+    DSI_CUDA_NOGRAPH=1 timeout ${KT_TIMEOUT:-240} "$NCU" --clock-control none --csv \
+        --print-units base --metrics gpu__time_duration.sum build/cuda/dsinfer bench layer -m $M \
+        --ctx 4096 --warmup 1 --steps 1 --batch "$b" --no-split --prefill 0 --numerics fast \
+        >"$f" 2>"$OUT/ktime_b$b.err"
+    log "ncu batch $b rc $?: $(grep -c gpu__time_duration "$f") kernels"
+    python3 tools/ktime_sum.py "$f" --list >"$OUT/ktime_b$b.txt"
+    grep -v "^ *[0-9.]*  (" "$OUT/ktime_b$b.txt" | head -80 >>"$OUT/summary.txt"
+done
