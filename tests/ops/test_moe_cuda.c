@@ -18,10 +18,16 @@
 int test_cuda_moe_route(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 11);
-    for (int mode = 0; mode < 3; mode++) { /* learned + bias, hash I64, hash I32 */
-        int64_t n = 37, E = 256;
+    /* learned + bias, hash I64, hash I32; learned at E = 600 (past the kernel's registers) and
+       at E = 72 with logits of a few values (ties: the lower expert wins) */
+    for (int mode = 0; mode < 5; mode++) {
+        bool learned = mode == 0 || mode >= 3;
+        int64_t n = 37, E = mode == 3 ? 600 : mode == 4 ? 72 : 256;
         int K = 6, V = 500;
         float *lg = fnorm(&r, n * E, 2.0f), *bv = fnorm(&r, E, 0.1f);
+        if (mode == 4)
+            for (int64_t i = 0; i < n * E; i++)
+                lg[i] = roundf(lg[i]);
         struct wt bias;
         vec_make(&bias, bv, E, DSI_TYPE_F32);
         int64_t *t64 = malloc(sizeof(int64_t) * (size_t)V * K);
@@ -58,8 +64,8 @@ int test_cuda_moe_route(struct test_ctx *t) {
                                        .n = n,
                                        .n_experts = E,
                                        .topk = K,
-                                       .bias = mode == 0 ? &bias.h : NULL,
-                                       .tid2eid = mode ? &th : NULL,
+                                       .bias = learned && mode != 4 ? &bias.h : NULL,
+                                       .tid2eid = learned ? NULL : &th,
                                        .tokens = tok,
                                        .route_scale = 1.5f,
                                        .eps = mode == 1 ? 1e-20f : 0.0f,
@@ -67,8 +73,8 @@ int test_cuda_moe_route(struct test_ctx *t) {
                                        .weight = wc};
         g_cpu->ops->moe_route(g_cpu, &a);
         a.logits = dlg;
-        a.bias = mode == 0 ? &bias.d : NULL;
-        a.tid2eid = mode ? &td : NULL;
+        a.bias = learned && mode != 4 ? &bias.d : NULL;
+        a.tid2eid = learned ? NULL : &td;
         a.tokens = dtok;
         a.idx = di;
         a.weight = dwt;
@@ -230,8 +236,8 @@ static int run_moe(struct rng *r, const struct moe_case *mc, bool reference) {
  * every block width (tiles of 16..128 rows; expert 0 is in every row, so it has several tiles
  * and a partial one; from 3 rows, at any rows per expert), FP4 and FP8 experts, the shared
  * expert on tensor cores from 64 rows and on the decode kernels (gvf.cu) from 3 to 32 (1, 2, 4
- * column tiles); the routed experts on gvf.cu through a second backend; 1-2 rows: the exact
- * kernels. */
+ * column tiles); the routed experts on gvf.cu through a second backend; from 1 row on gvf.cu,
+ * and at 1-2 rows once more on the exact kernels (DSI_CUDA_GVF_MOE_MIN=3). */
 int test_cuda_moe_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 22);
@@ -245,7 +251,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {8, 3, 128, 128, 400, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 150 */
         {8, 3, 128, 128, 7, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* 2.6 per expert */
         {16, 6, 4096, 2048, 300, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* real shapes */
-        {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 1 row: exact */
+        {16, 6, 4096, 2048, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 1 row: gvf.cu */
+        {16, 6, 4096, 2048, 2, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 2 rows */
         {16, 6, 4096, 2048, 3, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* decode; shared gvf */
         {16, 6, 4096, 2048, 8, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 3 per expert */
         {16, 2, 4096, 2048, 20, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* shared: 4 n8 tiles */
@@ -279,17 +286,24 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     TEST_ASSERT(ok);
     /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
        shared expert from 33 rows, blocks of 64, 128 or 192 rows; the cases above with 40+ rows
-       once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of
-       64 rows only (DSI_CUDA_WG_BN=64) */
-    const char *other[] = {"DSI_CUDA_WG=0", "DSI_CUDA_WG_BN=64"};
-    for (size_t b = 0; b < 2 && ok; b++) {
-        struct dsi_backend *g3 = cuda_backend_with(other[b]);
+       once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows only
+       (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks (DSI_CUDA_GVF_MOE_MIN=3) */
+    const struct {
+        const char *env;
+        int64_t nmin, nmax;
+    } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
+                 {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2}};
+    for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
+        struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
-            if (cases[i].n < 40 || (tiny_only() && cases[i].D > 256)) continue;
+            if (cases[i].n < other[b].nmin || cases[i].n > other[b].nmax ||
+                (tiny_only() && cases[i].D > 256))
+                continue;
             ok = run_moe_mode(&r, &cases[i], true, true);
-            if (!ok) fprintf(stderr, "[moe fast case %zu with %s] ", i, other[b]);
+            if (!ok) fprintf(stderr, "[moe fast case %zu with %s] ", i, other[b].env);
         }
         g_gpu = keep;
         g3->ops->free(g3);

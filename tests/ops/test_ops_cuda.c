@@ -457,6 +457,8 @@ int test_cuda_rms_norm(struct test_ctx *t) {
         {4, 1, 128, 256, 128, DSI_TYPE_BF16, true, false},
         {16, 1, 4096, 4096, 4096, DSI_TYPE_BF16, true, true},
         {9, 2, 2048, 4096, 4100, DSI_TYPE_F32, false, false},
+        {2, 2, 8192, 16384, 16388, DSI_TYPE_F32, true, false}, /* k_rms_norm_blk<8> */
+        {3, 1, 4096, 4097, 4099, DSI_TYPE_BF16, false, false}, /* unaligned: k_rms_norm */
     };
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t nx = cs[c].n * cs[c].ldx, ny = cs[c].inplace ? nx : cs[c].n * cs[c].ldy;

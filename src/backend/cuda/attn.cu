@@ -13,8 +13,29 @@
 #define ATT_HG 16 /* heads per score block */
 #define ATT_TK 32 /* keys per score tile */
 #define PV_HG  8  /* heads per pv block */
-#define PV_DS  64 /* dims per pv block */
-#define PV_TK  32
+#define PV_DS  32 /* dims per pv block */
+#define PV_TK  64 /* keys per pv tile */
+#define ATT_LU 8  /* float4 loads of a thread issued together (then stored to shared memory) */
+
+/* n float4 of rows of v4 float4 (row j at src(j)) into dst (rows of stride dstride floats), by
+ * a block of 256 threads, ATT_LU loads of a thread in flight at once: a thread's loads one
+ * after another cost a memory latency each (~0.5-1 us at decode: most of these kernels' time). */
+template <typename F>
+__device__ __forceinline__ void stage_rows(float *dst, int dstride, int n, int v4, F src) {
+    for (int e0 = 0; e0 < n; e0 += ATT_LU * 256) {
+        float4 v[ATT_LU];
+#pragma unroll
+        for (int i = 0; i < ATT_LU; i++) {
+            int e = e0 + i * 256 + (int)threadIdx.x;
+            if (e < n) v[i] = ((const float4 *)src(e / v4))[e % v4];
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_LU; i++) {
+            int e = e0 + i * 256 + (int)threadIdx.x;
+            if (e < n) *(float4 *)(dst + (e / v4) * dstride + 4 * (e % v4)) = v[i];
+        }
+    }
+}
 
 /* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
 __device__ __forceinline__ float dot_smem(const float *a, const float *b, int n) {
@@ -57,15 +78,9 @@ __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
     int v4 = p.hd / 4;
     if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
     __syncthreads();
-    for (int e = threadIdx.x; e < nh * v4; e += blockDim.x) {
-        int h = e / v4, c = e % v4;
-        *(float4 *)(qs + h * hdp + 4 * c) =
-            ((const float4 *)(p.q + ((int64_t)r * p.H + h0 + h) * p.hd))[c];
-    }
-    for (int e = threadIdx.x; e < nt * v4; e += blockDim.x) {
-        int j = e / v4, c = e % v4;
-        *(float4 *)(ks + j * hdp + 4 * c) = ((const float4 *)kp[j])[c];
-    }
+    stage_rows(qs, hdp, nh * v4, v4,
+               [&](int h) { return p.q + ((int64_t)r * p.H + h0 + h) * p.hd; });
+    stage_rows(ks, hdp, nt * v4, v4, [&](int j) { return kp[j]; });
     __syncthreads();
     int h = threadIdx.x % ATT_HG, kq = threadIdx.x / ATT_HG;
     if (h >= nh) return;
@@ -99,10 +114,11 @@ __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
         if (j < nk) S[j] = e = exp_ref(S[j] - mx);
         buf[warp][lane] = e;
         __syncwarp();
-        if (lane == 0) {
+        if (lane == 0) { /* in key order; the shared loads issued together */
             int cnt = nk - j0 < 32 ? nk - j0 : 32;
-            for (int L = 0; L < cnt; L++)
-                z += buf[warp][L];
+#pragma unroll
+            for (int L = 0; L < 32; L++)
+                if (L < cnt) z += buf[warp][L];
         }
         __syncwarp();
     }
@@ -114,44 +130,43 @@ __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
     }
 }
 
-/* grid (rows, heads / PV_HG, hd / PV_DS); thread = (dim, two heads). */
+/* grid (rows, heads / PV_HG, hd / PV_DS); thread = (dim, head): one sum per thread, in key
+ * order. A tile's keys and probabilities come in with their loads issued together. */
 __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
     cu_pdl_enter();
-    __shared__ float ks[PV_TK][PV_DS];
+    __shared__ __align__(16) float ks[PV_TK][PV_DS];
     __shared__ float ps[PV_HG][PV_TK];
     __shared__ const float *kp[PV_TK];
     int r = p.r0 + blockIdx.x, hb = blockIdx.y * PV_HG, d0 = blockIdx.z * PV_DS;
     int64_t w0;
     int nk = attn_nkeys(p, r, &w0);
-    int dl = threadIdx.x % PV_DS, hl = threadIdx.x / PV_DS; /* heads hl and hl + 4 */
-    float acc0 = 0.0f, acc1 = 0.0f;
+    int dl = threadIdx.x % PV_DS, hl = threadIdx.x / PV_DS;
+    float acc = 0.0f;
     for (int j0 = 0; j0 < nk; j0 += PV_TK) {
         int nt = nk - j0 < PV_TK ? nk - j0 : PV_TK;
-        if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
+        if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x) + d0;
         __syncthreads();
-        for (int e = threadIdx.x; e < PV_TK * PV_DS; e += blockDim.x) {
-            int j = e / PV_DS, d = e % PV_DS;
-            ks[j][d] = j < nt && d0 + d < p.hd ? kp[j][d0 + d] : 0.0f;
+        stage_rows(&ks[0][0], PV_DS, nt * (PV_DS / 4), PV_DS / 4, [&](int j) { return kp[j]; });
+        float pv[PV_HG * PV_TK / 256];
+#pragma unroll
+        for (int i = 0; i < PV_HG * PV_TK / 256; i++) {
+            int e = i * 256 + threadIdx.x, h = e / PV_TK, j = e % PV_TK;
+            pv[i] = hb + h < p.H && j < nt
+                        ? p.S[((int64_t)(r - p.r0) * p.H + hb + h) * p.maxk + j0 + j]
+                        : 0.0f;
         }
-        {
-            int h = threadIdx.x / PV_TK, j = threadIdx.x % PV_TK;
-            ps[h][j] = hb + h < p.H && j < nt
-                           ? p.S[((int64_t)(r - p.r0) * p.H + hb + h) * p.maxk + j0 + j]
-                           : 0.0f;
+#pragma unroll
+        for (int i = 0; i < PV_HG * PV_TK / 256; i++) {
+            int e = i * 256 + threadIdx.x;
+            ps[e / PV_TK][e % PV_TK] = pv[i];
         }
         __syncthreads();
-        for (int j = 0; j < nt; j++) {
-            float k = ks[j][dl];
-            acc0 += ps[hl][j] * k;
-            acc1 += ps[hl + 4][j] * k;
-        }
+        for (int j = 0; j < nt; j++)
+            acc += ps[hl][j] * ks[j][dl];
         __syncthreads();
     }
     int d = d0 + dl;
-    if (d >= p.hd) return;
-    if (hb + hl < p.H) p.out[((int64_t)r * p.H + hb + hl) * p.hd + d] = rbf(acc0, p.round_bf16);
-    if (hb + hl + 4 < p.H)
-        p.out[((int64_t)r * p.H + hb + hl + 4) * p.hd + d] = rbf(acc1, p.round_bf16);
+    if (hb + hl < p.H) p.out[((int64_t)r * p.H + hb + hl) * p.hd + d] = rbf(acc, p.round_bf16);
 }
 
 extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {

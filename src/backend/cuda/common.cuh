@@ -87,6 +87,9 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
+    int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
+                        before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
+                        all of them at decode shapes; 0: none) */
     int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int hc_mix_min;  /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
                         (DSI_CUDA_HC_MIX_MIN, default 512; 0: never, launch_gemm) */

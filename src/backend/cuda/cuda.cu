@@ -472,14 +472,18 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        dense GEMMs and the shared expert stop at 32 rows in any case (their tiles' limit) */
     const char *gf = getenv("DSI_CUDA_GVF");
     c->gvf_max = gf && *gf ? atoi(gf) : 512;
-    /* dense GEMMs and the shared expert from 1 row, the routed experts from 3 tokens (at 1-2
-       the exact persistent kernels of moe_gv.cu are faster there; docs/cuda.md, step 12) */
+    /* dense GEMMs, the shared expert and the routed experts from 1 row (the routed experts from
+       3 tokens until step 17: the exact persistent kernels of moe_gv.cu were faster at 1-2 in
+       step 12, slower since step 13's gvf.cu walk; docs/cuda.md, step 17) */
     const char *gn = getenv("DSI_CUDA_GVF_MIN"), *gm = getenv("DSI_CUDA_GVF_MOE_MIN");
     c->gvf_min = gn && *gn ? atoi(gn) : 1;
-    c->gvf_moe_min = gm && *gm ? atoi(gm) : 3;
+    c->gvf_moe_min = gm && *gm ? atoi(gm) : 1;
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
     c->gvf_ilv = !(gi && *gi == '0');
+    const char *gp = getenv("DSI_CUDA_GVF_PRE");
+    c->gvf_pre = gp && *gp ? atoi(gp) : 256;
+    if (c->gvf_pre > 256) c->gvf_pre = 256;
     const char *hs = getenv("DSI_CUDA_HC_SPLIT");
     c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;
     const char *tb = getenv("DSI_CUDA_TC_BN");

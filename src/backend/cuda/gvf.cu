@@ -37,6 +37,7 @@
 #define GVF_W        (GVF_T / 32)
 #define GVF_SMEM_MAX (160 * 1024) /* staged rows; plus part[] (<= 32 KiB) within 227 KiB */
 #define GVF_U        2 /* groups per step (a warp loads the next step's while it computes one) */
+#define GVF_PRE_MAX  (32LL << 20) /* dense: weight bytes a grid prefetches into L2 at most */
 
 enum { GVF_DENSE = 0, GVF_UP = 1, GVF_DOWN = 2 };
 
@@ -56,6 +57,8 @@ struct gvf_p {
     int64_t gxs;    /* dense groups: x + g gxs */
     int64_t gys;    /* dense groups: y + g gys */
     bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
+    int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
+                       (c->gvf_pre) */
 };
 
 /* Elements in a lane's 32-byte slice. */
@@ -197,8 +200,30 @@ template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
     return (K + G - 1) / G * G / 2 + 8;
 }
 
+/* Dense: the weight rows of this block's first p.pre tile iterations into L2 (bulk prefetch, one
+ * instruction per tile iteration: its tpb tiles are consecutive rows), issued before
+ * cu_pdl_enter, so that they stream in while the previous kernel (the norm or quantisation that
+ * makes this GEMM's input, a few microseconds of little DRAM traffic) finishes. */
+__device__ __forceinline__ void gvf_prefetch(const struct gvf_p &p, int64_t tpb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x >= (unsigned)p.pre) return;
+    int64_t o0 = ((int64_t)blockIdx.x + (int64_t)threadIdx.x * gridDim.x) * tpb * 16;
+    int64_t o1 = o0 + tpb * 16 < p.n_out ? o0 + tpb * 16 : p.n_out;
+    if (o0 >= o1) return;
+    uintptr_t a =
+        (uintptr_t)(p.w.data + (p.row0 + (int64_t)blockIdx.y * p.n_out + o0) * p.w.row_bytes);
+    uintptr_t b =
+        (uintptr_t)(p.w.data + (p.row0 + (int64_t)blockIdx.y * p.n_out + o1) * p.w.row_bytes);
+    a &= ~(uintptr_t)15;
+    b = (b + 15) & ~(uintptr_t)15;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(b - a))
+                 : "memory");
+#endif
+}
+
 template <int MODE, int WT, int NT>
 __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
+    if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
     cu_pdl_enter();
     constexpr int E = gvf_e<WT>(), G = 4 * E;
     extern __shared__ uint4 gvf_smem[];
@@ -447,7 +472,12 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
        fewer idle SMs in the last wave; measured at batch 32 and 256 -15%, at batch 8 +3%) */
     int64_t bps = MODE != GVF_DENSE && gy >= (unsigned)c->n_sms ? c->gvf_blocks : 2;
     int64_t gx = std::min(cu_div_up(p->tiles, tpb), std::max<int64_t>(1, bps * c->n_sms / gy));
-    cu_launch(c, k_gvf<MODE, WT, NT>, dim3((unsigned)gx, gy), GVF_T, sm, *p);
+    struct gvf_p q = *p;
+    if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
+        int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
+        q.pre = (int)std::min<int64_t>(q.pre, GVF_PRE_MAX / std::max<int64_t>(it, 1));
+    }
+    cu_launch(c, k_gvf<MODE, WT, NT>, dim3((unsigned)gx, gy), GVF_T, sm, q);
     return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
                                          : "moe (decode, tensor cores)");
 }
@@ -458,6 +488,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
     if ((int64_t)p->xrows * gvf_row_words<WT>(K) * 4 > GVF_SMEM_MAX) return false;
     p->ks = gvf_ks(c, p->tiles * (p->gy > 0 ? p->gy : 1), cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
+    p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
     if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;
     return gvf_go<MODE, WT, 4>(c, p) || c->sticky;

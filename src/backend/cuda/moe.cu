@@ -24,6 +24,8 @@ __device__ __forceinline__ float sqrtsoftplus(float z) {
     return sqrtf(z > 20.0f ? z : log1p_ref(exp_ref(z)));
 }
 
+#define ROUTE_V 16 /* experts per lane held in registers (E <= 512) */
+
 /* One warp per row. */
 __global__ void k_moe_route(const float *logits,
                             int64_t n,
@@ -49,6 +51,42 @@ __global__ void k_moe_route(const float *logits,
         const uint8_t *row = tid2eid + (int64_t)tokens[r] * t2e_row_bytes;
         for (int k = lane; k < K; k += 32)
             ix[k] = t2e_i64 ? (int32_t)((const int64_t *)row)[k] : ((const int32_t *)row)[k];
+    } else if (E <= 32 * ROUTE_V) {
+        /* the lane's scores computed once, in registers (the loop below computes every score
+           K times: ~40 us per call at E = 256, K = 6); the same choices */
+        float sc[ROUTE_V];
+        unsigned taken = 0;
+#pragma unroll
+        for (int m = 0; m < ROUTE_V; m++) {
+            int64_t e = lane + 32 * m;
+            sc[m] = e < E ? sqrtsoftplus(lg[e]) + (bias.data ? vec_get(bias, e) : 0.0f) : 0.0f;
+        }
+        for (int k = 0; k < K; k++) {
+            int best = -1, bm = -1;
+            float bv = -INFINITY;
+#pragma unroll
+            for (int m = 0; m < ROUTE_V; m++) {
+                if (lane + 32 * m >= E || (taken >> m & 1u)) continue;
+                if (best < 0 || sc[m] > bv) {
+                    best = lane + 32 * m;
+                    bv = sc[m];
+                    bm = m;
+                }
+            }
+            int mine = best;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int ob = __shfl_xor_sync(0xffffffffu, best, o);
+                bool better = ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best));
+                if (better) {
+                    bv = ov;
+                    best = ob;
+                }
+            }
+            if (best >= 0 && best == mine) taken |= 1u << bm;
+            if (lane == 0) ix[k] = best;
+        }
     } else {
         for (int k = 0; k < K; k++) {
             /* lane's best among its experts e = lane + 32 m (ascending), then the warp's */
@@ -179,8 +217,50 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
 
 #define MOE_MAX_E 4096
 
+/* Exclusive prefix sums of a and b over the block (1024 threads, in thread order; integers, so
+ * any order of the additions gives the same sums); *ta / *tb: the totals. */
+__device__ __forceinline__ void block_scan2(int &a, int &b, int *ta, int *tb) {
+    __shared__ int wa[32], wb[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int ia = a, ib = b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int xa = __shfl_up_sync(0xffffffffu, ia, o), xb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+            ia += xa;
+            ib += xb;
+        }
+    }
+    if (lane == 31) {
+        wa[warp] = ia;
+        wb[warp] = ib;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int sa = wa[lane], sb = wb[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int xa = __shfl_up_sync(0xffffffffu, sa, o), xb = __shfl_up_sync(0xffffffffu, sb, o);
+            if (lane >= o) {
+                sa += xa;
+                sb += xb;
+            }
+        }
+        wa[lane] = sa; /* inclusive over warps */
+        wb[lane] = sb;
+    }
+    __syncthreads();
+    int pa = warp ? wa[warp - 1] : 0, pb = warp ? wb[warp - 1] : 0;
+    *ta = wa[31];
+    *tb = wb[31];
+    a = pa + ia - a;
+    b = pb + ib - b;
+}
+
 /* One block of 1024 threads. perm[pos] = slot, sorted by expert; tiles[t] = (expert, first pos,
- * rows); *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). */
+ * rows); *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). The
+ * experts' offsets by a block scan (thread t: experts t * per .. t * per + per - 1); one thread
+ * walking E experts took ~15 us at E = 256. */
 __global__ void __launch_bounds__(1024) k_moe_group(
     const int32_t *idx, int64_t nk, int E, int RX, int32_t *perm, int4 *tiles, int32_t *n_tiles) {
     cu_pdl_enter();
@@ -193,16 +273,20 @@ __global__ void __launch_bounds__(1024) k_moe_group(
         if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, to = 0;
-        for (int e = 0; e < E; e++) {
-            off[e] = o;
-            toff[e] = to;
-            o += cnt[e];
-            to += (cnt[e] + RX - 1) / RX;
-        }
-        *n_tiles = to;
+    int per = (E + 1023) / 1024, e0 = threadIdx.x * per, o = 0, to = 0;
+    for (int e = e0; e < e0 + per && e < E; e++) {
+        o += cnt[e];
+        to += (cnt[e] + RX - 1) / RX;
     }
+    int tot_o, tot_t;
+    block_scan2(o, to, &tot_o, &tot_t);
+    for (int e = e0; e < e0 + per && e < E; e++) {
+        off[e] = o;
+        toff[e] = to;
+        o += cnt[e];
+        to += (cnt[e] + RX - 1) / RX;
+    }
+    if (threadIdx.x == 0) *n_tiles = tot_t;
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         for (int t = 0; t * RX < cnt[e]; t++)
@@ -585,7 +669,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (!tab) return;
     /* `fast` numerics: the tensor-core kernels for tiles of many rows (tiles of rx = their
        block's activation rows) */
-    /* (from c->gvf_moe_min tokens: at 1-2 the exact persistent kernels of moe_gv.cu) */
+    /* (from c->gvf_moe_min tokens, default 1; fewer: the exact persistent kernels of moe_gv.cu) */
     bool rfast = a->fast && n >= c->gvf_moe_min;
     bool tc = rfast && n >= c->gvf_min && (double)nk / E >= c->tc_moe_min &&
               tc_moe_ok(&r1, &r3, &r2, D, I, a->x);

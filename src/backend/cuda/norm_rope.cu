@@ -83,6 +83,54 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
     }
 }
 
+/* One block of 256 threads per (row, group) for dims of 1024 V (the hidden size's norms): a
+ * thread holds its V float4 in registers, all loaded at once (k_rms_norm walks the row twice, a
+ * load latency per element of a thread: ~16 us for one row of 4096), the sum of squares in
+ * double as k_rms_norm's. y may alias x. */
+template <int V>
+__global__ void __launch_bounds__(256) k_rms_norm_blk(const float *x,
+                                                      float *y,
+                                                      int64_t n_groups,
+                                                      int64_t ldx,
+                                                      int64_t ldy,
+                                                      struct cu_vec w,
+                                                      float eps,
+                                                      bool round) {
+    cu_pdl_enter();
+    __shared__ double red[32];
+    int64_t r = blockIdx.x / n_groups, g = blockIdx.x - r * n_groups;
+    const float4 *xs = (const float4 *)(x + r * ldx + g * V * 1024);
+    float4 *ys = (float4 *)(y + r * ldy + g * V * 1024);
+    int t = threadIdx.x;
+    float4 v[V];
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        v[i] = xs[i * 256 + t];
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        v[i] = make_float4(rbf(v[i].x, round), rbf(v[i].y, round), rbf(v[i].z, round),
+                           rbf(v[i].w, round));
+        ss += (double)v[i].x * (double)v[i].x;
+        ss += (double)v[i].y * (double)v[i].y;
+        ss += (double)v[i].z * (double)v[i].z;
+        ss += (double)v[i].w * (double)v[i].w;
+    }
+    float inv = rms_inv(block_sum_d(ss, red), V * 1024, eps, round, w.data != nullptr);
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        int64_t e = (int64_t)(i * 256 + t) * 4;
+        ys[i * 256 + t] = make_float4(
+            rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
+            rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
+    }
+}
+
+template <int V> static void rms_norm_blk(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
+    cu_launch(c, k_rms_norm_blk<V>, (unsigned)(a->n * a->n_groups), 256, 0, a->x, a->y, a->n_groups,
+              a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+}
+
 template <int V> static void rms_norm_warp(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
     int64_t rows = a->n * a->n_groups;
     cu_launch(c, k_rms_norm_warp<V>, (unsigned)cu_div_up(rows, 8), 256, 0, a->x, a->y, rows,
@@ -99,6 +147,12 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
         if (a->dim == 512) rms_norm_warp<4>(c, a);
         if (a->dim == 1024) rms_norm_warp<8>(c, a);
         if (a->dim == 2048) rms_norm_warp<16>(c, a);
+        cu_check(c, "rms_norm");
+        return;
+    }
+    if (vec && (a->dim == 4096 || a->dim == 8192)) {
+        if (a->dim == 4096) rms_norm_blk<4>(c, a);
+        if (a->dim == 8192) rms_norm_blk<8>(c, a);
         cu_check(c, "rms_norm");
         return;
     }
