@@ -93,6 +93,9 @@ struct dsi_rms_norm_args {
     const struct dsi_tensor *w;
     float eps;
     bool round_bf16;
+    /* optional (n_groups 1): also yq = act_quant(y) in 128-blocks, rows of dim floats
+       (act_quant's numbers; one op where a norm feeds a quantised GEMM) */
+    float *yq;
 };
 
 /* Interleaved RoPE on the last rope_dim values of every head: pair i is (x[w-rd+2i],

@@ -34,6 +34,11 @@ struct dsi_fwd {
     int max_rows;
     bool R;             /* reference (or fast) numerics: the rounding points */
     bool F;             /* fast numerics: GEMMs may take tensor cores */
+    /* rmsq's quantised rows, for the next act() call only (which clears it): act(q_src, n,
+       dim, q_dst) then returns q_dst without quantising again */
+    const float *q_src;
+    float *q_dst;
+    int64_t q_n, q_dim;
     struct dsi_step st; /* arrays below, in backend memory */
     int32_t *d_tokens, *d_pos, *d_slot, *d_row0, *d_idx;
     struct ratio_class rc[MAX_RATIO_CLASSES];
@@ -227,20 +232,29 @@ static void gemm(struct dsi_fwd *f,
     f->be->ops->gemm(f->be, &a);
 }
 
-/* In reference numerics, quantise the activation rows (FP8, 128-blocks) into xq first. */
+/* In reference numerics, quantise the activation rows (FP8, 128-blocks) into xq first (unless
+ * the norm just before made them: rmsq). */
 static const float *act(struct dsi_fwd *f, const float *x, int64_t n, int64_t dim, float *xq) {
+    bool done = f->q_src == x && f->q_dst == xq && f->q_n == n && f->q_dim == dim;
+    f->q_src = NULL;
+    f->q_dst = NULL;
     if (!f->R) return x;
+    if (done) return xq;
     struct dsi_act_quant_args a = {x, xq, n, dim, dim, dim, 128};
     f->be->ops->act_quant(f->be, &a);
     return xq;
 }
 
-static void rms(struct dsi_fwd *f,
-                const float *x,
-                float *y,
-                int64_t n,
-                int64_t dim,
-                const struct dsi_tensor *w) {
+/* y = RMSNorm(x) w; with yq (reference / fast numerics), also yq = act_quant(y) in the same op,
+ * which the next act(y, n, dim, yq) call then returns. */
+static void rmsq(struct dsi_fwd *f,
+                 const float *x,
+                 float *y,
+                 int64_t n,
+                 int64_t dim,
+                 const struct dsi_tensor *w,
+                 float *yq) {
+    yq = f->R ? yq : NULL;
     struct dsi_rms_norm_args a = {.x = x,
                                   .y = y,
                                   .n = n,
@@ -250,8 +264,22 @@ static void rms(struct dsi_fwd *f,
                                   .ldy = dim,
                                   .w = w,
                                   .eps = (float)f->c->rms_norm_eps,
-                                  .round_bf16 = f->R};
+                                  .round_bf16 = f->R,
+                                  .yq = yq};
     f->be->ops->rms_norm(f->be, &a);
+    f->q_src = yq ? y : NULL;
+    f->q_dst = yq;
+    f->q_n = n;
+    f->q_dim = dim;
+}
+
+static void rms(struct dsi_fwd *f,
+                const float *x,
+                float *y,
+                int64_t n,
+                int64_t dim,
+                const struct dsi_tensor *w) {
+    rmsq(f, x, y, n, dim, w, NULL);
 }
 
 static void rope(struct dsi_fwd *f,
@@ -363,7 +391,7 @@ static void attention(struct dsi_fwd *f, int il) {
 
     const float *xq = act(f, f->x, n, D, f->xq);
     gemm(f, &L->wq_a, xq, n, D, f->qa, ql, f->R, f->R);
-    rms(f, f->qa, f->qa, n, ql, &L->q_norm);
+    rmsq(f, f->qa, f->qa, n, ql, &L->q_norm, f->qaq);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
     gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
     struct dsi_rms_norm_args qn = {.x = f->q,
@@ -545,11 +573,11 @@ static void block(struct dsi_fwd *f, int il) {
     const struct dsi_layer_w *L = &f->m->layers[il];
     int64_t n = f->st.n, D = f->c->hidden_size;
     hc_site(f, &L->hc_attn, n);
-    rms(f, f->y, f->x, n, D, &L->attn_norm);
+    rmsq(f, f->y, f->x, n, D, &L->attn_norm, f->xq); /* attention's first act() */
     attention(f, il);
     hc_merge(f, n);
     hc_site(f, &L->hc_ffn, n);
-    rms(f, f->y, f->x, n, D, &L->ffn_norm);
+    rmsq(f, f->y, f->x, n, D, &L->ffn_norm, f->xq); /* moe's act() after the routing */
     moe(f, il);
     hc_merge(f, n);
 }

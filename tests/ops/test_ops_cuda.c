@@ -483,14 +483,32 @@ int test_cuda_rms_norm(struct test_ctx *t) {
                                       .w = cs[c].wtype >= 0 ? &w.h : NULL,
                                       .eps = 1e-6f,
                                       .round_bf16 = cs[c].round};
+        /* one group of whole 128-blocks: also the act_quant copy (yq), as the forward asks */
+        bool q = cs[c].groups == 1 && cs[c].dim % 128 == 0;
+        int64_t nq = cs[c].n * cs[c].dim;
+        float *qc = q ? hpoison(nq) : NULL, *qg = q ? malloc(sizeof(float) * (size_t)nq) : NULL;
+        float *dq = q ? dpoison(sizeof(float) * (size_t)nq) : NULL;
+        a.yq = qc;
         g_cpu->ops->rms_norm(g_cpu, &a);
         a.x = dx;
         a.y = dy;
         a.w = cs[c].wtype >= 0 ? &w.d : NULL;
+        a.yq = dq;
         g_gpu->ops->rms_norm(g_gpu, &a);
         TEST_ASSERT(gsync("rms_norm") == 0);
         dget(yg, dy, sizeof(float) * (size_t)ny);
         TEST_ASSERT(close_to("rms_norm", yg, yc, ny, 1e-6));
+        if (q) { /* bit for bit the CPU's act_quant of the GPU's own y (y itself: within 1e-6) */
+            dget(qg, dq, sizeof(float) * (size_t)nq);
+            int64_t ldy = cs[c].inplace ? cs[c].ldx : cs[c].ldy;
+            struct dsi_act_quant_args aq = {yg, qc, cs[c].n, cs[c].dim, ldy, cs[c].dim, 128};
+            g_cpu->ops->act_quant(g_cpu, &aq);
+            TEST_ASSERTF(same("rms_norm yq", qg, qc, sizeof(float) * (size_t)nq),
+                         "rms_norm case %zu: quantised copy", c);
+            dfree(dq);
+            free(qc);
+            free(qg);
+        }
         dfree(dx);
         if (!cs[c].inplace) dfree(dy);
         free(x);

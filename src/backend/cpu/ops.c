@@ -45,6 +45,10 @@ static void rms_part(void *ctx, int64_t r0, int64_t r1, int tid) {
 void cpu_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
     struct rows_job j = {a};
     dsi_pool_run(cpu_ctx(be)->pool, a->n, 8, rms_part, &j);
+    if (a->yq) {
+        struct dsi_act_quant_args q = {a->y, a->yq, a->n, a->dim, a->ldy, a->dim, 128};
+        cpu_act_quant(be, &q);
+    }
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */

@@ -37,33 +37,50 @@ __device__ __forceinline__ void stage_rows(float *dst, int dstride, int n, int v
     }
 }
 
-/* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
-__device__ __forceinline__ float dot_smem(const float *a, const float *b, int n) {
-    float acc = 0.0f;
-    for (int k = 0; k < n; k += 32) {
-        float l[8];
+/* Two of cpu_dot's sums at once, q rows qa and qb against the key row k (16-byte aligned shared
+ * rows, n % 32 == 0): per 32 elements 8 partial sums of every 8th product, added as a tree into
+ * the running sum; each sum's operations are cpu_dot's. The key's loads serve both heads. */
+__device__ __forceinline__ void
+dot2_smem(const float *qa, const float *qb, const float *k, int n, float *sa, float *sb) {
+    float acc_a = 0.0f, acc_b = 0.0f;
+    for (int c = 0; c < n; c += 32) {
+        float la[8], lb[8];
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            l[i] = 0.0f;
+            la[i] = lb[i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 32; j += 8) {
-            float4 a0 = *(const float4 *)(a + k + j), a1 = *(const float4 *)(a + k + j + 4);
-            float4 b0 = *(const float4 *)(b + k + j), b1 = *(const float4 *)(b + k + j + 4);
-            l[0] += a0.x * b0.x;
-            l[1] += a0.y * b0.y;
-            l[2] += a0.z * b0.z;
-            l[3] += a0.w * b0.w;
-            l[4] += a1.x * b1.x;
-            l[5] += a1.y * b1.y;
-            l[6] += a1.z * b1.z;
-            l[7] += a1.w * b1.w;
+            float4 k0 = *(const float4 *)(k + c + j), k1 = *(const float4 *)(k + c + j + 4);
+            float4 a0 = *(const float4 *)(qa + c + j), a1 = *(const float4 *)(qa + c + j + 4);
+            float4 b0 = *(const float4 *)(qb + c + j), b1 = *(const float4 *)(qb + c + j + 4);
+            la[0] += a0.x * k0.x;
+            la[1] += a0.y * k0.y;
+            la[2] += a0.z * k0.z;
+            la[3] += a0.w * k0.w;
+            la[4] += a1.x * k1.x;
+            la[5] += a1.y * k1.y;
+            la[6] += a1.z * k1.z;
+            la[7] += a1.w * k1.w;
+            lb[0] += b0.x * k0.x;
+            lb[1] += b0.y * k0.y;
+            lb[2] += b0.z * k0.z;
+            lb[3] += b0.w * k0.w;
+            lb[4] += b1.x * k1.x;
+            lb[5] += b1.y * k1.y;
+            lb[6] += b1.z * k1.z;
+            lb[7] += b1.w * k1.w;
         }
-        acc += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        acc_a += ((la[0] + la[1]) + (la[2] + la[3])) + ((la[4] + la[5]) + (la[6] + la[7]));
+        acc_b += ((lb[0] + lb[1]) + (lb[2] + lb[3])) + ((lb[4] + lb[5]) + (lb[6] + lb[7]));
     }
-    return acc + 0.0f;
+    *sa = acc_a + 0.0f;
+    *sb = acc_b + 0.0f;
 }
 
-/* grid (rows, heads / ATT_HG, key tiles); 256 threads = 16 heads x 16 key pairs. */
+/* grid (rows, heads / ATT_HG, key tiles); 256 threads: warp w takes heads 2w, 2w + 1 (their q
+ * rows read by the whole warp: one broadcast per load), lane j key j (rows hd + 4 floats apart:
+ * the lanes' loads fall in different banks). Before: a thread per (head, 2 keys), each product's
+ * q and key loaded for it alone (~3x the shared-memory traffic; ~20 us of a decode call). */
 __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
     cu_pdl_enter();
     extern __shared__ float sm[];
@@ -82,14 +99,14 @@ __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
                [&](int h) { return p.q + ((int64_t)r * p.H + h0 + h) * p.hd; });
     stage_rows(ks, hdp, nt * v4, v4, [&](int j) { return kp[j]; });
     __syncthreads();
-    int h = threadIdx.x % ATT_HG, kq = threadIdx.x / ATT_HG;
-    if (h >= nh) return;
-    for (int jj = 0; jj < 2; jj++) {
-        int j = kq * 2 + jj;
-        if (j >= nt) break;
-        float s = dot_smem(qs + h * hdp, ks + j * hdp, p.hd) * p.scale;
-        p.S[((int64_t)(r - p.r0) * p.H + h0 + h) * p.maxk + j0 + j] = s;
-    }
+    int ha = 2 * (threadIdx.x >> 5), j = threadIdx.x & 31;
+    if (ha >= nh || j >= nt) return;
+    int hb = ha + 1 < nh ? ha + 1 : ha;
+    float sa, sb;
+    dot2_smem(qs + ha * hdp, qs + hb * hdp, ks + j * hdp, p.hd, &sa, &sb);
+    float *S = p.S + ((int64_t)(r - p.r0) * p.H + h0 + ha) * p.maxk + j0 + j;
+    S[0] = sa * p.scale;
+    if (hb != ha) S[p.maxk] = sb * p.scale;
 }
 
 /* grid (rows, heads / 8); one warp per head. */

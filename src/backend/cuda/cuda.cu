@@ -482,7 +482,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
     c->gvf_ilv = !(gi && *gi == '0');
     const char *gp = getenv("DSI_CUDA_GVF_PRE");
-    c->gvf_pre = gp && *gp ? atoi(gp) : 256;
+    c->gvf_pre = gp && *gp ? atoi(gp) : 1;
     if (c->gvf_pre > 256) c->gvf_pre = 256;
     const char *hs = getenv("DSI_CUDA_HC_SPLIT");
     c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;

@@ -14,6 +14,20 @@ rms_out(float v, float inv, struct cu_vec w, int64_t i, bool round) {
     return rbf(v, round);
 }
 
+/* act_quant of one 128-block held by a warp as a float4 per lane (k_act_quant's numbers: amax,
+ * UE8M0 scale, e4m3 round trip), into q. The whole warp calls it. */
+__device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
+    float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+    amax = warp_max(amax);
+    float s = ue8m0_scale(amax, 448.0f, 1e-4f);
+    auto one = [&](float v) {
+        float t = v / s;
+        t = t > 448.0f ? 448.0f : t < -448.0f ? -448.0f : t;
+        return round_grid(t, 3, -6) * s;
+    };
+    *q = make_float4(one(y.x), one(y.y), one(y.z), one(y.w));
+}
+
 /* One block per (row, group). Two passes over x so that y may alias x. */
 __global__ void k_rms_norm(const float *x,
                            float *y,
@@ -51,7 +65,8 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
                                                        int64_t ldy,
                                                        struct cu_vec w,
                                                        float eps,
-                                                       bool round) {
+                                                       bool round,
+                                                       float *yq) {
     cu_pdl_enter();
     int64_t rg = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (rg >= rows) return;
@@ -77,9 +92,12 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
 #pragma unroll
     for (int i = 0; i < V; i++) {
         int64_t e = (int64_t)(i * 32 + lane) * 4;
-        ys[i * 32 + lane] = make_float4(
+        float4 o = make_float4(
             rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
             rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
+        ys[i * 32 + lane] = o;
+        if (yq) /* n_groups 1: the warp's float4 i are the 128-block i of the row */
+            q8_warp_block(o, (float4 *)(yq + r * V * 128) + i * 32 + lane);
     }
 }
 
@@ -95,7 +113,8 @@ __global__ void __launch_bounds__(256) k_rms_norm_blk(const float *x,
                                                       int64_t ldy,
                                                       struct cu_vec w,
                                                       float eps,
-                                                      bool round) {
+                                                      bool round,
+                                                      float *yq) {
     cu_pdl_enter();
     __shared__ double red[32];
     int64_t r = blockIdx.x / n_groups, g = blockIdx.x - r * n_groups;
@@ -120,28 +139,37 @@ __global__ void __launch_bounds__(256) k_rms_norm_blk(const float *x,
 #pragma unroll
     for (int i = 0; i < V; i++) {
         int64_t e = (int64_t)(i * 256 + t) * 4;
-        ys[i * 256 + t] = make_float4(
+        float4 o = make_float4(
             rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
             rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
+        ys[i * 256 + t] = o;
+        if (yq) /* n_groups 1: warp w's float4 i are the row's 128-block 8 i + w */
+            q8_warp_block(o, (float4 *)(yq + r * V * 1024) + i * 256 + t);
     }
 }
 
 template <int V> static void rms_norm_blk(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
     cu_launch(c, k_rms_norm_blk<V>, (unsigned)(a->n * a->n_groups), 256, 0, a->x, a->y, a->n_groups,
-              a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+              a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16, a->yq);
 }
 
 template <int V> static void rms_norm_warp(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
     int64_t rows = a->n * a->n_groups;
     cu_launch(c, k_rms_norm_warp<V>, (unsigned)cu_div_up(rows, 8), 256, 0, a->x, a->y, rows,
-              a->n_groups, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+              a->n_groups, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16, a->yq);
 }
 
 extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->n_groups <= 0 || a->dim <= 0) return;
+    if (a->yq && (a->n_groups != 1 || a->dim % 128)) {
+        cu_fail(c, DSI_ERR_INVALID, "rms_norm: quantised copy of %lld groups of %lld",
+                (long long)a->n_groups, (long long)a->dim);
+        return;
+    }
     bool vec = a->dim % 128 == 0 && a->ldx % 4 == 0 && a->ldy % 4 == 0 &&
-               (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0;
+               (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0 &&
+               (uintptr_t)a->yq % 16 == 0;
     if (vec && (a->dim == 128 || a->dim == 512 || a->dim == 1024 || a->dim == 2048)) {
         if (a->dim == 128) rms_norm_warp<1>(c, a);
         if (a->dim == 512) rms_norm_warp<4>(c, a);
@@ -160,6 +188,7 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
     int threads = a->dim >= 2048 ? 256 : a->dim >= 512 ? 128 : 64;
     cu_launch(c, k_rms_norm, (unsigned)blocks, threads, 0, a->x, a->y, a->n_groups, a->dim, a->ldx,
               a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+    if (a->yq) launch_act_quant(c, a->y, a->yq, a->n, a->dim, a->ldy, a->dim, 128);
     cu_check(c, "rms_norm");
 }
 
