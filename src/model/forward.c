@@ -32,8 +32,8 @@ struct dsi_fwd {
     struct dsi_backend *be;
     struct dsi_kv *kv;
     int max_rows;
-    bool R;             /* reference (or fast) numerics: the rounding points */
-    bool F;             /* fast numerics: GEMMs may take tensor cores */
+    bool R; /* reference (or fast) numerics: the rounding points */
+    bool F; /* fast numerics: GEMMs may take tensor cores */
     /* rmsq's quantised rows, for the next act() call only (which clears it): act(q_src, n,
        dim, q_dst) then returns q_dst without quantising again */
     const float *q_src;

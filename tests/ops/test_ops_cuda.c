@@ -289,13 +289,16 @@ int test_cuda_act_quant(struct test_ctx *t) {
         int64_t nx = cs[c].n * cs[c].ldx, ny = cs[c].inplace ? nx : cs[c].n * cs[c].ldy;
         float *x = fnorm(&r, nx, 1.0f);
         int blk = cs[c].block ? cs[c].block : 128;
-        for (int64_t i = 0; i < cs[c].n; i++) /* per-block magnitudes, zero and tiny blocks */
+        for (int64_t i = 0; i < cs[c].n; i++) /* per-block magnitudes, zero, tiny, subnormal */
             for (int64_t b = 0; b < cs[c].dim / blk; b++) {
                 float s = ldexpf(1.0f, rint_below(&r, 40) - 20);
                 int kind = rint_below(&r, 8);
                 for (int64_t e = 0; e < blk; e++) {
                     float *v = &x[i * cs[c].ldx + b * blk + e];
-                    *v = kind == 0 ? 0.0f : kind == 1 ? *v * 1e-7f : *v * s;
+                    *v = kind == 0   ? 0.0f
+                         : kind == 1 ? *v * 1e-7f
+                         : kind == 2 ? *v * 1e-40f
+                                     : *v * s;
                 }
             }
         float *yc = cs[c].inplace ? malloc(sizeof(float) * (size_t)nx) : hpoison(ny);

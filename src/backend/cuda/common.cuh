@@ -87,6 +87,8 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
+    bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
+                        separate act_quant launch, as before step 17) */
     int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
                         all of them at decode shapes; 0: none) */
@@ -362,6 +364,26 @@ __device__ __forceinline__ float round_grid(float x, int mbits, int emin) {
     if (e < emin) e = emin;
     float q = ldexpf(1.0f, e - mbits);
     return rintf(x / q) * q;
+}
+
+/* round_grid(t, 3, -6) (the e4m3 grid) by the exponent bits, for |t| <= 448: the division by
+ * the power of two q is a multiplication by its exact inverse (the same correctly rounded
+ * product), no frexpf / ldexpf; the same bits as round_grid. */
+__device__ __forceinline__ float e4m3_grid(float t) {
+    if (t == 0.0f || !isfinite(t)) return t;
+    int e = (int)((__float_as_uint(t) >> 23) & 0xff) - 127;
+    if (e < -6) e = -6;
+    float inv_q = __uint_as_float((uint32_t)(127 + 3 - e) << 23),
+          q = __uint_as_float((uint32_t)(127 + e - 3) << 23);
+    return rintf(t * inv_q) * q;
+}
+
+/* act_quant's value: v / s clamped to +-448 on the e4m3 grid, times s; s a power of two (UE8M0)
+ * and inv_s = 1 / s (exact): v * inv_s is v / s's correctly rounded value. */
+__device__ __forceinline__ float q8_value(float v, float s, float inv_s) {
+    float t = v * inv_s;
+    t = t > 448.0f ? 448.0f : t < -448.0f ? -448.0f : t;
+    return e4m3_grid(t) * s;
 }
 
 __device__ __forceinline__ float ue8m0_scale(float amax, float fmt_max, float amax_floor) {

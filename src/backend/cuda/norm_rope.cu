@@ -19,13 +19,9 @@ rms_out(float v, float inv, struct cu_vec w, int64_t i, bool round) {
 __device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
     float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
     amax = warp_max(amax);
-    float s = ue8m0_scale(amax, 448.0f, 1e-4f);
-    auto one = [&](float v) {
-        float t = v / s;
-        t = t > 448.0f ? 448.0f : t < -448.0f ? -448.0f : t;
-        return round_grid(t, 3, -6) * s;
-    };
-    *q = make_float4(one(y.x), one(y.y), one(y.z), one(y.w));
+    float s = ue8m0_scale(amax, 448.0f, 1e-4f), inv_s = 1.0f / s;
+    *q = make_float4(q8_value(y.x, s, inv_s), q8_value(y.y, s, inv_s), q8_value(y.z, s, inv_s),
+                     q8_value(y.w, s, inv_s));
 }
 
 /* One block per (row, group). Two passes over x so that y may alias x. */
@@ -167,9 +163,15 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
                 (long long)a->n_groups, (long long)a->dim);
         return;
     }
+    if (a->yq && !c->norm_q) { /* DSI_CUDA_NORM_Q=0: the norm, then act_quant's own launch */
+        struct dsi_rms_norm_args b = *a;
+        b.yq = NULL;
+        cuda_rms_norm(be, &b);
+        launch_act_quant(c, a->y, a->yq, a->n, a->dim, a->ldy, a->dim, 128);
+        return;
+    }
     bool vec = a->dim % 128 == 0 && a->ldx % 4 == 0 && a->ldy % 4 == 0 &&
-               (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0 &&
-               (uintptr_t)a->yq % 16 == 0;
+               (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0 && (uintptr_t)a->yq % 16 == 0;
     if (vec && (a->dim == 128 || a->dim == 512 || a->dim == 1024 || a->dim == 2048)) {
         if (a->dim == 128) rms_norm_warp<1>(c, a);
         if (a->dim == 512) rms_norm_warp<4>(c, a);

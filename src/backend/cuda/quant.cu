@@ -18,7 +18,7 @@ k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block, int64_t 
     for (int e = lane; e < block; e += 32)
         amax = fmaxf(amax, fabsf(xs[e]));
     amax = warp_max(amax);
-    float s = ue8m0_scale(amax, 448.0f, 1e-4f);
+    float s = ue8m0_scale(amax, 448.0f, 1e-4f), inv_s = 1.0f / s;
     float v[8];
     int m = 0;
     for (int e = lane; e < block && m < 8; e += 32)
@@ -27,9 +27,7 @@ k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block, int64_t 
     m = 0;
     for (int e = lane; e < block; e += 32) {
         float t = m < 8 ? v[m++] : xs[e];
-        t = t / s;
-        t = t > 448.0f ? 448.0f : t < -448.0f ? -448.0f : t;
-        ys[e] = round_grid(t, 3, -6) * s;
+        ys[e] = q8_value(t, s, inv_s);
     }
 }
 
