@@ -224,7 +224,9 @@ __device__ __forceinline__ void gvf_prefetch(const struct gvf_p &p, int64_t tpb)
 template <int MODE, int WT, int NT>
 __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
-    cu_pdl_enter();
+    /* MoE: the tile table is the previous kernel's. Dense: the first weight loads come first
+       (below), then the wait, then the activations */
+    if (MODE != GVF_DENSE) cu_pdl_enter();
     constexpr int E = gvf_e<WT>(), G = 4 * E;
     extern __shared__ uint4 gvf_smem[];
     uint32_t *xs = (uint32_t *)gvf_smem; /* [p.xrows][gvf_row_words(K)] */
@@ -247,31 +249,36 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
      * units of 4 elements (FP4: 8, the two mmas of a word) */
     constexpr int U = WT == DSI_TYPE_FP4_E2M1 ? 8 : 4;
     int64_t rw = gvf_row_words<WT>(K), ku = (K + G - 1) / G * G / U;
-    for (int64_t i = threadIdx.x; i < rows * ku; i += GVF_T) {
-        int r = (int)(i / ku);
-        int64_t k = (i - r * ku) * U;
-        const float *src;
-        if (MODE == GVF_DENSE) {
-            src = p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
-        } else {
-            int64_t pos = pos0 + r;
-            src = MODE == GVF_UP
-                      ? p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D
-                      : p.m.h + pos * p.m.I;
+    /* (staged after the first weight loads are issued: their latency overlaps it) */
+    auto stage_x = [&]() {
+#pragma unroll 4
+        for (int64_t i = threadIdx.x; i < rows * ku; i += GVF_T) {
+            int r = (int)(i / ku);
+            int64_t k = (i - r * ku) * U;
+            const float *src;
+            if (MODE == GVF_DENSE) {
+                src = p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
+            } else {
+                int64_t pos = pos0 + r;
+                src = MODE == GVF_UP
+                          ? p.m.x +
+                                (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D
+                          : p.m.h + pos * p.m.I;
+            }
+            float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
+            int64_t q = k / G, rem = k - q * G;
+            uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
+            if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
+                float4 h = k < K ? __ldg((const float4 *)(src + k + 4)) : make_float4(0, 0, 0, 0);
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, h.x), bf16x2_rn(f.y, h.y));
+                *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(f.z, h.z), bf16x2_rn(f.w, h.w));
+            } else if (WT == DSI_TYPE_F8_E4M3) {
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.z), bf16x2_rn(f.y, f.w));
+            } else {
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+            }
         }
-        float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
-        int64_t q = k / G, rem = k - q * G;
-        uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
-        if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
-            float4 h = k < K ? __ldg((const float4 *)(src + k + 4)) : make_float4(0, 0, 0, 0);
-            *(uint2 *)d = make_uint2(bf16x2_rn(f.x, h.x), bf16x2_rn(f.y, h.y));
-            *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(f.z, h.z), bf16x2_rn(f.w, h.w));
-        } else if (WT == DSI_TYPE_F8_E4M3) {
-            *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.z), bf16x2_rn(f.y, f.w));
-        } else {
-            *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
-        }
-    }
+    };
     bool xv[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -435,6 +442,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         enter_tile(0);
         load_next(ra0, rb0);
     }
+    if (MODE == GVF_DENSE) cu_pdl_enter();
+    stage_x();
     __syncthreads(); /* the staged rows */
     for (int64_t s = 0; s < steps; s += 2) {
         if (s + 1 < steps) load_next(ra1, rb1);

@@ -61,8 +61,7 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
                                                        int64_t ldy,
                                                        struct cu_vec w,
                                                        float eps,
-                                                       bool round,
-                                                       float *yq) {
+                                                       bool round) {
     cu_pdl_enter();
     int64_t rg = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (rg >= rows) return;
@@ -88,12 +87,9 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
 #pragma unroll
     for (int i = 0; i < V; i++) {
         int64_t e = (int64_t)(i * 32 + lane) * 4;
-        float4 o = make_float4(
+        ys[i * 32 + lane] = make_float4(
             rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
             rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
-        ys[i * 32 + lane] = o;
-        if (yq) /* n_groups 1: the warp's float4 i are the 128-block i of the row */
-            q8_warp_block(o, (float4 *)(yq + r * V * 128) + i * 32 + lane);
     }
 }
 
@@ -152,7 +148,10 @@ template <int V> static void rms_norm_blk(struct cu_ctx *c, const struct dsi_rms
 template <int V> static void rms_norm_warp(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
     int64_t rows = a->n * a->n_groups;
     cu_launch(c, k_rms_norm_warp<V>, (unsigned)cu_div_up(rows, 8), 256, 0, a->x, a->y, rows,
-              a->n_groups, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16, a->yq);
+              a->n_groups, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+    /* the quantised copy in its own launch: one warp per row doing it too was slower at decode
+       (the q norm at batch 1, step 17) */
+    if (a->yq) launch_act_quant(c, a->y, a->yq, a->n, a->n_groups * a->dim, a->ldy, a->dim, 128);
 }
 
 extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
