@@ -24,6 +24,21 @@ __device__ __forceinline__ float sqrtsoftplus(float z) {
     return sqrtf(z > 20.0f ? z : log1p_ref(exp_ref(z)));
 }
 
+/* The warp's best (value, expert) of the lanes' (bv, best), best < 0: none; ties: the lower
+ * expert. Every lane ends with it. */
+__device__ __forceinline__ void warp_argmax(float &bv, int &best) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        bool better = ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best));
+        if (better) {
+            bv = ov;
+            best = ob;
+        }
+    }
+}
+
 #define ROUTE_V 16 /* experts per lane held in registers (E <= 512) */
 
 /* One warp per row. */
@@ -74,16 +89,7 @@ __global__ void k_moe_route(const float *logits,
                 }
             }
             int mine = best;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int ob = __shfl_xor_sync(0xffffffffu, best, o);
-                bool better = ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best));
-                if (better) {
-                    bv = ov;
-                    best = ob;
-                }
-            }
+            warp_argmax(bv, best);
             if (best >= 0 && best == mine) taken |= 1u << bm;
             if (lane == 0) ix[k] = best;
         }
@@ -103,16 +109,7 @@ __global__ void k_moe_route(const float *logits,
                     bv = v;
                 }
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int ob = __shfl_xor_sync(0xffffffffu, best, o);
-                bool better = ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best));
-                if (better) {
-                    bv = ov;
-                    best = ob;
-                }
-            }
+            warp_argmax(bv, best);
             if (lane == 0) ix[k] = best;
             __syncwarp();
         }

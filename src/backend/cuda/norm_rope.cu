@@ -14,6 +14,22 @@ rms_out(float v, float inv, struct cu_vec w, int64_t i, bool round) {
     return rbf(v, round);
 }
 
+/* A float4 of a norm's input rounded as rbf, its squares added to ss (in double, x y z w order). */
+__device__ __forceinline__ float4 rms_in4(float4 v, bool round, double &ss) {
+    v = make_float4(rbf(v.x, round), rbf(v.y, round), rbf(v.z, round), rbf(v.w, round));
+    ss += (double)v.x * (double)v.x;
+    ss += (double)v.y * (double)v.y;
+    ss += (double)v.z * (double)v.z;
+    ss += (double)v.w * (double)v.w;
+    return v;
+}
+/* rms_out of a float4 at element e of the group. */
+__device__ __forceinline__ float4
+rms_out4(float4 v, float inv, struct cu_vec w, int64_t e, bool round) {
+    return make_float4(rms_out(v.x, inv, w, e, round), rms_out(v.y, inv, w, e + 1, round),
+                       rms_out(v.z, inv, w, e + 2, round), rms_out(v.w, inv, w, e + 3, round));
+}
+
 /* act_quant of one 128-block held by a warp as a float4 per lane (k_act_quant's numbers: amax,
  * UE8M0 scale, e4m3 round trip), into q. The whole warp calls it. */
 __device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
@@ -75,21 +91,12 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
     for (int i = 0; i < V; i++)
         v[i] = xs[i * 32 + lane];
 #pragma unroll
-    for (int i = 0; i < V; i++) {
-        v[i] = make_float4(rbf(v[i].x, round), rbf(v[i].y, round), rbf(v[i].z, round),
-                           rbf(v[i].w, round));
-        ss += (double)v[i].x * (double)v[i].x;
-        ss += (double)v[i].y * (double)v[i].y;
-        ss += (double)v[i].z * (double)v[i].z;
-        ss += (double)v[i].w * (double)v[i].w;
-    }
+    for (int i = 0; i < V; i++)
+        v[i] = rms_in4(v[i], round, ss);
     float inv = rms_inv(warp_sum_d(ss), V * 128, eps, round, w.data != nullptr);
 #pragma unroll
     for (int i = 0; i < V; i++) {
-        int64_t e = (int64_t)(i * 32 + lane) * 4;
-        ys[i * 32 + lane] = make_float4(
-            rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
-            rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
+        ys[i * 32 + lane] = rms_out4(v[i], inv, w, (int64_t)(i * 32 + lane) * 4, round);
     }
 }
 
@@ -119,21 +126,12 @@ __global__ void __launch_bounds__(256) k_rms_norm_blk(const float *x,
     for (int i = 0; i < V; i++)
         v[i] = xs[i * 256 + t];
 #pragma unroll
-    for (int i = 0; i < V; i++) {
-        v[i] = make_float4(rbf(v[i].x, round), rbf(v[i].y, round), rbf(v[i].z, round),
-                           rbf(v[i].w, round));
-        ss += (double)v[i].x * (double)v[i].x;
-        ss += (double)v[i].y * (double)v[i].y;
-        ss += (double)v[i].z * (double)v[i].z;
-        ss += (double)v[i].w * (double)v[i].w;
-    }
+    for (int i = 0; i < V; i++)
+        v[i] = rms_in4(v[i], round, ss);
     float inv = rms_inv(block_sum_d(ss, red), V * 1024, eps, round, w.data != nullptr);
 #pragma unroll
     for (int i = 0; i < V; i++) {
-        int64_t e = (int64_t)(i * 256 + t) * 4;
-        float4 o = make_float4(
-            rms_out(v[i].x, inv, w, e, round), rms_out(v[i].y, inv, w, e + 1, round),
-            rms_out(v[i].z, inv, w, e + 2, round), rms_out(v[i].w, inv, w, e + 3, round));
+        float4 o = rms_out4(v[i], inv, w, (int64_t)(i * 256 + t) * 4, round);
         ys[i * 256 + t] = o;
         if (yq) /* n_groups 1: warp w's float4 i are the row's 128-block 8 i + w */
             q8_warp_block(o, (float4 *)(yq + r * V * 1024) + i * 256 + t);
