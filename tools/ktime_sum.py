@@ -5,7 +5,9 @@ row per kernel launch, in launch order, mixed with the program's own output).
 A decode step starts with the embedding kernel (k_embed), so the launches between two k_embed
 launches are one step. Prints each step's kernel count and summed kernel time, then, for the
 largest step without the head (the full 4-layer step), the time per kernel name (calls, total,
-mean) and the launches in order. Usage: python3 tools/ktime_sum.py ktime_b1.csv [--list]"""
+mean) and the launches in order. With --vs OTHER.csv: the per-name totals of both files'
+largest steps side by side (OTHER first), largest differences first.
+Usage: python3 tools/ktime_sum.py ktime_b1.csv [--list] [--vs before.csv]"""
 import csv
 import re
 import sys
@@ -25,14 +27,13 @@ def short(name):
     return name
 
 
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    rows = [l for l in open(sys.argv[1], errors='replace') if l.startswith('"')]
+def largest_step(path):
+    """The launches of path's largest step without the head, or [] (and the step list)."""
+    rows = [l for l in open(path, errors='replace') if l.startswith('"')]
     reader = csv.reader(rows)
     head = next(reader, None)
     if not head or 'Kernel Name' not in head or 'Metric Value' not in head:
-        sys.exit('%s: no ncu CSV header (Kernel Name, Metric Value)' % sys.argv[1])
+        sys.exit('%s: no ncu CSV header (Kernel Name, Metric Value)' % path)
     ki, vi, mi = head.index('Kernel Name'), head.index('Metric Value'), head.index('Metric Name')
     gi = head.index('Grid Size') if 'Grid Size' in head else None
     launches = []
@@ -48,18 +49,45 @@ def main():
             steps.append(cur)
         if cur is not None:
             cur.append(l)
-    print('# %d launches, %d steps (from k_embed to the next)' % (len(launches), len(steps)))
-    for i, s in enumerate(steps):
-        print('# step %d: %d kernels, %.1f us' % (i, len(s), sum(x[1] for x in s)))
     full = [s for s in steps if not any('head' in x[0] or 'logit' in x[0] for x in s)]
-    if not full:
-        return
-    s = max(full, key=len)
+    return (max(full, key=len) if full else []), steps, len(launches)
+
+
+def per_name(s):
     agg = OrderedDict()
     for name, us, _ in s:
         a = agg.setdefault(name, [0, 0.0])
         a[0] += 1
         a[1] += us
+    return agg
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    s, steps, n = largest_step(sys.argv[1])
+    if '--vs' in sys.argv:
+        i = sys.argv.index('--vs')
+        if i + 1 >= len(sys.argv):
+            sys.exit('--vs: want the other CSV')
+        o, _, _ = largest_step(sys.argv[i + 1])
+        a, b = per_name(o), per_name(s)
+        print('# %s: %d kernels, %.1f us; %s: %d kernels, %.1f us' %
+              (sys.argv[i + 1], len(o), sum(x[1] for x in o), sys.argv[1], len(s),
+               sum(x[1] for x in s)))
+        print('%9s %9s %9s  %s' % ('other_us', 'this_us', 'diff', 'kernel'))
+        names = sorted(set(a) | set(b),
+                       key=lambda k: -abs(b.get(k, [0, 0.0])[1] - a.get(k, [0, 0.0])[1]))
+        for k in names:
+            x, y = a.get(k, [0, 0.0])[1], b.get(k, [0, 0.0])[1]
+            print('%9.1f %9.1f %+9.1f  %s' % (x, y, y - x, k))
+        return
+    print('# %d launches, %d steps (from k_embed to the next)' % (n, len(steps)))
+    for i, st in enumerate(steps):
+        print('# step %d: %d kernels, %.1f us' % (i, len(st), sum(x[1] for x in st)))
+    if not s:
+        return
+    agg = per_name(s)
     tot = sum(x[1] for x in s)
     print('# the largest step without the head: %d kernels, %.1f us of kernel time' % (len(s), tot))
     print('%8s %6s %9s %7s  %s' % ('total_us', 'calls', 'mean_us', 'share', 'kernel'))

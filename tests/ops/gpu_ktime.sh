@@ -2,7 +2,9 @@
 # gpu_ktime.sh - every kernel of the decode steps of `dsinfer bench layer` timed one by one by
 # Nsight Compute (gpu__time_duration; --clock-control none as the device notes ask; graphs off,
 # so each kernel runs alone, with no launch gap or overlap): the kernels' own time, to set beside
-# the step's wall time (the difference is launch gaps and dependencies). Uses build/cuda/dsinfer
+# the step's wall time (the difference is launch gaps and dependencies). KT_CACHE (default all,
+# as in step 17's runs): ncu's --cache-control; "none" keeps L2 between kernels as in a real
+# step (ncu's default "all" flushes it before each kernel, so every input comes from DRAM). Uses build/cuda/dsinfer
 # and the checkpoint at $M (default /tmp/flash4; both as gpu_ab_env.sh leaves them; built /
 # written here when absent). KT_BATCH (default 1): the batch. Output: $OUT/ktime_b<batch>.csv
 # (ncu's CSV: one line per kernel launch in launch order) and a per-kernel-name summary in
@@ -24,6 +26,7 @@ log "ncu: ${NCU:-none}"
 for b in ${KT_BATCH:-1}; do
     f="$OUT/ktime_b$b.csv"
     DSI_CUDA_NOGRAPH=1 timeout ${KT_TIMEOUT:-240} "$NCU" --clock-control none --csv \
+        --cache-control "${KT_CACHE:-all}" \
         --print-units base --metrics gpu__time_duration.sum build/cuda/dsinfer bench layer -m $M \
         --ctx 4096 --warmup 1 --steps 1 --batch "$b" --no-split --prefill 0 --numerics fast \
         >"$f" 2>"$OUT/ktime_b$b.err"
