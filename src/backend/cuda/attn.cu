@@ -80,7 +80,8 @@ dot2_smem(const float *qa, const float *qb, const float *k, int n, float *sa, fl
 /* grid (rows, heads / ATT_HG, key tiles); 256 threads: warp w takes heads 2w, 2w + 1 (their q
  * rows read by the whole warp: one broadcast per load), lane j key j (rows hd + 4 floats apart:
  * the lanes' loads fall in different banks). Before: a thread per (head, 2 keys), each product's
- * q and key loaded for it alone (~3x the shared-memory traffic; ~20 us of a decode call). */
+ * q and key loaded for it alone (~3x the shared-memory traffic); at decode both take ~20 us
+ * (step 17): the time is the staging of q and the keys (96 KB per block), not these reads. */
 __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
     cu_pdl_enter();
     extern __shared__ float sm[];
