@@ -39,6 +39,10 @@
  * on two GPUs with the experts split in two (moe part halved + an all-to-all at --nvlink-gbs and
  * --a2a-us); with the memory the 43 layers' weights and this engine's fp32 cache would need.
  *
+ * --leave-out OPS: each decode figure also timed with each listed backend op replaced by a no-op
+ * (tools/bench_leave.c): step - that time = the op's cost inside the recorded step (launch gaps
+ * and overlap included, unlike a per-kernel profile).
+ *
  * Prefill: one prompt of --prefill tokens (default 8192) in chunks of --prefill-chunk rows (default
  * the whole prompt, halved until it fits), one warm-up then --prefill-reps timed; tokens/s and the
  * FLOP rate over the measured FP8 GEMM rate.
@@ -49,6 +53,7 @@
  * This tool sits below the public API (it drives the forward pass directly). */
 #include "args.h"
 #include "backend/backend.h"
+#include "bench_leave.h"
 #include "cache/kv.h"
 #include "core/core.h"
 #include "model/forward.h"
@@ -327,7 +332,12 @@ static void usage(FILE *f) {
         "                         (default 450, H200 NVLink 4)\n"
         "  --a2a-us X             two-GPU projection: latency per all-to-all, us (default 10)\n"
         "  --budget S             seconds: start no decode figure after 75%% of S and no prefill\n"
-        "                         after S (default 0: no limit)\n");
+        "                         after S (default 0: no limit)\n"
+        "  --leave-out LIST       also time each decode step without each of these backend ops\n"
+        "                         (no-ops: the numbers are garbage, the time is what the op costs\n"
+        "                         inside the step); LIST: op names, comma-separated, or all:\n"
+        "                         %s\n",
+        bench_leave_names());
 }
 
 /* ---- the HF figures (ref/hf_layer_bench.py) ----------------------------------------------- */
@@ -411,7 +421,9 @@ struct bench {
     double lbytes[DSI_MAX_LAYERS], ebytes, top_bytes;
     double lgemm[DSI_MAX_LAYERS], eelems;
     double nvlink_gbs, a2a_us;
-    double t0, budget; /* start (dsi_time_s), --budget seconds (0: none) */
+    double t0, budget;     /* start (dsi_time_s), --budget seconds (0: none) */
+    char leave[512];       /* --leave-out: op names, comma-separated ("" none) */
+    const char *leave_now; /* the op time_set's SET_LEAVE replaces */
     struct hf hf;
     uint64_t rng;
 };
@@ -486,10 +498,11 @@ static void noop_route(struct dsi_backend *be, const struct dsi_moe_route_args *
     (void)a;
 }
 
-enum { SET_STEP, SET_NOMOE, SET_HEAD };
+enum { SET_STEP, SET_NOMOE, SET_HEAD, SET_LEAVE };
 
 /* Median time of --steps decode steps of B sequences at context ctx, running the first n_layers
- * layers; SET_NOMOE without the moe ops, SET_HEAD with logits for every row. Each set gets its own
+ * layers; SET_NOMOE without the moe ops, SET_HEAD with logits for every row, SET_LEAVE without
+ * the op b->leave_now (bench_leave.h). Each set gets its own
  * forward object: creating one drops the steps the backend recorded (CUDA graphs, keyed by the
  * step's shape only), so a variant never replays another's graph; the warm-up steps cover the
  * eager first step and the captured second. */
@@ -519,6 +532,14 @@ static int time_set(struct bench *b,
     if (mode == SET_NOMOE) {
         ops.moe = noop_moe;
         ops.moe_route = noop_route;
+        b->be->ops = &ops;
+    }
+    if (mode == SET_LEAVE) {
+        if (bench_leave_set(&ops, b->leave_now)) { /* checked at the options */
+            free(ts);
+            dsi_fwd_free(f);
+            return dsi_errf(err, DSI_ERR_INVALID, "--leave-out: no op '%s'", b->leave_now);
+        }
         b->be->ops = &ops;
     }
     int keep = b->m->cfg.num_hidden_layers;
@@ -652,6 +673,21 @@ static int decode_ctx(struct bench *b,
             r->flops = (double)B * row_flops(b, ctx);
             r->pre[b->L] = r->t;
             print_decode_row(b, r);
+        }
+        if (!rc && b->leave[0]) { /* --leave-out: the step without each op */
+            char list[sizeof(b->leave)], *save = NULL;
+            memcpy(list, b->leave, sizeof(list));
+            for (char *op = strtok_r(list, ",", &save); op && !rc;
+                 op = strtok_r(NULL, ",", &save)) {
+                double tl = 0;
+                b->leave_now = op;
+                rc = time_set(b, kv, slot, tok, pos, NULL, B, ctx, b->L, SET_LEAVE, NULL, &tl, err);
+                if (!rc)
+                    printf(
+                        "#   batch %d without %-12s %9.3f ms: the op costs %+.3f ms of the step\n",
+                        B, op, tl * 1e3, (r->t - tl) * 1e3);
+            }
+            fflush(stdout);
         }
         if (!rc && b->split) {
             float *logits = malloc(sizeof(float) * (size_t)B * (size_t)c->vocab_size);
@@ -1103,6 +1139,25 @@ int cmd_bench_layer(int argc, char **argv) {
                 prefill_n = (int)x;
             else
                 prefill_chunk = (int)x;
+        } else if (!strcmp(a, "--leave-out")) {
+            const char *list = !strcmp(v, "all") ? bench_leave_names() : v;
+            if (strlen(list) >= sizeof(b.leave)) {
+                fprintf(stderr, "dsinfer bench layer: --leave-out: list too long\n");
+                return 2;
+            }
+            char tmp[sizeof(b.leave)], *save = NULL;
+            struct dsi_backend_ops probe;
+            memset(&probe, 0, sizeof(probe));
+            strcpy(tmp, list);
+            for (char *op = strtok_r(tmp, ",", &save); op; op = strtok_r(NULL, ",", &save))
+                if (bench_leave_set(&probe, op)) {
+                    fprintf(stderr,
+                            "dsinfer bench layer: --leave-out: no op '%s' (want some of %s, or "
+                            "all)\n",
+                            op, bench_leave_names());
+                    return 2;
+                }
+            strcpy(b.leave, list);
         } else if (!strcmp(a, "--hf")) {
             hf_path = v;
         } else if (!strcmp(a, "--fp8-tflops")) {

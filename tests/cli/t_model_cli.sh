@@ -56,4 +56,11 @@ cp -r $M "$T/m2"
 f=$(ls "$T/m2"/model-*.safetensors | head -1)
 head -c 20000 "$f" >"$T/trunc" && mv "$T/trunc" "$f"
 expect_error "truncated" $DSINFER inspect -m "$T/m2"
+
+# bench layer --leave-out: a line per left-out op; an unknown op named in one error line
+$DSINFER bench layer -m $M --backend cpu --batch 1 --ctx 32 --steps 1 --warmup 0 --prefill 0 \
+    --no-split --leave-out rope,moe >"$T/bench" || fail "bench layer --leave-out"
+grep -q "batch 1 without rope " "$T/bench" || fail "bench layer: no line without rope"
+grep -q "batch 1 without moe " "$T/bench" || fail "bench layer: no line without moe"
+expect_error "no op 'frob'" $DSINFER bench layer -m $M --backend cpu --leave-out rope,frob
 echo ok
