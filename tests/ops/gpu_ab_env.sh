@@ -6,7 +6,9 @@
 # alternated, AB_REPS rounds. AB_TEST_ENV (VAR=value,...): the CUDA tests once more with those
 # settings; AB_PLAIN=0 leaves out the `plain` batch-1 runs; AB_PROFILE=1: a per-op profile
 # (DSI_CUDA_PROFILE) per variant of a decode step at batch AB_PROFILE_BATCH (1) and, with
-# AB_PROFILE_PREFILL (0) tokens, a prefill. Key lines in $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository root, on the GPU machine):
+# AB_PROFILE_PREFILL (0) tokens, a prefill; AB_LEAVE (op names or "all"): once, the defaults' decode
+# steps at AB_LEAVE_BATCH (1) timed without each of those ops (bench layer --leave-out: each op's
+# cost inside the step). Key lines in $OUT/summary.txt, the logs in $OUT/logs.tgz. Usage (repository root, on the GPU machine):
 #   OUT=$OUT AB_VARIANTS="base DSI_CUDA_PDL=0 DSI_CUDA_GROUPED=0" bash tests/ops/gpu_ab_env.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -55,6 +57,13 @@ if [ -n "${AB_PROFILE:-}" ]; then
             --prefill-reps 1 --numerics fast >"$L/profile_${v//[=,]/_}.txt" 2>&1
         log "profile $v rc $?"
     done
+fi
+if [ -n "${AB_LEAVE:-}" ]; then
+    timeout 300 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 7 \
+        --batch "${AB_LEAVE_BATCH:-1}" --no-split --prefill 0 --numerics fast \
+        --leave-out "$AB_LEAVE" >"$L/leave.txt" 2>&1
+    log "leave-out rc $?"
+    grep -E "^ +[0-9]+ |without" "$L/leave.txt" | tee -a "$OUT/summary.txt"
 fi
 tar czf "$OUT/logs.tgz" -C $L .
 log "done"
