@@ -639,6 +639,8 @@ static int
 prepare(struct dsi_fwd *f, const struct dsi_batch *b, bool mtp, bool pad, struct dsi_err *err) {
     const struct dsi_config *c = f->c;
     struct dsi_kv *kv = f->kv;
+    f->q_src = NULL; /* no rmsq result crosses a step */
+    f->q_dst = NULL;
     if (b->n < 1 || b->n > f->max_rows)
         return dsi_errf(err, DSI_ERR_INVALID, "batch: %d rows, want 1..%d", b->n, f->max_rows);
     for (int r = 0; r < b->n; r++) {
