@@ -8,19 +8,20 @@
 # $OUT/diag.txt and $OUT/diag_stalls.txt. DIAG_BATCH (default 1): the decode batch; with 16
 # experts, DIAG_BATCH=16 gives the routed tiles of a 256-batch step of the real model (6 rows
 # per expert): DIAG_BATCH=16 DIAG_KERNELS=k_tc for tc.cu's MoE tiles. Usage (repository root,
-# on the GPU machine):
+# on the GPU machine; DIAG_M: an existing checkpoint to use instead, e.g. gpu_ab_env.sh's /tmp/flash4;
+# an existing build/cuda/dsinfer is used as it is):
 #   OUT=$OUT bash tests/ops/gpu_diag.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
 mkdir -p "$OUT"
 . tests/ops/gpu_env.sh
-M=/tmp/flash4d
+M=${DIAG_M:-/tmp/flash4d}
 D="$OUT/diag.txt"
-(python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify \
+[ -f $M/config.json ] || (python3 ref/make_checkpoint.py --preset flash --layers 4 --no-verify \
     --set n_routed_experts=${DIAG_EXPERTS:-16} --out $M >/tmp/diag-gen.log 2>&1
  echo "gen exit $?" >>/tmp/diag-gen.log) &
 GEN=$!
-make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer >/tmp/diag-build.log 2>&1 ||
+[ -x build/cuda/dsinfer ] || make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer >/tmp/diag-build.log 2>&1 ||
     { tail -30 /tmp/diag-build.log; log "BUILD FAILED"; exit 1; }
 log "build done"
 wait $GEN
