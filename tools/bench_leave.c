@@ -4,11 +4,11 @@
 #include <string.h>
 
 /* A no-op with op's argument type, and a setter that puts it in an op table. */
-#define LEAVE(op, T)                                                                          \
-    static void leave_##op(struct dsi_backend *be, const struct T *a) {                      \
-        (void)be;                                                                             \
-        (void)a;                                                                              \
-    }                                                                                         \
+#define LEAVE(op, T)                                                                               \
+    static void leave_##op(struct dsi_backend *be, const struct T *a) {                            \
+        (void)be;                                                                                  \
+        (void)a;                                                                                   \
+    }                                                                                              \
     static void set_##op(struct dsi_backend_ops *o) { o->op = leave_##op; }
 
 LEAVE(gemm, dsi_gemm_args)
@@ -35,15 +35,24 @@ static const struct {
     const char *name;
     void (*set)(struct dsi_backend_ops *);
 } leave_ops[] = {
-    {"gemm", set_gemm},           {"act_quant", set_act_quant},
-    {"hadamard_q4", set_hadamard_q4}, {"add", set_add},
-    {"copy", set_copy},           {"rms_norm", set_rms_norm},
-    {"rope", set_rope},           {"hc_pre", set_hc_pre},
-    {"hc_post", set_hc_post},     {"attn", set_attn},
-    {"indexer", set_indexer},     {"kv_store", set_kv_store},
-    {"comp_ape", set_comp_ape},   {"compress", set_compress},
-    {"comp_store", set_comp_store}, {"entry_store", set_entry_store},
-    {"gather", set_gather},       {"moe_route", set_moe_route},
+    {"gemm", set_gemm},
+    {"act_quant", set_act_quant},
+    {"hadamard_q4", set_hadamard_q4},
+    {"add", set_add},
+    {"copy", set_copy},
+    {"rms_norm", set_rms_norm},
+    {"rope", set_rope},
+    {"hc_pre", set_hc_pre},
+    {"hc_post", set_hc_post},
+    {"attn", set_attn},
+    {"indexer", set_indexer},
+    {"kv_store", set_kv_store},
+    {"comp_ape", set_comp_ape},
+    {"compress", set_compress},
+    {"comp_store", set_comp_store},
+    {"entry_store", set_entry_store},
+    {"gather", set_gather},
+    {"moe_route", set_moe_route},
     {"moe", set_moe},
 };
 

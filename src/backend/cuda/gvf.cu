@@ -26,7 +26,13 @@
  *
  * MoE up: a tile is 8 columns of the intermediate, its rows 0-7 the W1 rows and rows 8-15 the
  * same W3 rows, so lane (g, t) ends with the gate and the up value of column g and applies the
- * clamped SwiGLU and the routing weight itself. Down: 16 rows of W2. */
+ * clamped SwiGLU and the routing weight itself. Down: 16 rows of W2.
+ *
+ * The code is kept short (step 18: Nsight showed warps waiting for instructions, each instance
+ * was 60-200 KB): a group whose warp has a scale too large for the one bf16 multiply takes two
+ * (2^120 or 2^126, then the scale: both exact, the second rounds once, as the fp32 product then
+ * rounded to bf16 does) instead of an fp32 decode; no 64-bit divisions (shifts; the staging
+ * loop's indices are 32-bit). */
 #include "gemm.cuh"
 #include "moe.cuh"
 #include "tc.cuh"
@@ -132,14 +138,14 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                        bf16x2_mul(e4m3_pair_bits<1>(wb[w]), mb)};
                 gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
             }
-        } else {
+        } else { /* a scale past 2^7 in the warp: 2^120 (the code's value), then the scale */
+            const uint32_t m1 = bf16x2_pow2(127, 120), ma = bf16x2_e8m0(sa), mb = bf16x2_e8m0(sb);
+            auto m2 = [&](uint32_t v, uint32_t m) { return bf16x2_mul(bf16x2_mul(v, m1), m); };
 #pragma unroll
             for (int w = 0; w < 8; w++) {
-                float fa[4], fb[4];
-                e4m3x4(wa[w], sa, fa);
-                e4m3x4(wb[w], sb, fb);
-                const uint32_t a[4] = {bf16x2_exact(fa[0], fa[2]), bf16x2_exact(fb[0], fb[2]),
-                                       bf16x2_exact(fa[1], fa[3]), bf16x2_exact(fb[1], fb[3])};
+                const uint32_t a[4] = {
+                    m2(e4m3_pair_bits<0>(wa[w]), ma), m2(e4m3_pair_bits<0>(wb[w]), mb),
+                    m2(e4m3_pair_bits<1>(wa[w]), ma), m2(e4m3_pair_bits<1>(wb[w]), mb)};
                 gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
             }
         }
@@ -164,20 +170,22 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                         bf16x2_mul(e2m1_pair_bits<3>(wb[w]), B)};
                 gvf_mma<NT>(a1, xb + 16 * w + 8, xstep, xv, acc);
             }
-        } else {
+        } else { /* a scale past 2^1 in the warp: 2^126 (the code's value), then the scale */
+            const uint32_t m1 = bf16x2_pow2(127, 126);
+            const uint32_t ma[2] = {bf16x2_e8m0(s[0]), bf16x2_e8m0(s[1])};
+            const uint32_t mb[2] = {bf16x2_e8m0(s[2]), bf16x2_e8m0(s[3])};
+            auto m2 = [&](uint32_t v, uint32_t m) { return bf16x2_mul(bf16x2_mul(v, m1), m); };
 #pragma unroll
             for (int w = 0; w < 8; w++) {
-                float fa[8], fb[8];
-                e2m1x8(wa[w], s[w >= 4], fa);
-                e2m1x8(wb[w], s[2 + (w >= 4)], fb);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t a[4] = {bf16x2_exact(fa[2 * h], fa[2 * h + 4]),
-                                           bf16x2_exact(fb[2 * h], fb[2 * h + 4]),
-                                           bf16x2_exact(fa[2 * h + 1], fa[2 * h + 5]),
-                                           bf16x2_exact(fb[2 * h + 1], fb[2 * h + 5])};
-                    gvf_mma<NT>(a, xb + 8 * (2 * w + h), xstep, xv, acc);
-                }
+                uint32_t A = ma[w >= 4], B = mb[w >= 4];
+                const uint32_t a0[4] = {
+                    m2(e2m1_pair_bits<0>(wa[w]), A), m2(e2m1_pair_bits<0>(wb[w]), B),
+                    m2(e2m1_pair_bits<1>(wa[w]), A), m2(e2m1_pair_bits<1>(wb[w]), B)};
+                gvf_mma<NT>(a0, xb + 16 * w, xstep, xv, acc);
+                const uint32_t a1[4] = {
+                    m2(e2m1_pair_bits<2>(wa[w]), A), m2(e2m1_pair_bits<2>(wb[w]), B),
+                    m2(e2m1_pair_bits<3>(wa[w]), A), m2(e2m1_pair_bits<3>(wb[w]), B)};
+                gvf_mma<NT>(a1, xb + 16 * w + 8, xstep, xv, acc);
             }
         }
     } else { /* BF16: word w holds elements 2w, 2w + 1 */
@@ -221,6 +229,15 @@ __device__ __forceinline__ void gvf_prefetch(const struct gvf_p &p, int64_t tpb)
 #endif
 }
 
+/* w_scale_row without its division (gvf_w_ok: FP8's scale blocks along the rows are a power of
+ * two; no 64-bit division code in the kernel, which keeps its hot loop short). */
+template <int WT>
+__device__ __forceinline__ const uint8_t *gvf_scale_row(const struct cu_w &w, int64_t row) {
+    if (WT == DSI_TYPE_F8_E4M3) return w.scale + (row >> w.sh0) * w.srs;
+    if (WT == DSI_TYPE_FP4_E2M1) return w.scale + row * w.srs;
+    return nullptr;
+}
+
 template <int MODE, int WT, int NT>
 __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
@@ -251,10 +268,11 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     int64_t rw = gvf_row_words<WT>(K), ku = (K + G - 1) / G * G / U;
     /* (staged after the first weight loads are issued: their latency overlaps it) */
     auto stage_x = [&]() {
+        int kun = (int)ku; /* 32-bit: rows * ku < 2^31 (gvf_fits) */
 #pragma unroll 4
-        for (int64_t i = threadIdx.x; i < rows * ku; i += GVF_T) {
-            int r = (int)(i / ku);
-            int64_t k = (i - r * ku) * U;
+        for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
+            int r = i / kun;
+            int64_t k = (int64_t)(i - r * kun) * U;
             const float *src;
             if (MODE == GVF_DENSE) {
                 src = p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
@@ -336,8 +354,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         int64_t tile = tile_of(i), r0 = wrow(tile, 0), r1 = wrow(tile, 1);
         lp0 = r0 >= 0 ? W[0].data + r0 * W[0].row_bytes : nullptr;
         lp1 = r1 >= 0 ? W[1].data + r1 * W[1].row_bytes : nullptr;
-        ls0 = r0 >= 0 ? w_scale_row(W[0], r0) : nullptr;
-        ls1 = r1 >= 0 ? w_scale_row(W[1], r1) : nullptr;
+        ls0 = r0 >= 0 ? gvf_scale_row<WT>(W[0], r0) : nullptr;
+        ls1 = r1 >= 0 ? gvf_scale_row<WT>(W[1], r1) : nullptr;
     };
     auto load_step = [&](int b, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
 #pragma unroll
@@ -374,6 +392,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                                      part[pb][warp][lane][j * 4 + c] = acc[j][c];
                              __syncthreads();
                              if (kw == 0)
+#pragma unroll 1
                                  for (int w = 1; w < ks; w++)
 #pragma unroll
                                      for (int j = 0; j < NT; j++)
@@ -508,7 +527,7 @@ static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
     bool pow2 = w->sh1 >= 0; /* scale indices by shifts */
     switch (w->type) {
     case DSI_TYPE_F8_E4M3:
-        return K % 32 == 0 && w->sb1 % 32 == 0 && pow2;
+        return K % 32 == 0 && w->sb1 % 32 == 0 && pow2 && w->sh0 >= 0;
     case DSI_TYPE_FP4_E2M1:
         return K % 64 == 0 && w->sb1 % 32 == 0 && pow2;
     case DSI_TYPE_BF16:

@@ -54,6 +54,14 @@ __device__ __forceinline__ uint32_t bf16x2_pow2(uint32_t sb, uint32_t bias) {
     return h | (h << 16);
 }
 
+/* The UE8M0 scale byte sb as bf16x2: 2^(sb - 127) (sb 0: the subnormal 2^-127; 255: NaN). A
+ * code's bits times 2^120 (e4m3) or 2^126 (e2m1) is its value, exactly; times this, the scaled
+ * value, rounded once, as the fp32 product then rounded to bf16 (gvf.cu's large scales). */
+__device__ __forceinline__ uint32_t bf16x2_e8m0(uint32_t sb) {
+    uint32_t h = sb == 0 ? 0x40u : sb == 255 ? 0x7fc0u : sb << 7;
+    return h | (h << 16);
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
