@@ -2,7 +2,8 @@
 # gpu_diag.sh - where a batch-1 decode step's kernels lose their time, on a short device budget:
 # build dsinfer only, a 4-layer V4-Flash-shaped checkpoint with DIAG_EXPERTS routed experts (16:
 # seconds to write; a batch-1 step still runs 6 of them, the same kernel shapes), then Nsight
-# Compute (--clock-control none, as the device notes ask) on the kernels matching DIAG_KERNELS:
+# Compute (--clock-control none, as the device notes ask) on the kernels matching DIAG_KERNELS
+# (DIAG_KERNELS=none: none of them; with DIAG_SRC, only the source pass below):
 # speed of light (DRAM and SM throughput), warp states (stall reasons), occupancy, launch
 # statistics; a second pass for the stall reasons per issued instruction. Output in
 # $OUT/diag.txt and $OUT/diag_stalls.txt. DIAG_BATCH (default 1): the decode batch; with 16
@@ -44,5 +45,15 @@ DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none \
     build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 --batch ${DIAG_BATCH:-1} --no-split \
     --prefill 0 --numerics fast >"$OUT/diag_stalls.txt" 2>&1
 log "ncu stalls rc $?"
+# DIAG_SRC (a kernel regex): per SASS instruction, the warp stall samples of DIAG_SRC_COUNT (2)
+# launches of those kernels after DIAG_SRC_SKIP (10) (ncu's source page, CSV) in $OUT/diag_src.csv
+if [ -n "${DIAG_SRC:-}" ]; then
+    DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none -k "regex:$DIAG_SRC" \
+        --launch-skip ${DIAG_SRC_SKIP:-10} --launch-count ${DIAG_SRC_COUNT:-2} --section SourceCounters \
+        --section WarpStateStats --page source --print-source sass --csv build/cuda/dsinfer bench layer \
+        -m $M --ctx 4096 --steps 2 --batch ${DIAG_BATCH:-1} --no-split --prefill 0 --numerics fast \
+        >"$OUT/diag_src.csv" 2>&1
+    log "ncu source rc $?"
+fi
 grep -E "^  k_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|L2 Hit|Mem Busy|Max Bandwidth" "$D" | head -150 >>"$OUT/summary.txt"
 log "done"
