@@ -15,25 +15,30 @@
 #define PV_HG  8  /* heads per pv block */
 #define PV_DS  32 /* dims per pv block */
 #define PV_TK  64 /* keys per pv tile */
-#define ATT_LU 8  /* float4 loads of a thread issued together (then stored to shared memory) */
 
 /* n float4 of rows of v4 float4 (row j at src(j)) into dst (rows of stride dstride floats), by
- * a block of 256 threads, ATT_LU loads of a thread in flight at once: a thread's loads one
- * after another cost a memory latency each (~0.5-1 us at decode: most of these kernels' time). */
+ * a block of 256 threads, as cp.async copies (global -> shared without registers): every copy
+ * of the block in flight at once, one memory latency for the lot (step 18; before, ATT_LU
+ * loads per thread then their stores, a latency per round: most of these kernels' time at
+ * decode). The caller waits (cp_wait_all) and syncs before reading dst. */
+__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(float *dst, const float *src) {
+    asm volatile(
+        "cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+        "l"(src)
+        : "memory");
+}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 template <typename F>
 __device__ __forceinline__ void stage_rows(float *dst, int dstride, int n, int v4, F src) {
-    for (int e0 = 0; e0 < n; e0 += ATT_LU * 256) {
-        float4 v[ATT_LU];
-#pragma unroll
-        for (int i = 0; i < ATT_LU; i++) {
-            int e = e0 + i * 256 + (int)threadIdx.x;
-            if (e < n) v[i] = ((const float4 *)src(e / v4))[e % v4];
-        }
-#pragma unroll
-        for (int i = 0; i < ATT_LU; i++) {
-            int e = e0 + i * 256 + (int)threadIdx.x;
-            if (e < n) *(float4 *)(dst + (e / v4) * dstride + 4 * (e % v4)) = v[i];
-        }
+    for (int e = (int)threadIdx.x; e < n; e += 256) {
+        int j = e / v4, c = e - j * v4;
+        cp_async16(dst + j * dstride + 4 * c, src(j) + 4 * c);
     }
 }
 
@@ -94,11 +99,13 @@ __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
     if (j0 >= nk) return;
     int nh = p.H - h0 < ATT_HG ? p.H - h0 : ATT_HG, nt = nk - j0 < ATT_TK ? nk - j0 : ATT_TK;
     int v4 = p.hd / 4;
-    if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
-    __syncthreads();
+    /* q's copies first: they need no lookup, and fly while the key pointers are found */
     stage_rows(qs, hdp, nh * v4, v4,
                [&](int h) { return p.q + ((int64_t)r * p.H + h0 + h) * p.hd; });
+    if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
+    __syncthreads();
     stage_rows(ks, hdp, nt * v4, v4, [&](int j) { return kp[j]; });
+    cp_wait_all();
     __syncthreads();
     int ha = 2 * (threadIdx.x >> 5), j = threadIdx.x & 31;
     if (ha >= nh || j >= nt) return;
@@ -149,35 +156,37 @@ __global__ void __launch_bounds__(256) k_attn_softmax(struct attn_p p) {
 }
 
 /* grid (rows, heads / PV_HG, hd / PV_DS); thread = (dim, head): one sum per thread, in key
- * order. A tile's keys and probabilities come in with their loads issued together. */
+ * order. A tile's keys and probabilities come in as cp.async copies, all in flight at once; the
+ * next tile's key pointers are looked up (pos, selection, page table: dependent loads) before
+ * the current tile's sums, so their latency overlaps them. */
 __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
     cu_pdl_enter();
     __shared__ __align__(16) float ks[PV_TK][PV_DS];
     __shared__ float ps[PV_HG][PV_TK];
-    __shared__ const float *kp[PV_TK];
+    __shared__ const float *kp[2][PV_TK];
     int r = p.r0 + blockIdx.x, hb = blockIdx.y * PV_HG, d0 = blockIdx.z * PV_DS;
     int64_t w0;
     int nk = attn_nkeys(p, r, &w0);
     int dl = threadIdx.x % PV_DS, hl = threadIdx.x / PV_DS;
+    const float *Sr = p.S + ((int64_t)(r - p.r0) * p.H + hb) * p.maxk;
     float acc = 0.0f;
-    for (int j0 = 0; j0 < nk; j0 += PV_TK) {
+    if (threadIdx.x < PV_TK && (int)threadIdx.x < nk)
+        kp[0][threadIdx.x] = attn_key(p, r, w0, threadIdx.x) + d0;
+    __syncthreads();
+    for (int j0 = 0, b = 0; j0 < nk; j0 += PV_TK, b ^= 1) {
         int nt = nk - j0 < PV_TK ? nk - j0 : PV_TK;
-        if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x) + d0;
-        __syncthreads();
-        stage_rows(&ks[0][0], PV_DS, nt * (PV_DS / 4), PV_DS / 4, [&](int j) { return kp[j]; });
-        float pv[PV_HG * PV_TK / 256];
+        stage_rows(&ks[0][0], PV_DS, nt * (PV_DS / 4), PV_DS / 4, [&](int j) { return kp[b][j]; });
 #pragma unroll
         for (int i = 0; i < PV_HG * PV_TK / 256; i++) {
             int e = i * 256 + threadIdx.x, h = e / PV_TK, j = e % PV_TK;
-            pv[i] = hb + h < p.H && j < nt
-                        ? p.S[((int64_t)(r - p.r0) * p.H + hb + h) * p.maxk + j0 + j]
-                        : 0.0f;
+            if (hb + h < p.H && j < nt)
+                cp_async4(&ps[h][j], Sr + (int64_t)h * p.maxk + j0 + j);
+            else
+                ps[h][j] = 0.0f;
         }
-#pragma unroll
-        for (int i = 0; i < PV_HG * PV_TK / 256; i++) {
-            int e = i * 256 + threadIdx.x;
-            ps[e / PV_TK][e % PV_TK] = pv[i];
-        }
+        int jn = j0 + PV_TK + (int)threadIdx.x; /* the next tile's pointers (other buffer) */
+        if (threadIdx.x < PV_TK && jn < nk) kp[b ^ 1][threadIdx.x] = attn_key(p, r, w0, jn) + d0;
+        cp_wait_all();
         __syncthreads();
         for (int j = 0; j < nt; j++)
             acc += ps[hl][j] * ks[j][dl];
