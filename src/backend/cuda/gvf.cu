@@ -139,34 +139,33 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                             rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
     /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
     if (WT == GVF_F8Q) { /* mma m: bytes 8m .. 8m + 7 of the lanes' slices (a k32 step) */
-        /* the group's scales: rows g, g + 8 (weights) times columns 2t, 2t + 1 of each column
-           tile (xsc: the staged rows' scale words for this group, a column tile further xstep) */
-        float wsa = e8m0_to_f32(ra.sc & 0xffu), wsb = e8m0_to_f32(rb.sc & 0xffu), sc[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            int c0 = j * 8 + 2 * (threadIdx.x & 3); /* columns c0, c0 + 1: staged if < xr */
-            float x0 = c0 < xr ? __uint_as_float(xsc[j * xstep]) : 0.0f;
-            float x1 = c0 + 1 < xr ? __uint_as_float(xsc[j * xstep + xcol]) : 0.0f;
-            sc[j][0] = wsa * x0;
-            sc[j][1] = wsa * x1;
-            sc[j][2] = wsb * x0;
-            sc[j][3] = wsb * x1;
-        }
-        /* each k32 product into the fp32 sums by itself: the FP8 mma's own additions keep
-           fewer bits than fp32 (DeepSeek-V3's report: about 14), over 32 products only */
-        const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float tmp[NT][4];
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const uint32_t a[4] = {wa[2 * m], wb[2 * m], wa[2 * m + 1], wb[2 * m + 1]};
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 uint2 b = xv[j] ? *(const uint2 *)(xb + j * xstep + 2 * m) : make_uint2(0, 0);
-                float d[4];
-                mma_e4m3(d, a, b.x, b.y, z);
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    acc[j][c] += d[c] * sc[j][c];
+                if (m == 0) {
+                    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_e4m3(tmp[j], a, b.x, b.y, z);
+                } else {
+                    mma_e4m3(tmp[j], a, b.x, b.y, tmp[j]);
+                }
             }
+        }
+        /* the group's scales: rows g, g + 8 (weights), columns 2t, 2t + 1 of each column tile
+           (xsc: the staged rows' scale words for this group, a column tile further xstep) */
+        float wsa = e8m0_to_f32(ra.sc & 0xffu), wsb = e8m0_to_f32(rb.sc & 0xffu);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            int c0 = j * 8 + 2 * (threadIdx.x & 3); /* columns c0, c0 + 1: staged if < xr */
+            float x0 = c0 < xr ? __uint_as_float(xsc[j * xstep]) : 0.0f;
+            float x1 = c0 + 1 < xr ? __uint_as_float(xsc[j * xstep + xcol]) : 0.0f;
+            acc[j][0] += tmp[j][0] * (wsa * x0);
+            acc[j][1] += tmp[j][1] * (wsa * x1);
+            acc[j][2] += tmp[j][2] * (wsb * x0);
+            acc[j][3] += tmp[j][3] * (wsb * x1);
         }
     } else if (WT ==
                DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3, pairs (0, 2) and (1, 3) */
