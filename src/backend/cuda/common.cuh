@@ -87,8 +87,6 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
-    bool gvf_f8q;    /* gvf.cu, dense FP8 weights and act_quant's rows: FP8 tensor-core mma on the
-                        codes (DSI_CUDA_GVF_F8Q; 0: bf16 mma on the decoded values) */
     bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                         separate act_quant launch, as before step 17) */
     int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2

@@ -481,8 +481,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
     c->gvf_ilv = !(gi && *gi == '0');
-    const char *g8 = getenv("DSI_CUDA_GVF_F8Q");
-    c->gvf_f8q = !(g8 && *g8 == '0');
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *gp = getenv("DSI_CUDA_GVF_PRE");

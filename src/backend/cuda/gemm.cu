@@ -358,8 +358,8 @@ void launch_gemm(struct cu_ctx *c,
         cu_check(c, "gemm (generic)");
         return;
     }
-    struct cu_gemm_call call = {w,   row0,  n_out, x, n, ldx,  y,
-                                ldy, round, 1,     0, 0, false}; /* field order */
+    struct cu_gemm_call call = {w, row0, n_out, x, n, ldx,
+                                y, ldy,  round, 1, 0, 0}; /* field order */
     if (launch_gemv(c, &call)) return;
     switch (w->type) {
     case DSI_TYPE_F32:
@@ -387,7 +387,7 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
     struct cu_gemm_call call = {
         &w,     a->row0, a->n_out, a->x,          a->n,
         a->ldx, a->y,    a->ldy,   a->round_bf16, a->groups > 1 ? a->groups : 1,
-        a->gx,  a->gy,   a->x_fp8};
+        a->gx,  a->gy};
     if (a->groups > 1) { /* one launch (decode kernels; tc.cu in `fast`), else one by one */
         int64_t last = a->row0 + (int64_t)a->groups * a->n_out;
         if (a->n <= 0 || a->n_out <= 0) return;

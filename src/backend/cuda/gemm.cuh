@@ -42,7 +42,6 @@ struct cu_gemm_call {
     bool round;
     int groups;
     int64_t gxs, gys;
-    bool x_fp8; /* dsi_gemm_args.x_fp8: the rows are act_quant's */
 };
 
 /* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes;

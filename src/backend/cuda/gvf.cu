@@ -47,14 +47,6 @@
 
 enum { GVF_DENSE = 0, GVF_UP = 1, GVF_DOWN = 2 };
 
-/* The weight "type" of dense FP8 weights multiplied with the FP8 tensor-core mma (m16n8k32 e4m3)
- * on act_quant's rows (dsi_gemm_args.x_fp8): the activations are staged as E4M3 codes with a
- * power-of-two scale per 128 elements of each row (exact: act_quant made them so), the weights'
- * codes go into the mma as they are (no decoding), and each 128-element group's product (4
- * chained mmas) is scaled by the weight row's and the activation row's scales and added to the
- * fp32 sums. */
-#define GVF_F8Q 100
-
 struct gvf_p {
     struct cu_w w; /* dense: the weight; rows row0 .. row0 + n_out */
     int64_t row0, n_out;
@@ -77,7 +69,7 @@ struct gvf_p {
 
 /* Elements in a lane's 32-byte slice. */
 template <int WT> __host__ __device__ constexpr int gvf_e() {
-    return WT == DSI_TYPE_FP4_E2M1 ? 64 : WT == DSI_TYPE_F8_E4M3 || WT == GVF_F8Q ? 32 : 16;
+    return WT == DSI_TYPE_FP4_E2M1 ? 64 : WT == DSI_TYPE_F8_E4M3 ? 32 : 16;
 }
 
 struct gvf_raw {
@@ -94,12 +86,11 @@ gvf_load(const uint8_t *row, const uint8_t *srow, int sh, int64_t k0, bool valid
         r.sc = 0;
         return;
     }
-    constexpr bool F8 = WT == DSI_TYPE_F8_E4M3 || WT == GVF_F8Q;
-    int64_t off = WT == DSI_TYPE_FP4_E2M1 ? k0 / 2 : F8 ? k0 : k0 * 2;
+    int64_t off = WT == DSI_TYPE_FP4_E2M1 ? k0 / 2 : WT == DSI_TYPE_F8_E4M3 ? k0 : k0 * 2;
     const uint4 *p = (const uint4 *)(row + off);
     r.v[0] = __ldg(p);
     r.v[1] = __ldg(p + 1);
-    if (F8) r.sc = srow[k0 >> sh];
+    if (WT == DSI_TYPE_F8_E4M3) r.sc = srow[k0 >> sh];
     if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 >> sh] | ((uint32_t)srow[(k0 + 32) >> sh] << 8);
 }
 
@@ -129,46 +120,13 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                           const uint32_t *xb,
                                           int64_t xstep,
                                           const bool (&xv)[NT],
-                                          float (&acc)[NT][4],
-                                          const uint32_t *xsc = nullptr, /* GVF_F8Q, below */
-                                          int64_t xcol = 0,
-                                          int xr = 0) {
+                                          float (&acc)[NT][4]) {
     const uint32_t wa[8] = {ra.v[0].x, ra.v[0].y, ra.v[0].z, ra.v[0].w,
                             ra.v[1].x, ra.v[1].y, ra.v[1].z, ra.v[1].w};
     const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
                             rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
     /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
-    if (WT == GVF_F8Q) { /* mma m: bytes 8m .. 8m + 7 of the lanes' slices (a k32 step) */
-        float tmp[NT][4];
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const uint32_t a[4] = {wa[2 * m], wb[2 * m], wa[2 * m + 1], wb[2 * m + 1]};
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                uint2 b = xv[j] ? *(const uint2 *)(xb + j * xstep + 2 * m) : make_uint2(0, 0);
-                if (m == 0) {
-                    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_e4m3(tmp[j], a, b.x, b.y, z);
-                } else {
-                    mma_e4m3(tmp[j], a, b.x, b.y, tmp[j]);
-                }
-            }
-        }
-        /* the group's scales: rows g, g + 8 (weights), columns 2t, 2t + 1 of each column tile
-           (xsc: the staged rows' scale words for this group, a column tile further xstep) */
-        float wsa = e8m0_to_f32(ra.sc & 0xffu), wsb = e8m0_to_f32(rb.sc & 0xffu);
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            int c0 = j * 8 + 2 * (threadIdx.x & 3); /* columns c0, c0 + 1: staged if < xr */
-            float x0 = c0 < xr ? __uint_as_float(xsc[j * xstep]) : 0.0f;
-            float x1 = c0 + 1 < xr ? __uint_as_float(xsc[j * xstep + xcol]) : 0.0f;
-            acc[j][0] += tmp[j][0] * (wsa * x0);
-            acc[j][1] += tmp[j][1] * (wsa * x1);
-            acc[j][2] += tmp[j][2] * (wsb * x0);
-            acc[j][3] += tmp[j][3] * (wsb * x1);
-        }
-    } else if (WT ==
-               DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3, pairs (0, 2) and (1, 3) */
+    if (WT == DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3, pairs (0, 2) and (1, 3) */
         uint32_t sa = ra.sc & 0xffu, sb = rb.sc & 0xffu;
         if (__all_sync(0xffffffffu, sa <= 134u && sb <= 134u)) { /* mma.sync: the whole warp */
             uint32_t ma = bf16x2_pow2(sa, 120), mb = bf16x2_pow2(sb, 120);
@@ -239,22 +197,13 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
     }
 }
 
-/* GVF_F8Q: a staged row is its K E4M3 codes (4 per word, in order), then a float per 128
- * elements (the power of two the codes are multiplied by), padded to 2 words mod 32: the B
- * fragment of mma m of group q of lane (g, t) is the 8 bytes at word 32 q + 8 t + 2 m of row g,
- * and those of a half warp (g 0-3 or 4-7, t 0-3) fall in 32 different banks.
- *
- * Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
+/* Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
  * in different banks. The B operand of mma m of lane t's slice in group q sits at words
  * (q (E / 4) + m) 8 + 2 t (slots 2t, 2t + 1) and + 1 (slots 2t + 8, 2t + 9): the 4 lanes of a
  * row read 32 consecutive bytes per mma. Which elements fill the slots follows gvf_group: BF16
  * (4m, 4m + 1 | 4m + 2, 4m + 3), FP8 (4m, 4m + 2 | 4m + 1, 4m + 3), FP4 (mma m = 2w + h:
  * 8w + 2h, 8w + 2h + 4 | 8w + 2h + 1, 8w + 2h + 5), element indices within the slice. */
 template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
-    if (WT == GVF_F8Q) { /* K / 4 words of codes, K / 128 scale words, then to 2 mod 32 */
-        int64_t w = K / 4 + K / 128;
-        return w + ((2 - w) % 32 + 32) % 32;
-    }
     int64_t G = 4 * gvf_e<WT>();
     return (K + G - 1) / G * G / 2 + 8;
 }
@@ -284,7 +233,7 @@ __device__ __forceinline__ void gvf_prefetch(const struct gvf_p &p, int64_t tpb)
  * two; no 64-bit division code in the kernel, which keeps its hot loop short). */
 template <int WT>
 __device__ __forceinline__ const uint8_t *gvf_scale_row(const struct cu_w &w, int64_t row) {
-    if (WT == DSI_TYPE_F8_E4M3 || WT == GVF_F8Q) return w.scale + (row >> w.sh0) * w.srs;
+    if (WT == DSI_TYPE_F8_E4M3) return w.scale + (row >> w.sh0) * w.srs;
     if (WT == DSI_TYPE_FP4_E2M1) return w.scale + row * w.srs;
     return nullptr;
 }
@@ -319,54 +268,32 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     int64_t rw = gvf_row_words<WT>(K), ku = (K + G - 1) / G * G / U;
     /* (staged after the first weight loads are issued: their latency overlaps it) */
     auto stage_x = [&]() {
-        int kun = (int)ku;             /* 32-bit: rows * ku < 2^31 (gvf_fits) */
-        if constexpr (WT == GVF_F8Q) { /* a warp per 128 elements of a row (K % 128 == 0) */
-            for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
-                int r = i / kun;
-                int64_t k = (int64_t)(i - r * kun) * 4;
-                float4 f =
-                    __ldg((const float4 *)(p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx + k));
-                float am = fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w)));
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
-                /* the smallest power of two P with am <= 448 P (am in [2^e, 2^(e+1)): 2^(e-8)
-                   or twice that): act_quant's rows divided by it are E4M3 codes */
-                int e = (int)(__float_as_uint(am) >> 23) - 127;
-                float P = am > 0.0f ? ldexpf(1.0f, e - 8) : 1.0f;
-                if (am > 448.0f * P) P *= 2.0f;
-                xs[r * rw + k / 4] = e4m3x4_codes(__fdiv_rn(f.x, P), __fdiv_rn(f.y, P),
-                                                  __fdiv_rn(f.z, P), __fdiv_rn(f.w, P));
-                if ((threadIdx.x & 31) == 0) xs[r * rw + K / 4 + k / 128] = __float_as_uint(P);
-            }
-        } else {
+        int kun = (int)ku; /* 32-bit: rows * ku < 2^31 (gvf_fits) */
 #pragma unroll 4
-            for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
-                int r = i / kun;
-                int64_t k = (int64_t)(i - r * kun) * U;
-                const float *src;
-                if (MODE == GVF_DENSE) {
-                    src = p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
-                } else {
-                    int64_t pos = pos0 + r;
-                    src = MODE == GVF_UP ? p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk)
-                                                             : pos - nk) *
-                                                       p.m.D
-                                         : p.m.h + pos * p.m.I;
-                }
-                float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
-                int64_t q = k / G, rem = k - q * G;
-                uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
-                if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
-                    float4 h =
-                        k < K ? __ldg((const float4 *)(src + k + 4)) : make_float4(0, 0, 0, 0);
-                    *(uint2 *)d = make_uint2(bf16x2_rn(f.x, h.x), bf16x2_rn(f.y, h.y));
-                    *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(f.z, h.z), bf16x2_rn(f.w, h.w));
-                } else if (WT == DSI_TYPE_F8_E4M3) {
-                    *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.z), bf16x2_rn(f.y, f.w));
-                } else {
-                    *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
-                }
+        for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
+            int r = i / kun;
+            int64_t k = (int64_t)(i - r * kun) * U;
+            const float *src;
+            if (MODE == GVF_DENSE) {
+                src = p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
+            } else {
+                int64_t pos = pos0 + r;
+                src = MODE == GVF_UP
+                          ? p.m.x +
+                                (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D
+                          : p.m.h + pos * p.m.I;
+            }
+            float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
+            int64_t q = k / G, rem = k - q * G;
+            uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
+            if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
+                float4 h = k < K ? __ldg((const float4 *)(src + k + 4)) : make_float4(0, 0, 0, 0);
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, h.x), bf16x2_rn(f.y, h.y));
+                *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(f.z, h.z), bf16x2_rn(f.w, h.w));
+            } else if (WT == DSI_TYPE_F8_E4M3) {
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.z), bf16x2_rn(f.y, f.w));
+            } else {
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
             }
         }
     };
@@ -518,13 +445,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u;
             if (q >= qe) break; /* the same for the whole warp */
-            if (WT == GVF_F8Q) {
-                gvf_group<WT, NT>(ra[u], rb[u], xs + g * rw + q * 32 + 8 * t, 8 * rw, xv, acc,
-                                  xs + 2 * t * rw + K / 4 + q, rw, rows);
-            } else {
-                const uint32_t *xb = xs + g * rw + q * (E / 4) * 8 + 2 * t;
-                gvf_group<WT, NT>(ra[u], rb[u], xb, 8 * rw, xv, acc);
-            }
+            const uint32_t *xb = xs + g * rw + q * (E / 4) * 8 + 2 * t;
+            gvf_group<WT, NT>(ra[u], rb[u], xb, 8 * rw, xv, acc);
         }
         if (b == nb - 1) finish(i);
     };
@@ -642,15 +564,9 @@ bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     p.xrows = (int)std::min<int64_t>(n, 8 * nt);
     int pp = cu_prof_begin(c, "gemm.gvf");
     bool ok;
-    /* FP8 mma on the codes: act_quant's rows, whole 128-element groups that share a weight
-       scale and an activation scale (a grouped call's rows start on a 128 boundary) */
-    bool f8q = c->gvf_f8q && g->x_fp8 && w->K % 128 == 0 && w->sb1 % 128 == 0 &&
-               (g->groups == 1 || g->gxs % 128 == 0) && g->ldx % 4 == 0 &&
-               (int64_t)p.xrows * gvf_row_words<GVF_F8Q>(w->K) * 4 <= GVF_SMEM_MAX;
     switch (w->type) {
     case DSI_TYPE_F8_E4M3:
-        ok = f8q ? gvf_launch<GVF_DENSE, GVF_F8Q>(c, &p, nt)
-                 : gvf_launch<GVF_DENSE, DSI_TYPE_F8_E4M3>(c, &p, nt);
+        ok = gvf_launch<GVF_DENSE, DSI_TYPE_F8_E4M3>(c, &p, nt);
         break;
     case DSI_TYPE_FP4_E2M1:
         ok = gvf_launch<GVF_DENSE, DSI_TYPE_FP4_E2M1>(c, &p, nt);

@@ -86,24 +86,6 @@ mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* d = a b + c, m16n8k32, FP8 E4M3 codes (4 per register), fp32 (sm_89 and later). */
-__device__ __forceinline__ void
-mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, const float (&c)[4]) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]),
-                   "f"(c[1]), "f"(c[2]), "f"(c[3]));
-}
-
-/* Four floats to E4M3 codes (round to nearest, saturating), x in the lowest byte. */
-__device__ __forceinline__ uint32_t e4m3x4_codes(float x, float y, float z, float w) {
-    uint16_t lo, hi;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(y), "f"(x));
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(w), "f"(z));
-    return (uint32_t)lo | ((uint32_t)hi << 16);
-}
-
 /* Transposed: for B fragments from a tile stored [k][n] (n contiguous). */
 __device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t (&r)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
