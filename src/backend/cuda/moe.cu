@@ -20,7 +20,8 @@
 /* ---- routing ------------------------------------------------------------------------------------
  */
 
-__device__ __forceinline__ float sqrtsoftplus(float z) {
+/* (out of line: its exact exp and log1p are long, and the routing kernel calls it in loops) */
+__device__ __noinline__ float sqrtsoftplus(float z) {
     return sqrtf(z > 20.0f ? z : log1p_ref(exp_ref(z)));
 }
 
@@ -39,22 +40,23 @@ __device__ __forceinline__ void warp_argmax(float &bv, int &best) {
     }
 }
 
-#define ROUTE_V 16 /* experts per lane held in registers (E <= 512) */
+#define ROUTE_V 16  /* experts per lane held in registers (E <= 512) */
+#define ROUTE_T 256 /* threads per k_moe_route block: a warp per row */
 
 /* One warp per row. */
-__global__ void k_moe_route(const float *logits,
-                            int64_t n,
-                            int64_t E,
-                            int K,
-                            struct cu_vec bias,
-                            const uint8_t *tid2eid,
-                            int64_t t2e_row_bytes,
-                            bool t2e_i64,
-                            const int32_t *tokens,
-                            float route_scale,
-                            float eps,
-                            int32_t *idx,
-                            float *weight) {
+__global__ void __launch_bounds__(ROUTE_T) k_moe_route(const float *logits,
+                                                       int64_t n,
+                                                       int64_t E,
+                                                       int K,
+                                                       struct cu_vec bias,
+                                                       const uint8_t *tid2eid,
+                                                       int64_t t2e_row_bytes,
+                                                       bool t2e_i64,
+                                                       const int32_t *tokens,
+                                                       float route_scale,
+                                                       float eps,
+                                                       int32_t *idx,
+                                                       float *weight) {
     cu_pdl_enter();
     int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -69,13 +71,22 @@ __global__ void k_moe_route(const float *logits,
     } else if (E <= 32 * ROUTE_V) {
         /* the lane's scores computed once, in registers (the loop below computes every score
            K times: ~40 us per call at E = 256, K = 6); the same choices */
+        /* (computed in a loop through shared memory: sqrtsoftplus's exact exp and log1p
+           inlined ROUTE_V times made the kernel 90 KB, most of a batch-1 call's time spent
+           fetching its instructions; step 18) */
+        __shared__ float rsc[ROUTE_T / 32][32 * ROUTE_V];
+        float *mine_sc = rsc[threadIdx.x >> 5];
+#pragma unroll 1
+        for (int m = 0; m < ROUTE_V; m++) {
+            int64_t e = lane + 32 * m;
+            mine_sc[lane + 32 * m] =
+                e < E ? sqrtsoftplus(lg[e]) + (bias.data ? vec_get(bias, e) : 0.0f) : 0.0f;
+        }
         float sc[ROUTE_V];
         unsigned taken = 0;
 #pragma unroll
-        for (int m = 0; m < ROUTE_V; m++) {
-            int64_t e = lane + 32 * m;
-            sc[m] = e < E ? sqrtsoftplus(lg[e]) + (bias.data ? vec_get(bias, e) : 0.0f) : 0.0f;
-        }
+        for (int m = 0; m < ROUTE_V; m++)
+            sc[m] = mine_sc[lane + 32 * m]; /* the lane's own values: no barrier */
         for (int k = 0; k < K; k++) {
             int best = -1, bm = -1;
             float bv = -INFINITY;
@@ -131,7 +142,7 @@ extern "C" void cuda_moe_route(struct dsi_backend *be, const struct dsi_moe_rout
     int64_t t2e_rb = a->tid2eid ? dsi_tensor_row_bytes(a->tid2eid) : 0;
     bool i64 = a->tid2eid && a->tid2eid->type == DSI_TYPE_I64;
     int64_t threads = a->n * 32;
-    cu_launch(c, k_moe_route, (unsigned)cu_div_up(threads, 256), 256, 0, a->logits, a->n,
+    cu_launch(c, k_moe_route, (unsigned)cu_div_up(threads, ROUTE_T), ROUTE_T, 0, a->logits, a->n,
               a->n_experts, a->topk, cu_vec_of(a->bias), t2e, t2e_rb, i64, a->tokens,
               a->route_scale, a->eps, a->idx, a->weight);
     cu_check(c, "moe_route");

@@ -129,13 +129,20 @@ __global__ void __launch_bounds__(256) k_rms_norm_blk(const float *x,
     for (int i = 0; i < V; i++)
         v[i] = rms_in4(v[i], round, ss);
     float inv = rms_inv(block_sum_d(ss, red), V * 1024, eps, round, w.data != nullptr);
+    __shared__ float4 os[V][256]; /* the outputs again, for yq */
 #pragma unroll
     for (int i = 0; i < V; i++) {
         float4 o = rms_out4(v[i], inv, w, (int64_t)(i * 256 + t) * 4, round);
         ys[i * 256 + t] = o;
-        if (yq) /* n_groups 1: warp w's float4 i are the row's 128-block 8 i + w */
-            q8_warp_block(o, (float4 *)(yq + r * V * 1024) + i * 256 + t);
+        os[i][t] = o;
     }
+    /* n_groups 1: warp w's float4 i are the row's 128-block 8 i + w. A loop (the thread's own
+       values from shared memory, no barrier): unrolled, q8_warp_block's copies made the kernel
+       33-58 KB, and a batch-1 norm (one block) waits for its instructions (step 18) */
+    if (yq)
+#pragma unroll 1
+        for (int i = 0; i < V; i++)
+            q8_warp_block(os[i][t], (float4 *)(yq + r * V * 1024) + i * 256 + t);
 }
 
 template <int V> static void rms_norm_blk(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
