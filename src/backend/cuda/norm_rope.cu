@@ -23,9 +23,23 @@ __device__ __forceinline__ float4 rms_in4(float4 v, bool round, double &ss) {
     ss += (double)v.w * (double)v.w;
     return v;
 }
-/* rms_out of a float4 at element e of the group. */
+/* rms_out of a float4 at element e of the group (e % 4 == 0): the weight's four values in one
+ * load where it is F32 or BF16 (one type test per float4, not per element: the norm kernels
+ * unroll their float4s, and their code was 20-60 KB, step 18); the same arithmetic. */
 __device__ __forceinline__ float4
 rms_out4(float4 v, float inv, struct cu_vec w, int64_t e, bool round) {
+    if (w.data && w.type == DSI_TYPE_F32) {
+        float4 g = *(const float4 *)((const float *)w.data + e);
+        return make_float4(rbf(g.x * (v.x * inv), round), rbf(g.y * (v.y * inv), round),
+                           rbf(g.z * (v.z * inv), round), rbf(g.w * (v.w * inv), round));
+    }
+    if (w.data && w.type == DSI_TYPE_BF16) {
+        uint2 u = *(const uint2 *)((const uint16_t *)w.data + e);
+        return make_float4(rbf(bf16_to_f32(u.x & 0xffffu) * (v.x * inv), round),
+                           rbf(bf16_to_f32(u.x >> 16) * (v.y * inv), round),
+                           rbf(bf16_to_f32(u.y & 0xffffu) * (v.z * inv), round),
+                           rbf(bf16_to_f32(u.y >> 16) * (v.w * inv), round));
+    }
     return make_float4(rms_out(v.x, inv, w, e, round), rms_out(v.y, inv, w, e + 1, round),
                        rms_out(v.z, inv, w, e + 2, round), rms_out(v.w, inv, w, e + 3, round));
 }
