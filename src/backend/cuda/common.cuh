@@ -87,6 +87,8 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
+    bool gvf_tail;        /* gvf.cu: more warps along K where the last tile iteration is then fuller
+                             (DSI_CUDA_GVF_TAIL) */
     bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                         separate act_quant launch, as before step 17) */
     int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2

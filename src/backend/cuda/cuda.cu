@@ -481,6 +481,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
     c->gvf_ilv = !(gi && *gi == '0');
+    const char *gtl = getenv("DSI_CUDA_GVF_TAIL");
+    c->gvf_tail = !(gtl && *gtl == '0');
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *gp = getenv("DSI_CUDA_GVF_PRE");

@@ -488,6 +488,40 @@ static int gvf_ks(const struct cu_ctx *c, int64_t units, int64_t ng) {
     return ks;
 }
 
+/* Blocks along the weight tiles (tpb tiles per block): about 2 blocks per SM over the grid's
+   rows (gy); a MoE grid of at least one expert tile per SM: c->gvf_blocks (8: an expert's tiles
+   over several blocks, fewer idle SMs in the last wave; measured at batch 32 and 256 -15%, at
+   batch 8 +3%) */
+static int64_t gvf_gx(const struct cu_ctx *c, int mode, int64_t tiles, int64_t gy, int64_t tpb) {
+    int64_t bps = mode != GVF_DENSE && gy >= c->n_sms ? c->gvf_blocks : 2;
+    return std::min(cu_div_up(tiles, tpb), std::max<int64_t>(1, bps * c->n_sms / gy));
+}
+
+/* The share of the last tile iteration's work that is done (1: every block's last iteration
+   full): the blocks walk ceil(tiles / (gx tpb)) iterations, busy for tiles / (gx tpb). */
+static double gvf_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t gy, int ks) {
+    int64_t tpb = GVF_W / ks, gx = gvf_gx(c, mode, tiles, gy, tpb);
+    double it = (double)tiles / (double)(gx * tpb);
+    return it / std::ceil(it);
+}
+
+/* gvf_ks, then (c->gvf_tail, DSI_CUDA_GVF_TAIL) twice or four times that where the blocks'
+   last tile iteration is then much fuller: the routed experts at batch 1 (6 experts x 256 tiles:
+   1.45 iterations of 4 tiles at ks 2, the kernel as long as 2; at ks 4, 2.9 of 3; step 18). */
+static int gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t gy, int64_t ng) {
+    int ks = gvf_ks(c, tiles * gy, ng), best = ks;
+    if (!c->gvf_tail) return ks;
+    double bt = gvf_tail(c, mode, tiles, gy, ks);
+    for (int k = ks * 2; k <= GVF_W && k <= 4 * ks && k < ng; k *= 2) {
+        double t = gvf_tail(c, mode, tiles, gy, k);
+        if (t > bt + 0.1) {
+            bt = t;
+            best = k;
+        }
+    }
+    return best;
+}
+
 template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     size_t sm = (size_t)p->xrows * (size_t)gvf_row_words<WT>(K) * 4;
@@ -495,11 +529,7 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
     if (!smem_limit(c, k_gvf<MODE, WT, NT>, GVF_SMEM_MAX, &smem_done, "decode gemm")) return false;
     unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
     int64_t tpb = GVF_W / p->ks;
-    /* blocks along the weight tiles: about 2 blocks per SM over the grid's rows; a MoE grid of
-       at least one expert tile per SM: c->gvf_blocks (8: an expert's tiles over several blocks,
-       fewer idle SMs in the last wave; measured at batch 32 and 256 -15%, at batch 8 +3%) */
-    int64_t bps = MODE != GVF_DENSE && gy >= (unsigned)c->n_sms ? c->gvf_blocks : 2;
-    int64_t gx = std::min(cu_div_up(p->tiles, tpb), std::max<int64_t>(1, bps * c->n_sms / gy));
+    int64_t gx = gvf_gx(c, MODE, p->tiles, gy, tpb);
     struct gvf_p q = *p;
     if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
         int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
@@ -514,7 +544,7 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
 template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     if ((int64_t)p->xrows * gvf_row_words<WT>(K) * 4 > GVF_SMEM_MAX) return false;
-    p->ks = gvf_ks(c, p->tiles * (p->gy > 0 ? p->gy : 1), cu_div_up(K, 4 * gvf_e<WT>()));
+    p->ks = gvf_ks_tail(c, MODE, p->tiles, p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
