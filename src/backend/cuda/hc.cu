@@ -121,6 +121,35 @@ __device__ __forceinline__ void small_sync(int nt) {
         asm volatile("bar.sync 1, 64;" ::: "memory");
 }
 
+/* comb from its logits m (lane jr hc + k of warp 0 holds element (jr, k), hc * hc <= 32): the
+ * row softmax plus eps, then iters Sinkhorn normalisations (columns; from the second on rows
+ * first), each sum in the CPU's order from the lanes' values by shuffles (the shared-memory
+ * version below had two barriers per half step). The whole warp calls it; out: this lane's
+ * comb element (null: none). */
+__device__ __forceinline__ void
+comb_sinkhorn_warp(float m, int jr, int k, int hc, int iters, float hc_eps, float *out) {
+    float mx = -INFINITY;
+    for (int kk = 0; kk < hc; kk++)
+        mx = fmaxf(mx, __shfl_sync(0xffffffffu, m, jr * hc + kk));
+    float v = exp_ref(m - mx), z = 0.0f;
+    for (int kk = 0; kk < hc; kk++)
+        z += __shfl_sync(0xffffffffu, v, jr * hc + kk);
+    v = v / z + hc_eps;
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) { /* rows */
+            float s = 0.0f;
+            for (int kk = 0; kk < hc; kk++)
+                s += __shfl_sync(0xffffffffu, v, jr * hc + kk);
+            v /= s + hc_eps;
+        }
+        float s = 0.0f; /* columns */
+        for (int j = 0; j < hc; j++)
+            s += __shfl_sync(0xffffffffu, v, j * hc + k);
+        v /= s + hc_eps;
+    }
+    if (out) *out = v;
+}
+
 /* Per row (blockIdx.x): rho from the flattened streams, then pre and post, then the collapse y
  * alongside the rest of the small maths. gridDim.y blocks share a row: each computes the same rho
  * and pre (the same operations in the same order, so the same bits) and collapses its slice of
@@ -222,6 +251,14 @@ __global__ void k_hc_pre_finish(const float *X,
                 if (k < hc) acc += pre_s[k] * xv[k];
             y[r * dim + d] = rbf(acc, round);
         }
+        return;
+    }
+    if (nt <= 32) { /* warp 0: the matrix in its lanes' registers, sums by shuffles */
+        bool act = tid < nt;
+        int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
+        float m =
+            act ? mr[2 * hc + tid] * rho * vec_get(scale, 2) + vec_get(base, 2 * hc + tid) : 0.0f;
+        comb_sinkhorn_warp(m, jr, k, hc, iters, hc_eps, act ? comb + r * nt + tid : nullptr);
         return;
     }
     {
