@@ -335,7 +335,9 @@ static void usage(FILE *f) {
         "                         after S (default 0: no limit)\n"
         "  --leave-out LIST       also time each decode step without each of these backend ops\n"
         "                         (no-ops: the numbers are garbage, the time is what the op costs\n"
-        "                         inside the step); LIST: op names, comma-separated, or all:\n"
+        "                         inside the step; at batch > 1 an op feeding the routing also\n"
+        "                         changes the MoE's work); LIST: op names, comma-separated, or "
+        "all:\n"
         "                         %s\n",
         bench_leave_names());
 }
@@ -683,10 +685,16 @@ static int decode_ctx(struct bench *b,
                 b->leave_now = op;
                 rc = time_set(b, kv, slot, tok, pos, NULL, B, ctx, b->L, SET_LEAVE, NULL, &tl, err);
                 if (!rc)
-                    printf(
-                        "#   batch %d without %-12s %9.3f ms: the op costs %+.3f ms of the step\n",
-                        B, op, tl * 1e3, (r->t - tl) * 1e3);
+                    printf("#   batch %d without %-12s %9.3f ms: the op costs %+.3f ms of the "
+                           "step%s\n",
+                           B, op, tl * 1e3, (r->t - tl) * 1e3,
+                           !strcmp(op, "moe_route")
+                               ? " (not its cost: the expert indices stay as they were)"
+                               : "");
             }
+            if (!rc && B > 1)
+                printf("#   (batch > 1: without an op whose output reaches a router, the rows pick "
+                       "other experts, so its figure includes a change of the MoE's work)\n");
             fflush(stdout);
         }
         if (!rc && b->split) {

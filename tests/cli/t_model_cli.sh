@@ -62,5 +62,11 @@ $DSINFER bench layer -m $M --backend cpu --batch 1 --ctx 32 --steps 1 --warmup 0
     --no-split --leave-out rope,moe >"$T/bench" || fail "bench layer --leave-out"
 grep -q "batch 1 without rope " "$T/bench" || fail "bench layer: no line without rope"
 grep -q "batch 1 without moe " "$T/bench" || fail "bench layer: no line without moe"
+grep -q "batch > 1" "$T/bench" && fail "bench layer: the batch > 1 note at batch 1"
+# at batch 2 the note on routing; moe_route's line says it is not its cost
+$DSINFER bench layer -m $M --backend cpu --batch 2 --ctx 32 --steps 1 --warmup 0 --prefill 0 \
+    --no-split --leave-out moe_route >"$T/bench2" || fail "bench layer --leave-out, batch 2"
+grep -q "batch 2 without moe_route .*not its cost" "$T/bench2" || fail "bench layer: moe_route line"
+grep -q "batch > 1: without an op" "$T/bench2" || fail "bench layer: no routing note at batch 2"
 expect_error "no op 'frob'" $DSINFER bench layer -m $M --backend cpu --leave-out rope,frob
 echo ok
