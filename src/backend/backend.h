@@ -118,6 +118,12 @@ struct dsi_hc_pre_args {
     float norm_eps, hc_eps;
     float *y, *post, *comb;
     bool round_bf16;
+    /* optional (norm_w set): the RMSNorm that follows every hc_pre in the forward, in the same
+       op: z = RMSNorm(y) norm_w (eps z_eps, rms_norm's numbers) and, with zq, zq = act_quant(z)
+       in 128-blocks (rms_norm's yq). z may not alias y or X. */
+    const struct dsi_tensor *norm_w;
+    float z_eps;
+    float *z, *zq;
 };
 
 /* mHC post: Xo[k] = post[k] * f + sum_j comb[j][k] * X[j] (Xo must not alias X). */

@@ -245,6 +245,14 @@ static const float *act(struct dsi_fwd *f, const float *x, int64_t n, int64_t di
     return xq;
 }
 
+/* yq (may be NULL) holds act_quant(y) of n rows of dim: the next act(y, n, dim, yq) returns it. */
+static void mark_q(struct dsi_fwd *f, const float *y, float *yq, int64_t n, int64_t dim) {
+    f->q_src = yq ? y : NULL;
+    f->q_dst = yq;
+    f->q_n = n;
+    f->q_dim = dim;
+}
+
 /* y = RMSNorm(x) w; with yq (reference / fast numerics), also yq = act_quant(y) in the same op,
  * which the next act(y, n, dim, yq) call then returns. */
 static void rmsq(struct dsi_fwd *f,
@@ -267,10 +275,7 @@ static void rmsq(struct dsi_fwd *f,
                                   .round_bf16 = f->R,
                                   .yq = yq};
     f->be->ops->rms_norm(f->be, &a);
-    f->q_src = yq ? y : NULL;
-    f->q_dst = yq;
-    f->q_n = n;
-    f->q_dim = dim;
+    mark_q(f, y, yq, n, dim);
 }
 
 static void rms(struct dsi_fwd *f,
@@ -533,8 +538,12 @@ static void moe(struct dsi_fwd *f, int il) {
 /* ---- one block
  * ----------------------------------------------------------------------------------- */
 
-static void hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n) {
+/* hc_pre, then x = RMSNorm(y) norm (and xq = act_quant(x) in reference / fast numerics) in the
+ * same op, as rmsq(f, f->y, f->x, n, D, norm, f->xq) would. */
+static void
+hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n, const struct dsi_tensor *norm) {
     const struct dsi_config *c = f->c;
+    float *zq = f->R ? f->xq : NULL;
     struct dsi_hc_pre_args a = {.X = f->X,
                                 .n = n,
                                 .hc = c->hc_mult,
@@ -548,8 +557,13 @@ static void hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n) {
                                 .y = f->y,
                                 .post = f->post,
                                 .comb = f->comb,
-                                .round_bf16 = f->R};
+                                .round_bf16 = f->R,
+                                .norm_w = norm,
+                                .z_eps = (float)c->rms_norm_eps,
+                                .z = f->x,
+                                .zq = zq};
     f->be->ops->hc_pre(f->be, &a);
+    mark_q(f, f->x, zq, n, c->hidden_size);
 }
 
 static void hc_merge(struct dsi_fwd *f, int64_t n) {
@@ -571,13 +585,11 @@ static void hc_merge(struct dsi_fwd *f, int64_t n) {
 
 static void block(struct dsi_fwd *f, int il) {
     const struct dsi_layer_w *L = &f->m->layers[il];
-    int64_t n = f->st.n, D = f->c->hidden_size;
-    hc_site(f, &L->hc_attn, n);
-    rmsq(f, f->y, f->x, n, D, &L->attn_norm, f->xq); /* attention's first act() */
+    int64_t n = f->st.n;
+    hc_site(f, &L->hc_attn, n, &L->attn_norm); /* and attention's first act() */
     attention(f, il);
     hc_merge(f, n);
-    hc_site(f, &L->hc_ffn, n);
-    rmsq(f, f->y, f->x, n, D, &L->ffn_norm, f->xq); /* moe's act() after the routing */
+    hc_site(f, &L->hc_ffn, n, &L->ffn_norm); /* and moe's act() after the routing */
     moe(f, il);
     hc_merge(f, n);
 }

@@ -626,6 +626,109 @@ static int hc_tail_same(const struct dsi_hc_pre_args *pre,
     return ok;
 }
 
+/* hc_pre with the norm after it in the same op (norm_w: BF16 weights when rnd, else F32; zq
+ * where dim % 128 == 0) on the GPU (pre: the device pointers): y, post and comb bit for bit
+ * those of the GPU run without the norm (yg, pg, cg), z within 1e-6 of the CPU's rms_norm of the
+ * GPU's own y, zq bit for bit the CPU's act_quant of the GPU's own z; and the CPU's fused op
+ * (host rows X, host tensors fn_h ...): its z within hc_pre's tolerance of the GPU's. */
+static int hc_norm_same(struct rng *r,
+                        const struct dsi_hc_pre_args *pre,
+                        const struct dsi_tensor *fn_h,
+                        const struct dsi_tensor *base_h,
+                        const struct dsi_tensor *scale_h,
+                        const float *X,
+                        const float *yg,
+                        const float *pg,
+                        const float *cg,
+                        int rnd) {
+    int64_t n = pre->n, D = pre->dim, hc = pre->hc, nz = n * D;
+    bool q = D % 128 == 0;
+    float *wv = fnorm(r, D, 0.2f);
+    for (int64_t i = 0; i < D; i++)
+        wv[i] += 1.0f;
+    struct wt w;
+    vec_make(&w, wv, D, rnd ? DSI_TYPE_BF16 : DSI_TYPE_F32);
+    float *dy = dpoison(sizeof(float) * (size_t)nz),
+          *dp = dpoison(sizeof(float) * (size_t)(n * hc)),
+          *dc = dpoison(sizeof(float) * (size_t)(n * hc * hc)),
+          *dz = dpoison(sizeof(float) * (size_t)nz),
+          *dq = q ? dpoison(sizeof(float) * (size_t)nz) : NULL;
+    struct dsi_hc_pre_args a = *pre;
+    a.y = dy;
+    a.post = dp;
+    a.comb = dc;
+    a.norm_w = &w.d;
+    a.z_eps = 1e-6f;
+    a.z = dz;
+    a.zq = dq;
+    g_gpu->ops->hc_pre(g_gpu, &a);
+    int ok = gsync("hc_pre with norm") == 0;
+    float *y2 = hpoison(nz), *p2 = hpoison(n * hc), *c2 = hpoison(n * hc * hc), *zg = hpoison(nz),
+          *qg = hpoison(nz), *zc = hpoison(nz), *qc = hpoison(nz), *yc = hpoison(nz),
+          *pc = hpoison(n * hc), *cc = hpoison(n * hc * hc);
+    dget(y2, dy, sizeof(float) * (size_t)nz);
+    dget(p2, dp, sizeof(float) * (size_t)(n * hc));
+    dget(c2, dc, sizeof(float) * (size_t)(n * hc * hc));
+    dget(zg, dz, sizeof(float) * (size_t)nz);
+    ok = ok && same("hc_pre+norm y", y2, yg, sizeof(float) * (size_t)nz);
+    ok = ok && same("hc_pre+norm post", p2, pg, sizeof(float) * (size_t)(n * hc));
+    ok = ok && same("hc_pre+norm comb", c2, cg, sizeof(float) * (size_t)(n * hc * hc));
+    if (q) { /* zq: the CPU's act_quant of the GPU's own z */
+        dget(qg, dq, sizeof(float) * (size_t)nz);
+        struct dsi_act_quant_args aq = {zg, qc, n, D, D, D, 128};
+        g_cpu->ops->act_quant(g_cpu, &aq);
+        ok = ok && same("hc_pre+norm zq", qg, qc, sizeof(float) * (size_t)nz);
+    }
+    /* the CPU's own fused op (hc_pre, then rms_norm) on the host rows: z within hc_pre's
+       tolerance of the GPU's */
+    struct dsi_hc_pre_args ac = *pre;
+    ac.X = X;
+    ac.fn = fn_h;
+    ac.base = base_h;
+    ac.scale = scale_h;
+    ac.y = yc;
+    ac.post = pc;
+    ac.comb = cc;
+    ac.norm_w = &w.h;
+    ac.z_eps = 1e-6f;
+    ac.z = zc;
+    ac.zq = NULL;
+    g_cpu->ops->hc_pre(g_cpu, &ac);
+    ok = ok && close_to("hc_pre+norm z (CPU op)", zg, zc, nz, rnd ? 2e-2 : 2e-5);
+    /* z against the CPU's norm of the GPU's own y (the CPU's y may differ within hc_pre's
+       tolerance) */
+    struct dsi_rms_norm_args na = {.x = yg,
+                                   .y = zc,
+                                   .n = n,
+                                   .n_groups = 1,
+                                   .dim = D,
+                                   .ldx = D,
+                                   .ldy = D,
+                                   .w = &w.h,
+                                   .eps = 1e-6f,
+                                   .round_bf16 = rnd == 1};
+    g_cpu->ops->rms_norm(g_cpu, &na);
+    ok = ok && close_to("hc_pre+norm z", zg, zc, nz, 1e-6);
+    dfree(dy);
+    dfree(dp);
+    dfree(dc);
+    dfree(dz);
+    if (dq) dfree(dq);
+    free(y2);
+    free(p2);
+    free(c2);
+    free(zg);
+    free(qg);
+    free(zc);
+    free(qc);
+    free(yc);
+    free(pc);
+    free(cc);
+    free(wv);
+    wt_free(&w);
+    return ok;
+}
+
 /* n = 601: the mix on k_hc_mix (DSI_CUDA_HC_MIX_MIN 512) with a partial last block of 8 rows;
  * D = 200: 25 chunks of 32, a partial last piece of 16 chunks. */
 int test_cuda_hc(struct test_ctx *t) {
@@ -681,6 +784,7 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(close_to("hc_pre post", pg, pc, n * hc, 1e-5));
                 TEST_ASSERT(close_to("hc_pre comb", cg, cc, n * hc * hc, 1e-5));
                 if (n > 17) TEST_ASSERT(hc_tail_same(&a, NULL, yg, pg, cg, 17));
+                TEST_ASSERT(hc_norm_same(&r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
                 /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
                 float *f = fnorm(&r, n * D, 1.0f);
                 float *df = dput(f, sizeof(float) * (size_t)(n * D));

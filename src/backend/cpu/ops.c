@@ -161,6 +161,20 @@ void cpu_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     DSI_ASSERT(a->hc <= 64 && (2 + a->hc) * a->hc <= 64 + 64 * 64);
     struct hc_job j = {be, a};
     dsi_pool_run(cpu_ctx(be)->pool, a->n, 1, hc_pre_part, &j);
+    if (a->norm_w) { /* the fused norm: rms_norm itself */
+        struct dsi_rms_norm_args na = {.x = a->y,
+                                       .y = a->z,
+                                       .n = a->n,
+                                       .n_groups = 1,
+                                       .dim = a->dim,
+                                       .ldx = a->dim,
+                                       .ldy = a->dim,
+                                       .w = a->norm_w,
+                                       .eps = a->z_eps,
+                                       .round_bf16 = a->round_bf16,
+                                       .yq = a->zq};
+        cpu_rms_norm(be, &na);
+    }
 }
 
 static void hc_post_part(void *ctx, int64_t r0, int64_t r1, int tid) {

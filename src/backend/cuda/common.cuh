@@ -63,6 +63,8 @@ struct cu_prof_tot {
     long calls;
 };
 
+#define CU_HC_ONE_MAX 64 /* rows of k_hc_pre_one at most (hc.cu) */
+
 struct cu_ctx {
     int device, n_sms;
     bool prof;
@@ -103,6 +105,10 @@ struct cu_ctx {
     int gvf_blocks;  /* gvf.cu's MoE grid: about this many blocks per SM (DSI_CUDA_GVF_BLOCKS) */
     bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
+    int hc_one;      /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
+                        0: never; at most CU_HC_ONE_MAX) */
+    int *hc_cnt;     /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
+                        launches) */
     bool wg;         /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
     int wg_bn; /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;

@@ -366,6 +366,7 @@ static void cuda_free(struct dsi_backend *be) {
         free(c->moe[i].snap);
     }
     cu_lt_free(c->lt);
+    if (c->hc_cnt) cudaFree(c->hc_cnt);
     cudaStreamDestroy(c->stream);
     free(c);
     be->ctx = NULL;
@@ -455,6 +456,15 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
         free(c);
         return dsi_errf(err, DSI_ERR_DEVICE, "cuda: stream: %s", cudaGetErrorString(e));
     }
+    if ((e = cudaMalloc(&c->hc_cnt, CU_HC_ONE_MAX * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(c->hc_cnt, 0, CU_HC_ONE_MAX * sizeof(int))) != cudaSuccess) {
+        cudaGetLastError();
+        if (c->hc_cnt) cudaFree(c->hc_cnt);
+        cudaStreamDestroy(c->stream);
+        free(be);
+        free(c);
+        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: counters: %s", cudaGetErrorString(e));
+    }
     /* read once at start-up, never in a step */
     const char *pe = getenv("DSI_CUDA_PROFILE");
     c->prof = pe && *pe && *pe != '0';
@@ -502,6 +512,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
     const char *hf = getenv("DSI_CUDA_HC_FUSE");
     c->hc_fuse = hf && *hf == '1';
+    /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
+    const char *ho = getenv("DSI_CUDA_HC_ONE");
+    c->hc_one = ho && *ho ? atoi(ho) : 32;
+    if (c->hc_one > CU_HC_ONE_MAX) c->hc_one = CU_HC_ONE_MAX;
     /* wgmma for tc.cu's large tiles (prefill 8k: 163.9 -> 156.2 ms; docs/cuda.md, step 16) */
     const char *wg = getenv("DSI_CUDA_WG");
     c->wg = !(wg && *wg == '0');

@@ -341,7 +341,8 @@ __device__ __forceinline__ float chunk_dot(const float (&a)[32], const float (&b
  * must not be serial is the loads: the 8 warps stage RED_ROWS chunk rows at a time in buf
  * (warp w loads rows w, w + 8, ...: RED_PER independent loads per thread in flight), and warp 0
  * adds the staged rows in order while the next round's rows are being loaded. One round trip to
- * L2 per RED_ROWS chunks instead of one per few chunks. */
+ * L2 per RED_ROWS chunks instead of one per few chunks. The loads bypass L1 (__ldcg): k_hc_pre_one
+ * reads values other blocks of its grid wrote. */
 #define RED_ROWS 128
 #define RED_PER  (RED_ROWS / CU_WARPS)
 
@@ -353,7 +354,7 @@ chunk_sum_staged(const float *cv, int64_t nq, int64_t T, int64_t t, bool tv, flo
 #pragma unroll
     for (int j = 0; j < RED_PER; j++) {
         int64_t q = warp + CU_WARPS * j;
-        v[j] = tv && q < nq ? src[q * T] : 0.0f;
+        v[j] = tv && q < nq ? __ldcg(src + q * T) : 0.0f;
     }
     float acc = 0.0f;
     for (int64_t q0 = 0; q0 < nq; q0 += RED_ROWS) {
@@ -365,7 +366,7 @@ chunk_sum_staged(const float *cv, int64_t nq, int64_t T, int64_t t, bool tv, flo
 #pragma unroll
             for (int j = 0; j < RED_PER; j++) {
                 int64_t q = q0 + RED_ROWS + warp + CU_WARPS * j;
-                v[j] = tv && q < nq ? src[q * T] : 0.0f;
+                v[j] = tv && q < nq ? __ldcg(src + q * T) : 0.0f;
             }
         }
         if (warp == 0) {

@@ -1,7 +1,7 @@
 /* hc.cu - mHC: hc_pre (mix GEMM, then per token: norm statistic, pre/post/comb, Sinkhorn and
  * the collapse fused in one block), hc_post and the final hc_head, as cpu/ops.c. */
-#include "common.cuh"
 #include "gemm.cuh"
+#include "norm.cuh"
 
 #include <algorithm>
 
@@ -124,30 +124,58 @@ __device__ __forceinline__ void small_sync(int nt) {
 /* comb from its logits m (lane jr hc + k of warp 0 holds element (jr, k), hc * hc <= 32): the
  * row softmax plus eps, then iters Sinkhorn normalisations (columns; from the second on rows
  * first), each sum in the CPU's order from the lanes' values by shuffles (the shared-memory
- * version below had two barriers per half step). The whole warp calls it; out: this lane's
- * comb element (null: none). */
+ * version below had two barriers per half step). HC > 0: hc is HC (the loops unrolled, a sum's
+ * shuffles issued together; 0: any hc). The whole warp calls it; out: this lane's comb element
+ * (null: none). */
+template <int HC>
 __device__ __forceinline__ void
-comb_sinkhorn_warp(float m, int jr, int k, int hc, int iters, float hc_eps, float *out) {
+comb_sinkhorn_warp(float m, int jr, int k, int hc_, int iters, float hc_eps, float *out) {
+    const int hc = HC > 0 ? HC : hc_;
     float mx = -INFINITY;
+#pragma unroll
     for (int kk = 0; kk < hc; kk++)
         mx = fmaxf(mx, __shfl_sync(0xffffffffu, m, jr * hc + kk));
     float v = exp_ref(m - mx), z = 0.0f;
+#pragma unroll
     for (int kk = 0; kk < hc; kk++)
         z += __shfl_sync(0xffffffffu, v, jr * hc + kk);
     v = v / z + hc_eps;
+#pragma unroll 1
     for (int it = 0; it < iters; it++) {
         if (it > 0) { /* rows */
             float s = 0.0f;
+#pragma unroll
             for (int kk = 0; kk < hc; kk++)
                 s += __shfl_sync(0xffffffffu, v, jr * hc + kk);
             v /= s + hc_eps;
         }
         float s = 0.0f; /* columns */
+#pragma unroll
         for (int j = 0; j < hc; j++)
             s += __shfl_sync(0xffffffffu, v, j * hc + k);
         v /= s + hc_eps;
     }
     if (out) *out = v;
+}
+
+/* Warp 0's part of the finish when hc * hc <= 32: comb of row r from the mix values mr (rho
+ * applied here) by comb_sinkhorn_warp (hc 4 unrolled). */
+__device__ __forceinline__ void hc_comb_warp(const float *mr,
+                                             float rho,
+                                             int hc,
+                                             struct cu_vec base,
+                                             struct cu_vec scale,
+                                             int iters,
+                                             float hc_eps,
+                                             float *comb_r) {
+    int tid = threadIdx.x & 31, nt = hc * hc;
+    bool act = tid < nt;
+    int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
+    float m = act ? mr[2 * hc + tid] * rho * vec_get(scale, 2) + vec_get(base, 2 * hc + tid) : 0.0f;
+    if (hc == 4)
+        comb_sinkhorn_warp<4>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
+    else
+        comb_sinkhorn_warp<0>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
 }
 
 /* Per row (blockIdx.x): rho from the flattened streams, then pre and post, then the collapse y
@@ -254,11 +282,7 @@ __global__ void k_hc_pre_finish(const float *X,
         return;
     }
     if (nt <= 32) { /* warp 0: the matrix in its lanes' registers, sums by shuffles */
-        bool act = tid < nt;
-        int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
-        float m =
-            act ? mr[2 * hc + tid] * rho * vec_get(scale, 2) + vec_get(base, 2 * hc + tid) : 0.0f;
-        comb_sinkhorn_warp(m, jr, k, hc, iters, hc_eps, act ? comb + r * nt + tid : nullptr);
+        hc_comb_warp(mr, rho, hc, base, scale, iters, hc_eps, comb + r * nt);
         return;
     }
     {
@@ -314,6 +338,190 @@ __global__ void k_hc_pre_finish(const float *X,
     }
 }
 
+/* ---- hc_pre at a few rows in one launch (c->hc_one rows at most, DSI_CUDA_HC_ONE; step 19).
+ * At decode the three launches above (the mix's split-K pass, its reduce, the finish) are each a
+ * chain of latencies on one or two blocks, ~20 us together per call, and the norm after hc_pre
+ * is another single-block launch. Here grid (S, n), S = ceil(nq / 32) pieces of 32 chunks of K:
+ * block (s, r) writes the chunk values of piece s of row r for every mix output (lane l: chunk
+ * 32 s + l, warp w: outputs w, w + 8, ...: chunk_dot, as launch_gemm's split-K pass) into
+ * cv[q][r n_mix + o] and the sum of squares of its X values (double) into ssp[r][s]. The block
+ * that completes a row last (a counter per row in c->hc_cnt, put back to zero by that block)
+ * runs the row's finish: the mix sums in chunk order (chunk_sum_staged: launch_gemm's bits), rho
+ * from the S partial sums in order, pre / post, comb on warp 0 (hc * hc <= 32) while warps 1..7
+ * collapse y, then with norm_w z = RMSNorm(y) w and zq = act_quant(z) as k_rms_norm_blk (the
+ * sums of squares in double in another order: the float results equal but for the rare last-bit
+ * tie, as between the other kernels). */
+struct hc_one_p {
+    const float *X, *fn;
+    int64_t ldw, n, dim;
+    int hc, iters;
+    struct cu_vec base, scale, nw;
+    float norm_eps, hc_eps, z_eps;
+    float *cv;   /* [nq][n n_mix] */
+    double *ssp; /* [n][S] */
+    int *cnt;    /* [n], zero on entry and on exit */
+    float *y, *post, *comb, *z, *zq;
+    bool round;
+};
+
+#define HC_ONE_CW (CU_THREADS - 32) /* the collapse's threads: warps 1.. */
+
+__global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
+    cu_pdl_enter();
+    extern __shared__ float4 one_sm[]; /* with norm: y of the row, then z */
+    __shared__ int last;
+    __shared__ float pre_s[HC_MAX];
+    __shared__ float mix_s[(2 + HC_MAX) * HC_MAX];
+    __shared__ float red_buf[RED_ROWS][32];
+    __shared__ double red[CU_WARPS];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hc = p.hc, n_mix = (2 + hc) * hc;
+    int64_t r = blockIdx.y, S = gridDim.x, dim = p.dim, len = hc * dim, nq = len / 32,
+            T = p.n * n_mix, q = (int64_t)blockIdx.x * 32 + lane;
+    const float *Xr = p.X + r * len;
+    bool qv = q < nq;
+    {
+        float xf[32];
+        load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
+#pragma unroll 1
+        for (int o = warp; o < n_mix; o += CU_WARPS) {
+            float wf[32];
+            load_x_chunk(p.fn + o * p.ldw + (qv ? q * 32 : 0), qv, wf);
+            if (qv) p.cv[q * T + r * n_mix + o] = chunk_dot(xf, wf);
+        }
+        if (warp == 0) {
+            double ss = 0.0;
+#pragma unroll
+            for (int e = 0; e < 32; e++)
+                ss += (double)xf[e] * (double)xf[e];
+            ss = warp_sum_d(ss);
+            if (lane == 0) p.ssp[r * S + blockIdx.x] = ss;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence(); /* this block's values, before its count */
+        last = atomicAdd(p.cnt + r, 1) == (int)S - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); /* the other blocks' values (read below through L2: __ldcg) */
+    for (int o0 = 0; o0 < n_mix; o0 += 32) {
+        bool tv = o0 + lane < n_mix;
+        float acc = chunk_sum_staged(p.cv, nq, T, r * n_mix + o0 + lane, tv, red_buf);
+        if (warp == 0 && tv) mix_s[o0 + lane] = acc + 0.0f;
+    }
+    double ss = 0.0;
+    for (int64_t s = 0; s < S; s++)
+        ss += __ldcg(p.ssp + r * S + s);
+    float rho = 1.0f / sqrtf((float)(ss / (double)len) + p.norm_eps);
+    __syncthreads(); /* mix_s */
+    if (threadIdx.x < hc) {
+        int k = threadIdx.x;
+        float m0 = mix_s[k] * rho, m1 = mix_s[hc + k] * rho;
+        pre_s[k] = sigmoid_ref(m0 * vec_get(p.scale, 0) + vec_get(p.base, k)) + p.hc_eps;
+        p.post[r * hc + k] = 2.0f * sigmoid_ref(m1 * vec_get(p.scale, 1) + vec_get(p.base, hc + k));
+    }
+    __syncthreads();
+    if (warp == 0) {
+        hc_comb_warp(mix_s, rho, hc, p.base, p.scale, p.iters, p.hc_eps, p.comb + r * hc * hc);
+        if (lane == 0) p.cnt[r] = 0; /* for the next launch (kernel order makes it visible) */
+        return;
+    }
+    /* warps 1..: the collapse (k_hc_pre_finish's arithmetic), then the norm */
+    float *ys = (float *)one_sm;
+    bool norm = p.z != nullptr;
+    int ct = threadIdx.x - 32;
+    double zs = 0.0;
+    for (int64_t d = ct; d < dim; d += HC_ONE_CW) {
+        float xv[HC_MAX];
+#pragma unroll
+        for (int k = 0; k < HC_MAX; k++)
+            xv[k] = k < hc ? Xr[k * dim + d] : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HC_MAX; k++)
+            if (k < hc) acc += pre_s[k] * xv[k];
+        float yv = rbf(acc, p.round);
+        p.y[r * dim + d] = yv;
+        if (norm) {
+            ys[d] = yv;
+            float v = rbf(yv, p.round); /* rms_in4's rounding of the norm's input */
+            zs += (double)v * (double)v;
+        }
+    }
+    if (!norm) return;
+    zs = warp_sum_d(zs);
+    if (lane == 0) red[warp] = zs;
+    asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
+    double tot = 0.0;
+    for (int w = 1; w < CU_WARPS; w++)
+        tot += red[w];
+    float inv = rms_inv(tot, dim, p.z_eps, p.round, p.nw.data != nullptr);
+    float4 *y4 = (float4 *)ys, *z4 = (float4 *)(p.z + r * dim);
+    for (int64_t e = ct; e < dim / 4; e += HC_ONE_CW) {
+        float4 o = rms_out4(y4[e], inv, p.nw, e * 4, p.round);
+        z4[e] = o;
+        y4[e] = o;
+    }
+    if (!p.zq) return;
+    asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
+    float4 *q4 = (float4 *)(p.zq + r * dim);
+#pragma unroll 1
+    for (int64_t b = warp - 1; b < dim / 128; b += CU_WARPS - 1)
+        q8_warp_block(y4[b * 32 + lane], q4 + b * 32 + lane);
+}
+
+static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a);
+
+/* k_hc_pre_one for a's rows, or false (not taken: the caller runs the other kernels); *normed:
+ * it did the norm too (else the caller runs it, where a asks for it) */
+static bool
+hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w *fn, bool *normed) {
+    int hc = (int)a->hc;
+    int64_t len = hc * a->dim, nq = len / 32, S = cu_div_up(nq, 32), n_mix = (2 + hc) * hc;
+    bool norm = a->norm_w && a->dim % 128 == 0 && a->dim * 4 <= 48 * 1024 &&
+                (uintptr_t)a->z % 16 == 0 && (uintptr_t)a->zq % 16 == 0;
+    size_t sm = norm ? (size_t)a->dim * 4 : 0;
+    *normed = norm;
+    if (a->n > c->hc_one || a->n > CU_HC_ONE_MAX || hc * hc > 32 || len % 32 ||
+        fn->type != DSI_TYPE_F32 || !gemm_fast_ok(fn, a->X, len) || fn->row_bytes % 16 || S > 65535)
+        return false;
+    float *cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * a->n * n_mix) * 4);
+    double *ssp = (double *)cu_scratch(c, CU_SCR_OP, (size_t)(a->n * S) * 8);
+    if (!cv || !ssp) return true; /* failed (sticky), or the capture gave up */
+    struct hc_one_p p;
+    memset(&p, 0, sizeof(p));
+    p.X = a->X;
+    p.fn = (const float *)fn->data;
+    p.ldw = fn->row_bytes / 4;
+    p.n = a->n;
+    p.dim = a->dim;
+    p.hc = hc;
+    p.iters = a->iters;
+    p.base = cu_vec_of(a->base);
+    p.scale = cu_vec_of(a->scale);
+    p.norm_eps = a->norm_eps;
+    p.hc_eps = a->hc_eps;
+    p.cv = cv;
+    p.ssp = ssp;
+    p.cnt = c->hc_cnt;
+    p.y = a->y;
+    p.post = a->post;
+    p.comb = a->comb;
+    p.round = a->round_bf16;
+    if (norm) {
+        p.nw = cu_vec_of(a->norm_w);
+        p.z_eps = a->z_eps;
+        p.z = a->z;
+        p.zq = a->zq;
+    }
+    int pf = cu_prof_begin(c, "hc_pre.one");
+    cu_launch(c, k_hc_pre_one, dim3((unsigned)S, (unsigned)a->n), CU_THREADS, sm, p);
+    cu_prof_end(c, pf);
+    cu_check(c, "hc_pre");
+    return true;
+}
+
 extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0) return;
@@ -331,6 +539,11 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
                 (long long)fn.rows, (long long)fn.K, (long long)n_mix, (long long)len);
         return;
     }
+    bool normed = false;
+    if (hc_pre_one(c, a, &fn, &normed)) {
+        if (!normed) hc_norm_after(be, a);
+        return;
+    }
     /* the mix: its split-K chunk values added by the finish (c->hc_fuse, below k_hc_mix's rows),
        or mraw */
     const float *cv = NULL;
@@ -346,7 +559,24 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
               cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y,
               a->post, a->comb, a->round_bf16);
     cu_prof_end(c, pf);
-    cu_check(c, "hc_pre");
+    if (cu_check(c, "hc_pre")) hc_norm_after(be, a);
+}
+
+/* a's norm (norm_w) as its own op after hc_pre */
+static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
+    if (!a->norm_w) return;
+    struct dsi_rms_norm_args na = {.x = a->y,
+                                   .y = a->z,
+                                   .n = a->n,
+                                   .n_groups = 1,
+                                   .dim = a->dim,
+                                   .ldx = a->dim,
+                                   .ldy = a->dim,
+                                   .w = a->norm_w,
+                                   .eps = a->z_eps,
+                                   .round_bf16 = a->round_bf16,
+                                   .yq = a->zq};
+    cuda_rms_norm(be, &na);
 }
 
 /* Xo[k] = post[k] f + sum_j comb[j][k] X[j]: one thread per (row, d) computes every stream k,

@@ -1,58 +1,6 @@
 /* norm_rope.cu - RMSNorm (weighted, unweighted, per group) and interleaved RoPE, with the CPU
  * backend's arithmetic (cpu/ops.c). */
-#include "common.cuh"
-
-/* 1 / rms from the sum of squares of dim values (cpu_rms_norm's arithmetic), and an output. */
-__device__ __forceinline__ float rms_inv(double ss, int64_t dim, float eps, bool round, bool w) {
-    float ms = (float)(ss / (double)dim);
-    return round && !w ? bf16_round(1.0f / sqrtf(bf16_round(ms) + eps)) : 1.0f / sqrtf(ms + eps);
-}
-__device__ __forceinline__ float
-rms_out(float v, float inv, struct cu_vec w, int64_t i, bool round) {
-    v = v * inv;
-    if (w.data) v = vec_get(w, i) * v;
-    return rbf(v, round);
-}
-
-/* A float4 of a norm's input rounded as rbf, its squares added to ss (in double, x y z w order). */
-__device__ __forceinline__ float4 rms_in4(float4 v, bool round, double &ss) {
-    v = make_float4(rbf(v.x, round), rbf(v.y, round), rbf(v.z, round), rbf(v.w, round));
-    ss += (double)v.x * (double)v.x;
-    ss += (double)v.y * (double)v.y;
-    ss += (double)v.z * (double)v.z;
-    ss += (double)v.w * (double)v.w;
-    return v;
-}
-/* rms_out of a float4 at element e of the group (e % 4 == 0): the weight's four values in one
- * load where it is F32 or BF16 (one type test per float4, not per element: the norm kernels
- * unroll their float4s, and their code was 20-60 KB, step 18); the same arithmetic. */
-__device__ __forceinline__ float4
-rms_out4(float4 v, float inv, struct cu_vec w, int64_t e, bool round) {
-    if (w.data && w.type == DSI_TYPE_F32) {
-        float4 g = *(const float4 *)((const float *)w.data + e);
-        return make_float4(rbf(g.x * (v.x * inv), round), rbf(g.y * (v.y * inv), round),
-                           rbf(g.z * (v.z * inv), round), rbf(g.w * (v.w * inv), round));
-    }
-    if (w.data && w.type == DSI_TYPE_BF16) {
-        uint2 u = *(const uint2 *)((const uint16_t *)w.data + e);
-        return make_float4(rbf(bf16_to_f32(u.x & 0xffffu) * (v.x * inv), round),
-                           rbf(bf16_to_f32(u.x >> 16) * (v.y * inv), round),
-                           rbf(bf16_to_f32(u.y & 0xffffu) * (v.z * inv), round),
-                           rbf(bf16_to_f32(u.y >> 16) * (v.w * inv), round));
-    }
-    return make_float4(rms_out(v.x, inv, w, e, round), rms_out(v.y, inv, w, e + 1, round),
-                       rms_out(v.z, inv, w, e + 2, round), rms_out(v.w, inv, w, e + 3, round));
-}
-
-/* act_quant of one 128-block held by a warp as a float4 per lane (k_act_quant's numbers: amax,
- * UE8M0 scale, e4m3 round trip), into q. The whole warp calls it. */
-__device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
-    float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
-    amax = warp_max(amax);
-    float s = ue8m0_scale(amax, 448.0f, 1e-4f), inv_s = 1.0f / s;
-    *q = make_float4(q8_value(y.x, s, inv_s), q8_value(y.y, s, inv_s), q8_value(y.z, s, inv_s),
-                     q8_value(y.w, s, inv_s));
-}
+#include "norm.cuh"
 
 /* One block per (row, group). Two passes over x so that y may alias x. */
 __global__ void k_rms_norm(const float *x,
