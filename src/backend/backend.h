@@ -96,6 +96,15 @@ struct dsi_rms_norm_args {
     /* optional (n_groups 1): also yq = act_quant(y) in 128-blocks, rows of dim floats
        (act_quant's numbers; one op where a norm feeds a quantised GEMM) */
     float *yq;
+    /* optional (rope_dim > 0; not with yq): then y's groups get rope's RoPE (not inverse; width
+       and head stride dim) at pos with freq, and then, with q_dim > 0 (n_groups 1), act_quant in
+       place on each row's first q_dim values in blocks of q_block: the forward's q-head and KV
+       norms with what follows them, in one op */
+    int rope_dim;
+    const int32_t *pos;
+    const float *freq;
+    int64_t q_dim;
+    int q_block;
 };
 
 /* Interleaved RoPE on the last rope_dim values of every head: pair i is (x[w-rd+2i],

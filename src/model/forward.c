@@ -310,12 +310,6 @@ static void rope(struct dsi_fwd *f,
     f->be->ops->rope(f->be, &a);
 }
 
-static void kv_quant(struct dsi_fwd *f, float *x, int64_t n, int64_t ld) {
-    if (!f->R) return;
-    struct dsi_act_quant_args a = {x, x, n, f->c->nope_dim, ld, ld, 64}; /* [QAT] KV nope dims */
-    f->be->ops->act_quant(f->be, &a);
-}
-
 /* ---- compressors (spec 4.6) --------------------------------------------------------------------
  */
 
@@ -399,6 +393,7 @@ static void attention(struct dsi_fwd *f, int il) {
     rmsq(f, f->qa, f->qa, n, ql, &L->q_norm, f->qaq);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
     gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
+    /* the per-head q norm, then RoPE: one op */
     struct dsi_rms_norm_args qn = {.x = f->q,
                                    .y = f->q,
                                    .n = n,
@@ -408,13 +403,21 @@ static void attention(struct dsi_fwd *f, int il) {
                                    .ldy = HD,
                                    .w = NULL,
                                    .eps = (float)c->rms_norm_eps,
-                                   .round_bf16 = f->R};
+                                   .round_bf16 = f->R,
+                                   .rope_dim = c->qk_rope_head_dim,
+                                   .pos = pos,
+                                   .freq = f->m->freq_dev[tab]};
     be->ops->rms_norm(be, &qn);
-    rope(f, f->q, n, HD, H, hd, pos, tab, false);
     gemm(f, &L->wkv, xq, n, D, f->kv_rows, hd, f->R, f->R);
-    rms(f, f->kv_rows, f->kv_rows, n, hd, &L->kv_norm);
-    rope(f, f->kv_rows, n, hd, 1, hd, pos, tab, false);
-    kv_quant(f, f->kv_rows, n, hd);
+    /* the KV norm, RoPE and [QAT] quantisation of the nope dims (kv_quant): one op */
+    struct dsi_rms_norm_args kn = qn;
+    kn.x = kn.y = f->kv_rows;
+    kn.n_groups = 1;
+    kn.ldx = kn.ldy = hd;
+    kn.w = &L->kv_norm;
+    kn.q_dim = f->R ? c->nope_dim : 0;
+    kn.q_block = 64; /* [QAT] KV nope dims */
+    be->ops->rms_norm(be, &kn);
     struct dsi_kv_store_args ks = {&f->st, f->kv_rows, hd, S->ring};
     be->ops->kv_store(be, &ks);
 

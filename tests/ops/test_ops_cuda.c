@@ -523,6 +523,112 @@ int test_cuda_rms_norm(struct test_ctx *t) {
     return 0;
 }
 
+/* rms_norm with the RoPE and quantisation after it (rope_dim, q_dim: the forward's q-head and KV
+ * norms): without q_dim within 1e-6 of the CPU's op (its norm, then its rope); with it bit for
+ * bit the GPU's own ops one by one (norm, rope, act_quant; a norm output a last bit off the CPU's
+ * can round to another e4m3 value, so the CPU comparison stops before the quantisation). Dims
+ * 128 / 512 / 1024 take the fused warp kernel, 256 the separate launches. */
+int test_cuda_norm_rope(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 15);
+    struct {
+        int64_t n, groups, dim, ld;
+        int wtype, rope, qd, qb;
+        bool round;
+    } cs[] = {
+        {3, 64, 512, 32768, -1, 64, 0, 0, true},                /* the q heads */
+        {1, 64, 512, 32768, -1, 64, 0, 0, false},
+        {1, 1, 512, 512, DSI_TYPE_BF16, 64, 448, 64, true},     /* KV */
+        {6, 1, 512, 512, DSI_TYPE_F32, 64, 448, 64, false},
+        {2, 1, 1024, 1024, DSI_TYPE_BF16, 64, 896, 128, true},  /* 128-blocks */
+        {5, 2, 128, 260, -1, 32, 0, 0, true},                   /* ld past the groups */
+        {3, 1, 256, 256, DSI_TYPE_BF16, 32, 192, 64, true},     /* separate launches */
+        {2, 4, 256, 1024, -1, 64, 0, 0, false},
+    };
+    float freq[32];
+    for (int i = 0; i < 32; i++)
+        freq[i] = powf(10000.0f, -(float)i / 32.0f);
+    for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
+        int64_t n = cs[c].n, nx = n * cs[c].ld, D = cs[c].dim;
+        float *x = fnorm(&r, nx, 3.0f), *wv = fnorm(&r, D, 0.1f);
+        for (int64_t i = 0; i < D; i++)
+            wv[i] += 1.0f;
+        int32_t pos[8];
+        for (int64_t i = 0; i < n; i++)
+            pos[i] = rint_below(&r, 70000);
+        int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)n);
+        struct wt w;
+        if (cs[c].wtype >= 0) vec_make(&w, wv, D, (enum dsi_type)cs[c].wtype);
+        float *yc = malloc(sizeof(float) * (size_t)nx), *yg = malloc(sizeof(float) * (size_t)nx),
+              *ys = malloc(sizeof(float) * (size_t)nx);
+        memcpy(yc, x, sizeof(float) * (size_t)nx);
+        float *dx = dput(x, sizeof(float) * (size_t)nx), *dx2 = dput(x, sizeof(float) * (size_t)nx);
+        struct dsi_rms_norm_args a = {.x = yc,
+                                      .y = yc,
+                                      .n = n,
+                                      .n_groups = cs[c].groups,
+                                      .dim = D,
+                                      .ldx = cs[c].ld,
+                                      .ldy = cs[c].ld,
+                                      .w = cs[c].wtype >= 0 ? &w.h : NULL,
+                                      .eps = 1e-6f,
+                                      .round_bf16 = cs[c].round,
+                                      .rope_dim = cs[c].rope,
+                                      .pos = pos,
+                                      .freq = freq};
+        g_cpu->ops->rms_norm(g_cpu, &a); /* without the quantisation */
+        a.x = a.y = dx;
+        a.w = cs[c].wtype >= 0 ? &w.d : NULL;
+        a.pos = dpos;
+        g_gpu->ops->rms_norm(g_gpu, &a);
+        TEST_ASSERT(gsync("rms_norm+rope") == 0);
+        dget(yg, dx, sizeof(float) * (size_t)nx);
+        TEST_ASSERTF(close_to("rms_norm+rope", yg, yc, nx, 1e-6), "case %zu", c);
+        if (cs[c].qd > 0) { /* fused vs the GPU's ops one by one, bitwise */
+            dfree(dx);
+            dx = dput(x, sizeof(float) * (size_t)nx);
+            a.x = a.y = dx;
+            a.q_dim = cs[c].qd;
+            a.q_block = cs[c].qb;
+            g_gpu->ops->rms_norm(g_gpu, &a);
+            struct dsi_rms_norm_args b = a;
+            b.x = b.y = dx2;
+            b.rope_dim = 0;
+            b.q_dim = 0;
+            g_gpu->ops->rms_norm(g_gpu, &b);
+            struct dsi_rope_args ra = {.x = dx2,
+                                       .n = n,
+                                       .ldx = cs[c].ld,
+                                       .n_heads = cs[c].groups,
+                                       .head_stride = D,
+                                       .width = (int)D,
+                                       .rope_dim = cs[c].rope,
+                                       .pos = dpos,
+                                       .freq = freq,
+                                       .inverse = false,
+                                       .round_bf16 = cs[c].round};
+            g_gpu->ops->rope(g_gpu, &ra);
+            struct dsi_act_quant_args q = {dx2, dx2, n, cs[c].qd, cs[c].ld, cs[c].ld, cs[c].qb};
+            g_gpu->ops->act_quant(g_gpu, &q);
+            TEST_ASSERT(gsync("rms_norm+rope+quant") == 0);
+            dget(yg, dx, sizeof(float) * (size_t)nx);
+            dget(ys, dx2, sizeof(float) * (size_t)nx);
+            TEST_ASSERTF(same("rms_norm+rope+quant", yg, ys, sizeof(float) * (size_t)nx),
+                         "case %zu", c);
+        }
+        dfree(dx);
+        dfree(dx2);
+        dfree(dpos);
+        free(x);
+        free(wv);
+        free(yc);
+        free(yg);
+        free(ys);
+        if (cs[c].wtype >= 0) wt_free(&w);
+    }
+    return 0;
+}
+
 int test_cuda_rope(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 6);

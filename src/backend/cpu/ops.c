@@ -49,6 +49,24 @@ void cpu_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
         struct dsi_act_quant_args q = {a->y, a->yq, a->n, a->dim, a->ldy, a->dim, 128};
         cpu_act_quant(be, &q);
     }
+    if (a->rope_dim > 0) { /* the fused RoPE and quantisation: those ops themselves */
+        struct dsi_rope_args r = {.x = a->y,
+                                  .n = a->n,
+                                  .ldx = a->ldy,
+                                  .n_heads = a->n_groups,
+                                  .head_stride = a->dim,
+                                  .width = (int)a->dim,
+                                  .rope_dim = a->rope_dim,
+                                  .pos = a->pos,
+                                  .freq = a->freq,
+                                  .inverse = false,
+                                  .round_bf16 = a->round_bf16};
+        cpu_rope(be, &r);
+        if (a->q_dim > 0) {
+            struct dsi_act_quant_args q = {a->y, a->y, a->n, a->q_dim, a->ldy, a->ldy, a->q_block};
+            cpu_act_quant(be, &q);
+        }
+    }
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */

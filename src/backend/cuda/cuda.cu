@@ -495,6 +495,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
+    const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");
+    c->norm_rq = !(nr && *nr == '0');
+    c->norm_blk1 = !(nb && *nb == '0');
     const char *gp = getenv("DSI_CUDA_GVF_PRE");
     c->gvf_pre = gp && *gp ? atoi(gp) : 1;
     if (c->gvf_pre > 256) c->gvf_pre = 256;

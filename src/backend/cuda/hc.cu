@@ -565,17 +565,16 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
 /* a's norm (norm_w) as its own op after hc_pre */
 static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     if (!a->norm_w) return;
-    struct dsi_rms_norm_args na = {.x = a->y,
-                                   .y = a->z,
-                                   .n = a->n,
-                                   .n_groups = 1,
-                                   .dim = a->dim,
-                                   .ldx = a->dim,
-                                   .ldy = a->dim,
-                                   .w = a->norm_w,
-                                   .eps = a->z_eps,
-                                   .round_bf16 = a->round_bf16,
-                                   .yq = a->zq};
+    struct dsi_rms_norm_args na = {};
+    na.x = a->y;
+    na.y = a->z;
+    na.n = a->n;
+    na.n_groups = 1;
+    na.dim = na.ldx = na.ldy = a->dim;
+    na.w = a->norm_w;
+    na.eps = a->z_eps;
+    na.round_bf16 = a->round_bf16;
+    na.yq = a->zq;
     cuda_rms_norm(be, &na);
 }
 

@@ -27,10 +27,47 @@ __global__ void k_rms_norm(const float *x,
         ys[i] = rms_out(rbf(xs[i], round), inv, w, i, round);
 }
 
+/* What the q-head and KV norms do after the norm (rms_norm's rope_dim / q_dim, dsi_rms_norm_args):
+ * RoPE on each group's last rope_dim values at pos[r], then act_quant in place of each row's
+ * first q_dim values in blocks of 4 q_lanes values. */
+struct norm_rq {
+    const int32_t *pos;
+    const float *freq; /* device copy */
+    int rope_dim, q_dim, q_lanes;
+};
+
+/* rq on the float4 o at element e of a group of dim values of row r (e % 4 == 0), held by a
+ * lane of a warp whose 32 lanes hold consecutive float4 (a quantisation block is q_lanes of
+ * them, aligned): rope_pair on its two pairs where they are rope dims (rope_dim % 4 == 0: a
+ * float4 is wholly in or out), then the block's amax by shuffles and q8_value (k_act_quant's
+ * numbers). The whole warp calls it (the shuffles). */
+__device__ __forceinline__ float4
+norm_rq_apply(float4 o, int64_t e, int64_t dim, const struct norm_rq &rq, int64_t r, bool round) {
+    int64_t rs = dim - rq.rope_dim;
+    if (e >= rs) {
+        float p = (float)rq.pos[r];
+        int i = (int)(e - rs) / 2;
+        rope_pair(o.x, o.y, p, rq.freq[i], false, round);
+        rope_pair(o.z, o.w, p, rq.freq[i + 1], false, round);
+    }
+    if (rq.q_dim > 0) {
+        float a = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(o.x)), fabsf(o.y)), fabsf(o.z)), fabsf(o.w));
+        for (int off = rq.q_lanes / 2; off > 0; off >>= 1)
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+        if (e < rq.q_dim) {
+            float s = ue8m0_scale(a, 448.0f, 1e-4f), inv_s = 1.0f / s;
+            o = make_float4(q8_value(o.x, s, inv_s), q8_value(o.y, s, inv_s),
+                            q8_value(o.z, s, inv_s), q8_value(o.w, s, inv_s));
+        }
+    }
+    return o;
+}
+
 /* One warp per (row, group) for dims of 128 V (V <= 16: the per-head and LoRA norms, many short
  * groups): a lane holds its V float4 in registers (read once; y may alias x), the sum of squares
- * in double as k_rms_norm's. 8 warps per block. */
-template <int V>
+ * in double as k_rms_norm's. 8 warps per block. RQ: then norm_rq_apply (the q-head norm's RoPE,
+ * the KV norm's RoPE and quantisation). */
+template <int V, bool RQ>
 __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
                                                        float *y,
                                                        int64_t rows, /* n * n_groups */
@@ -39,7 +76,8 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
                                                        int64_t ldy,
                                                        struct cu_vec w,
                                                        float eps,
-                                                       bool round) {
+                                                       bool round,
+                                                       struct norm_rq rq) {
     cu_pdl_enter();
     int64_t rg = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (rg >= rows) return;
@@ -58,7 +96,10 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
     float inv = rms_inv(warp_sum_d(ss), V * 128, eps, round, w.data != nullptr);
 #pragma unroll
     for (int i = 0; i < V; i++) {
-        ys[i * 32 + lane] = rms_out4(v[i], inv, w, (int64_t)(i * 32 + lane) * 4, round);
+        int64_t e = (int64_t)(i * 32 + lane) * 4;
+        float4 o = rms_out4(v[i], inv, w, e, round);
+        if (RQ) o = norm_rq_apply(o, e, V * 128, rq, r, round);
+        ys[i * 32 + lane] = o;
     }
 }
 
@@ -112,18 +153,74 @@ template <int V> static void rms_norm_blk(struct cu_ctx *c, const struct dsi_rms
               a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16, a->yq);
 }
 
-template <int V> static void rms_norm_warp(struct cu_ctx *c, const struct dsi_rms_norm_args *a) {
+template <int V>
+static void rms_norm_warp(struct cu_ctx *c, const struct dsi_rms_norm_args *a, const norm_rq *rq) {
     int64_t rows = a->n * a->n_groups;
-    cu_launch(c, k_rms_norm_warp<V>, (unsigned)cu_div_up(rows, 8), 256, 0, a->x, a->y, rows,
-              a->n_groups, a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16);
+    unsigned blocks = (unsigned)cu_div_up(rows, 8);
+    if (rq)
+        cu_launch(c, k_rms_norm_warp<V, true>, blocks, 256, 0, a->x, a->y, rows, a->n_groups,
+                  a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16, *rq);
+    else
+        cu_launch(c, k_rms_norm_warp<V, false>, blocks, 256, 0, a->x, a->y, rows, a->n_groups,
+                  a->ldx, a->ldy, cu_vec_of(a->w), a->eps, a->round_bf16, norm_rq{});
     /* the quantised copy in its own launch: one warp per row doing it too was slower at decode
        (the q norm at batch 1, step 17) */
     if (a->yq) launch_act_quant(c, a->y, a->yq, a->n, a->n_groups * a->dim, a->ldy, a->dim, 128);
 }
 
+/* The RoPE and quantisation after a norm (rope_dim > 0) in the norm's kernel where it is a warp
+ * kernel (norm_rq_apply), else as the rope and act_quant launches; true: handled. */
+static bool rms_norm_rq(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
+    if (a->rope_dim <= 0) return false;
+    struct cu_ctx *c = cu_ctx_of(be);
+    int half = a->rope_dim / 2;
+    bool vec = a->dim % 128 == 0 && a->ldx % 4 == 0 && a->ldy % 4 == 0 &&
+               (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0;
+    bool qok = a->q_dim <= 0 || (a->n_groups == 1 && (a->q_block == 64 || a->q_block == 128) &&
+                                 a->q_dim % a->q_block == 0 && a->q_dim <= a->dim);
+    if (a->yq || a->rope_dim % 4 || a->rope_dim > a->dim || half > 64) {
+        cu_fail(c, DSI_ERR_INVALID, "rms_norm: rope of %d dims after a norm of %lld%s", a->rope_dim,
+                (long long)a->dim, a->yq ? " with a quantised copy" : "");
+        return true;
+    }
+    const float *freq = cu_freq_dev(c, a->freq, half);
+    if (!freq) return true;
+    if (vec && qok && c->norm_rq &&
+        (a->dim == 128 || a->dim == 512 || a->dim == 1024 || a->dim == 2048)) {
+        norm_rq rq = {a->pos, freq, a->rope_dim, a->q_dim > 0 ? (int)a->q_dim : 0,
+                      a->q_block / 4};
+        if (a->dim == 128) rms_norm_warp<1>(c, a, &rq);
+        if (a->dim == 512) rms_norm_warp<4>(c, a, &rq);
+        if (a->dim == 1024) rms_norm_warp<8>(c, a, &rq);
+        if (a->dim == 2048) rms_norm_warp<16>(c, a, &rq);
+        cu_check(c, "rms_norm");
+        return true;
+    }
+    /* the norm, then the ops themselves */
+    struct dsi_rms_norm_args b = *a;
+    b.rope_dim = 0;
+    cuda_rms_norm(be, &b);
+    struct dsi_rope_args ra = {.x = a->y,
+                               .n = a->n,
+                               .ldx = a->ldy,
+                               .n_heads = a->n_groups,
+                               .head_stride = a->dim,
+                               .width = (int)a->dim,
+                               .rope_dim = a->rope_dim,
+                               .pos = a->pos,
+                               .freq = a->freq,
+                               .inverse = false,
+                               .round_bf16 = a->round_bf16};
+    cuda_rope(be, &ra);
+    if (a->q_dim > 0)
+        launch_act_quant(c, a->y, a->y, a->n, a->q_dim, a->ldy, a->ldy, a->q_block);
+    return true;
+}
+
 extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->n_groups <= 0 || a->dim <= 0) return;
+    if (rms_norm_rq(be, a)) return;
     if (a->yq && (a->n_groups != 1 || a->dim % 128)) {
         cu_fail(c, DSI_ERR_INVALID, "rms_norm: quantised copy of %lld groups of %lld",
                 (long long)a->n_groups, (long long)a->dim);
@@ -139,10 +236,15 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
     bool vec = a->dim % 128 == 0 && a->ldx % 4 == 0 && a->ldy % 4 == 0 &&
                (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->y % 16 == 0 && (uintptr_t)a->yq % 16 == 0;
     if (vec && (a->dim == 128 || a->dim == 512 || a->dim == 1024 || a->dim == 2048)) {
-        if (a->dim == 128) rms_norm_warp<1>(c, a);
-        if (a->dim == 512) rms_norm_warp<4>(c, a);
-        if (a->dim == 1024) rms_norm_warp<8>(c, a);
-        if (a->dim == 2048) rms_norm_warp<16>(c, a);
+        if (a->dim == 1024 && a->yq && c->norm_blk1) { /* the q norm: a block, yq inside */
+            rms_norm_blk<1>(c, a);
+            cu_check(c, "rms_norm");
+            return;
+        }
+        if (a->dim == 128) rms_norm_warp<1>(c, a, nullptr);
+        if (a->dim == 512) rms_norm_warp<4>(c, a, nullptr);
+        if (a->dim == 1024) rms_norm_warp<8>(c, a, nullptr);
+        if (a->dim == 2048) rms_norm_warp<16>(c, a, nullptr);
         cu_check(c, "rms_norm");
         return;
     }
@@ -178,14 +280,11 @@ __global__ void k_rope(float *x,
     if (t >= n * n_heads * half) return;
     int i = (int)(t % half);
     int64_t h = (t / half) % n_heads, r = t / half / n_heads;
-    float p = (float)pos[r];
     float *xp = x + r * ldx + h * head_stride + (width - rope_dim);
-    float ang = p * freq[i];
-    float c = cos_ref(ang), s = sin_ref(ang);
-    if (inverse) s = -s;
     float x0 = xp[2 * i], x1 = xp[2 * i + 1];
-    xp[2 * i] = rbf(x0 * c - x1 * s, round);
-    xp[2 * i + 1] = rbf(x1 * c + x0 * s, round);
+    rope_pair(x0, x1, (float)pos[r], freq[i], inverse, round);
+    xp[2 * i] = x0;
+    xp[2 * i + 1] = x1;
 }
 
 extern "C" void cuda_rope(struct dsi_backend *be, const struct dsi_rope_args *a) {
