@@ -536,13 +536,13 @@ int test_cuda_norm_rope(struct test_ctx *t) {
         int wtype, rope, qd, qb;
         bool round;
     } cs[] = {
-        {3, 64, 512, 32768, -1, 64, 0, 0, true},                /* the q heads */
+        {3, 64, 512, 32768, -1, 64, 0, 0, true}, /* the q heads */
         {1, 64, 512, 32768, -1, 64, 0, 0, false},
-        {1, 1, 512, 512, DSI_TYPE_BF16, 64, 448, 64, true},     /* KV */
+        {1, 1, 512, 512, DSI_TYPE_BF16, 64, 448, 64, true}, /* KV */
         {6, 1, 512, 512, DSI_TYPE_F32, 64, 448, 64, false},
-        {2, 1, 1024, 1024, DSI_TYPE_BF16, 64, 896, 128, true},  /* 128-blocks */
-        {5, 2, 128, 260, -1, 32, 0, 0, true},                   /* ld past the groups */
-        {3, 1, 256, 256, DSI_TYPE_BF16, 32, 192, 64, true},     /* separate launches */
+        {2, 1, 1024, 1024, DSI_TYPE_BF16, 64, 896, 128, true}, /* 128-blocks */
+        {5, 2, 128, 260, -1, 32, 0, 0, true},                  /* ld past the groups */
+        {3, 1, 256, 256, DSI_TYPE_BF16, 32, 192, 64, true},    /* separate launches */
         {2, 4, 256, 1024, -1, 64, 0, 0, false},
     };
     float freq[32];

@@ -366,7 +366,8 @@ struct hc_one_p {
 
 #define HC_ONE_CW (CU_THREADS - 32) /* the collapse's threads: warps 1.. */
 
-__global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
+/* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32) */
+template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     cu_pdl_enter();
     extern __shared__ float4 one_sm[]; /* with norm: y of the row, then z */
     __shared__ int last;
@@ -374,21 +375,21 @@ __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     __shared__ float mix_s[(2 + HC_MAX) * HC_MAX];
     __shared__ float red_buf[RED_ROWS][32];
     __shared__ double red[CU_WARPS];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hc = p.hc, n_mix = (2 + hc) * hc;
+    constexpr int HM = HC > 0 ? HC : 5; /* streams held per float4 of the collapse */
+    constexpr int CU = 20 / HM;         /* float4 columns per collapse thread in flight */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hc = HC > 0 ? HC : p.hc;
+    int n_mix = (2 + hc) * hc;
     int64_t r = blockIdx.y, S = gridDim.x, dim = p.dim, len = hc * dim, nq = len / 32,
             T = p.n * n_mix, q = (int64_t)blockIdx.x * 32 + lane;
     const float *Xr = p.X + r * len;
     bool qv = q < nq;
-    {
-        float xf[32];
+    { /* block (s, r, og): piece s of row r, outputs 8 og + warp: every load issued at once */
+        int o = blockIdx.z * CU_WARPS + warp;
+        float xf[32], wf[32];
         load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
-#pragma unroll 1
-        for (int o = warp; o < n_mix; o += CU_WARPS) {
-            float wf[32];
-            load_x_chunk(p.fn + o * p.ldw + (qv ? q * 32 : 0), qv, wf);
-            if (qv) p.cv[q * T + r * n_mix + o] = chunk_dot(xf, wf);
-        }
-        if (warp == 0) {
+        load_x_chunk(p.fn + (o < n_mix ? o : 0) * p.ldw + (qv ? q * 32 : 0), qv && o < n_mix, wf);
+        if (qv && o < n_mix) p.cv[q * T + r * n_mix + o] = chunk_dot(xf, wf);
+        if (warp == 0 && blockIdx.z == 0) {
             double ss = 0.0;
 #pragma unroll
             for (int e = 0; e < 32; e++)
@@ -400,7 +401,7 @@ __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence(); /* this block's values, before its count */
-        last = atomicAdd(p.cnt + r, 1) == (int)S - 1;
+        last = atomicAdd(p.cnt + r, 1) == (int)(S * gridDim.z) - 1;
     }
     __syncthreads();
     if (!last) return;
@@ -410,9 +411,13 @@ __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
         float acc = chunk_sum_staged(p.cv, nq, T, r * n_mix + o0 + lane, tv, red_buf);
         if (warp == 0 && tv) mix_s[o0 + lane] = acc + 0.0f;
     }
-    double ss = 0.0;
-    for (int64_t s = 0; s < S; s++)
-        ss += __ldcg(p.ssp + r * S + s);
+    double ss = 0.0; /* the S partial sums in order: 32 loads at a time, then shuffles */
+    for (int64_t s0 = 0; s0 < S; s0 += 32) {
+        double v = s0 + lane < S ? __ldcg(p.ssp + r * S + s0 + lane) : 0.0;
+        int cnt = (int)(S - s0 < 32 ? S - s0 : 32);
+        for (int j = 0; j < cnt; j++)
+            ss += __shfl_sync(0xffffffffu, v, j);
+    }
     float rho = 1.0f / sqrtf((float)(ss / (double)len) + p.norm_eps);
     __syncthreads(); /* mix_s */
     if (threadIdx.x < hc) {
@@ -427,26 +432,44 @@ __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
         if (lane == 0) p.cnt[r] = 0; /* for the next launch (kernel order makes it visible) */
         return;
     }
-    /* warps 1..: the collapse (k_hc_pre_finish's arithmetic), then the norm */
-    float *ys = (float *)one_sm;
+    /* warps 1..: the collapse (k_hc_pre_finish's arithmetic) by float4, CU of them (HM streams
+       each) loaded at once, then the norm */
+    float4 *ys = one_sm;
     bool norm = p.z != nullptr;
     int ct = threadIdx.x - 32;
+    int64_t d4 = dim / 4;
+    const float4 *X4 = (const float4 *)Xr;
+    float4 *y4 = (float4 *)(p.y + r * dim);
     double zs = 0.0;
-    for (int64_t d = ct; d < dim; d += HC_ONE_CW) {
-        float xv[HC_MAX];
+    for (int64_t e0 = ct; e0 < d4; e0 += (int64_t)HC_ONE_CW * CU) {
+        float4 xv[CU][HM];
 #pragma unroll
-        for (int k = 0; k < HC_MAX; k++)
-            xv[k] = k < hc ? Xr[k * dim + d] : 0.0f;
-        float acc = 0.0f;
+        for (int u = 0; u < CU; u++)
 #pragma unroll
-        for (int k = 0; k < HC_MAX; k++)
-            if (k < hc) acc += pre_s[k] * xv[k];
-        float yv = rbf(acc, p.round);
-        p.y[r * dim + d] = yv;
-        if (norm) {
-            ys[d] = yv;
-            float v = rbf(yv, p.round); /* rms_in4's rounding of the norm's input */
-            zs += (double)v * (double)v;
+            for (int k = 0; k < HM; k++) {
+                int64_t e = e0 + (int64_t)u * HC_ONE_CW;
+                xv[u][k] = e < d4 && k < hc ? X4[k * d4 + e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+        for (int u = 0; u < CU; u++) {
+            int64_t e = e0 + (int64_t)u * HC_ONE_CW;
+            if (e >= d4) break;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < HM; k++)
+                if (k < hc) {
+                    a0 += pre_s[k] * xv[u][k].x;
+                    a1 += pre_s[k] * xv[u][k].y;
+                    a2 += pre_s[k] * xv[u][k].z;
+                    a3 += pre_s[k] * xv[u][k].w;
+                }
+            float4 yv =
+                make_float4(rbf(a0, p.round), rbf(a1, p.round), rbf(a2, p.round), rbf(a3, p.round));
+            y4[e] = yv;
+            if (norm) {
+                ys[e] = yv;
+                rms_in4(yv, p.round, zs); /* its squares, as the norm kernels add them */
+            }
         }
     }
     if (!norm) return;
@@ -457,18 +480,18 @@ __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     for (int w = 1; w < CU_WARPS; w++)
         tot += red[w];
     float inv = rms_inv(tot, dim, p.z_eps, p.round, p.nw.data != nullptr);
-    float4 *y4 = (float4 *)ys, *z4 = (float4 *)(p.z + r * dim);
-    for (int64_t e = ct; e < dim / 4; e += HC_ONE_CW) {
-        float4 o = rms_out4(y4[e], inv, p.nw, e * 4, p.round);
+    float4 *z4 = (float4 *)(p.z + r * dim);
+    for (int64_t e = ct; e < d4; e += HC_ONE_CW) {
+        float4 o = rms_out4(ys[e], inv, p.nw, e * 4, p.round);
         z4[e] = o;
-        y4[e] = o;
+        ys[e] = o;
     }
     if (!p.zq) return;
     asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
     float4 *q4 = (float4 *)(p.zq + r * dim);
 #pragma unroll 1
     for (int64_t b = warp - 1; b < dim / 128; b += CU_WARPS - 1)
-        q8_warp_block(y4[b * 32 + lane], q4 + b * 32 + lane);
+        q8_warp_block(ys[b * 32 + lane], q4 + b * 32 + lane);
 }
 
 static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a);
@@ -483,9 +506,11 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
                 (uintptr_t)a->z % 16 == 0 && (uintptr_t)a->zq % 16 == 0;
     size_t sm = norm ? (size_t)a->dim * 4 : 0;
     *normed = norm;
-    if (a->n > c->hc_one || a->n > CU_HC_ONE_MAX || hc * hc > 32 || len % 32 ||
-        fn->type != DSI_TYPE_F32 || !gemm_fast_ok(fn, a->X, len) || fn->row_bytes % 16 || S > 65535)
+    if (a->n > c->hc_one || a->n > CU_HC_ONE_MAX || hc * hc > 32 || len % 32 || a->dim % 4 ||
+        (uintptr_t)a->y % 16 || fn->type != DSI_TYPE_F32 || !gemm_fast_ok(fn, a->X, len) ||
+        fn->row_bytes % 16 || S > 65535)
         return false;
+    unsigned og = (unsigned)cu_div_up(n_mix, CU_WARPS); /* blocks along the outputs */
     float *cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * a->n * n_mix) * 4);
     double *ssp = (double *)cu_scratch(c, CU_SCR_OP, (size_t)(a->n * S) * 8);
     if (!cv || !ssp) return true; /* failed (sticky), or the capture gave up */
@@ -516,7 +541,11 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
         p.zq = a->zq;
     }
     int pf = cu_prof_begin(c, "hc_pre.one");
-    cu_launch(c, k_hc_pre_one, dim3((unsigned)S, (unsigned)a->n), CU_THREADS, sm, p);
+    dim3 grid((unsigned)S, (unsigned)a->n, og);
+    if (hc == 4)
+        cu_launch(c, k_hc_pre_one<4>, grid, CU_THREADS, sm, p);
+    else
+        cu_launch(c, k_hc_pre_one<0>, grid, CU_THREADS, sm, p);
     cu_prof_end(c, pf);
     cu_check(c, "hc_pre");
     return true;

@@ -59,8 +59,8 @@ __device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
 
 /* One RoPE pair (x0, x1) at position p, frequency f (rope's arithmetic: the angle as an fp32
  * product, the reference cos / sin, the inverse by the sine's sign). */
-__device__ __forceinline__ void rope_pair(float &x0, float &x1, float p, float f, bool inverse,
-                                          bool round) {
+__device__ __forceinline__ void
+rope_pair(float &x0, float &x1, float p, float f, bool inverse, bool round) {
     float ang = p * f;
     float c = cos_ref(ang), s = sin_ref(ang);
     if (inverse) s = -s;

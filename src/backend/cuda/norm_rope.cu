@@ -36,6 +36,14 @@ struct norm_rq {
     int rope_dim, q_dim, q_lanes;
 };
 
+/* The two RoPE pairs of a float4 (frequencies f[0], f[1]); out of line: the norm kernels unroll
+ * their float4s, and the reference sine and cosine inlined at each made them 57-200 KB. */
+__device__ __noinline__ float4 rope4(float p, const float *f, float4 o, bool round) {
+    rope_pair(o.x, o.y, p, f[0], false, round);
+    rope_pair(o.z, o.w, p, f[1], false, round);
+    return o;
+}
+
 /* rq on the float4 o at element e of a group of dim values of row r (e % 4 == 0), held by a
  * lane of a warp whose 32 lanes hold consecutive float4 (a quantisation block is q_lanes of
  * them, aligned): rope_pair on its two pairs where they are rope dims (rope_dim % 4 == 0: a
@@ -44,12 +52,7 @@ struct norm_rq {
 __device__ __forceinline__ float4
 norm_rq_apply(float4 o, int64_t e, int64_t dim, const struct norm_rq &rq, int64_t r, bool round) {
     int64_t rs = dim - rq.rope_dim;
-    if (e >= rs) {
-        float p = (float)rq.pos[r];
-        int i = (int)(e - rs) / 2;
-        rope_pair(o.x, o.y, p, rq.freq[i], false, round);
-        rope_pair(o.z, o.w, p, rq.freq[i + 1], false, round);
-    }
+    if (e >= rs) o = rope4((float)rq.pos[r], rq.freq + (e - rs) / 2, o, round);
     if (rq.q_dim > 0) {
         float a = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(o.x)), fabsf(o.y)), fabsf(o.z)), fabsf(o.w));
         for (int off = rq.q_lanes / 2; off > 0; off >>= 1)
@@ -187,8 +190,7 @@ static bool rms_norm_rq(struct dsi_backend *be, const struct dsi_rms_norm_args *
     if (!freq) return true;
     if (vec && qok && c->norm_rq &&
         (a->dim == 128 || a->dim == 512 || a->dim == 1024 || a->dim == 2048)) {
-        norm_rq rq = {a->pos, freq, a->rope_dim, a->q_dim > 0 ? (int)a->q_dim : 0,
-                      a->q_block / 4};
+        norm_rq rq = {a->pos, freq, a->rope_dim, a->q_dim > 0 ? (int)a->q_dim : 0, a->q_block / 4};
         if (a->dim == 128) rms_norm_warp<1>(c, a, &rq);
         if (a->dim == 512) rms_norm_warp<4>(c, a, &rq);
         if (a->dim == 1024) rms_norm_warp<8>(c, a, &rq);
@@ -212,8 +214,7 @@ static bool rms_norm_rq(struct dsi_backend *be, const struct dsi_rms_norm_args *
                                .inverse = false,
                                .round_bf16 = a->round_bf16};
     cuda_rope(be, &ra);
-    if (a->q_dim > 0)
-        launch_act_quant(c, a->y, a->y, a->n, a->q_dim, a->ldy, a->ldy, a->q_block);
+    if (a->q_dim > 0) launch_act_quant(c, a->y, a->y, a->n, a->q_dim, a->ldy, a->ldy, a->q_block);
     return true;
 }
 
