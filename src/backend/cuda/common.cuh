@@ -314,6 +314,8 @@ __device__ __forceinline__ float vec_get(struct cu_vec v, int64_t i) {
     return f16_to_f32(((const uint16_t *)v.data)[i]);
 }
 
+__device__ __forceinline__ size_t vec_esize(struct cu_vec v) { return v.type == DSI_TYPE_F32 ? 4 : 2; }
+
 /* Element k of row `row` of a weight, dequantised (generic, any type; as cpu_decode_row). */
 __device__ __forceinline__ float w_get(const struct cu_w &w, int64_t row, int64_t k) {
     const uint8_t *p = w.data + row * w.row_bytes;
@@ -457,6 +459,17 @@ __device__ __forceinline__ int64_t paged(const int32_t *page_table,
  * before it touches memory another kernel writes, and writes nothing before it (rule of this
  * backend: it is the first statement of every kernel, or follows only weight loads).
  * cu_pdl_enter also lets this kernel's successor be launched (it then waits the same way). */
+/* Bytes [p, p + n) into L2 (one bulk prefetch; the range widened to 16-byte bounds), e.g. weights
+ * a kernel will need later, issued before cu_pdl_enter so that they stream in meanwhile. */
+__device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!p || !n) return;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)15, b = ((uintptr_t)p + n + 15) & ~(uintptr_t)15;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(b - a))
+                 : "memory");
+#endif
+}
+
 __device__ __forceinline__ void cu_pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

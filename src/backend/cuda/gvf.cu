@@ -218,14 +218,8 @@ __device__ __forceinline__ void gvf_prefetch(const struct gvf_p &p, int64_t tpb)
     int64_t o0 = ((int64_t)blockIdx.x + (int64_t)threadIdx.x * gridDim.x) * tpb * 16;
     int64_t o1 = o0 + tpb * 16 < p.n_out ? o0 + tpb * 16 : p.n_out;
     if (o0 >= o1) return;
-    uintptr_t a =
-        (uintptr_t)(p.w.data + (p.row0 + (int64_t)blockIdx.y * p.n_out + o0) * p.w.row_bytes);
-    uintptr_t b =
-        (uintptr_t)(p.w.data + (p.row0 + (int64_t)blockIdx.y * p.n_out + o1) * p.w.row_bytes);
-    a &= ~(uintptr_t)15;
-    b = (b + 15) & ~(uintptr_t)15;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(b - a))
-                 : "memory");
+    const uint8_t *a = p.w.data + (p.row0 + (int64_t)blockIdx.y * p.n_out + o0) * p.w.row_bytes;
+    cu_prefetch_l2(a, (size_t)((o1 - o0) * p.w.row_bytes));
 #endif
 }
 

@@ -368,7 +368,6 @@ struct hc_one_p {
 
 /* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32) */
 template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
-    cu_pdl_enter();
     extern __shared__ float4 one_sm[]; /* with norm: y of the row, then z */
     __shared__ int last;
     __shared__ float pre_s[HC_MAX];
@@ -383,11 +382,19 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
             T = p.n * n_mix, q = (int64_t)blockIdx.x * 32 + lane;
     const float *Xr = p.X + r * len;
     bool qv = q < nq;
-    { /* block (s, r, og): piece s of row r, outputs 8 og + warp: every load issued at once */
+    { /* block (s, r, og): piece s of row r, outputs 8 og + warp. The weights (immutable) before
+         the wait for the previous kernel: the mix's chunk here, and into L2 the vectors the
+         finish reads (a DRAM latency each there otherwise: step 19) */
         int o = blockIdx.z * CU_WARPS + warp;
         float xf[32], wf[32];
-        load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
         load_x_chunk(p.fn + (o < n_mix ? o : 0) * p.ldw + (qv ? q * 32 : 0), qv && o < n_mix, wf);
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.z == 0) {
+            cu_prefetch_l2(p.base.data, (size_t)n_mix * vec_esize(p.base));
+            cu_prefetch_l2(p.scale.data, 3 * vec_esize(p.scale));
+            if (p.z) cu_prefetch_l2(p.nw.data, (size_t)dim * vec_esize(p.nw));
+        }
+        cu_pdl_enter();
+        load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
         if (qv && o < n_mix) p.cv[q * T + r * n_mix + o] = chunk_dot(xf, wf);
         if (warp == 0 && blockIdx.z == 0) {
             double ss = 0.0;
