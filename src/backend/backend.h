@@ -33,6 +33,12 @@ struct dsi_gemm_args {
      * y + g * gy (same ldy); 0 or 1: one group */
     int groups;
     int64_t gx, gy;
+    /* optional (w2 set, groups 0 or 1): a second GEMM on the same x rows in the same op,
+     * y2 [n, ldy2] = x . rows 0 .. n_out2 of w2 (round_bf16 and x_fp8 as the first's): the
+     * forward's projections of one input (a backend may run the two in one launch) */
+    const struct dsi_tensor *w2;
+    int64_t n_out2, ldy2;
+    float *y2;
 };
 
 /* Group g of a grouped call as a call of its own (for backends that run the groups one by one). */

@@ -232,6 +232,36 @@ static void gemm(struct dsi_fwd *f,
     f->be->ops->gemm(f->be, &a);
 }
 
+/* gemm of w into y and of w2 into y2 on the same x rows, as one op (dsi_gemm_args.w2). */
+static void gemm2(struct dsi_fwd *f,
+                  const struct dsi_tensor *w,
+                  const struct dsi_tensor *w2,
+                  const float *x,
+                  int64_t n,
+                  int64_t ldx,
+                  float *y,
+                  int64_t ldy,
+                  float *y2,
+                  int64_t ldy2,
+                  bool round,
+                  bool x_fp8) {
+    struct dsi_gemm_args a = {.w = w,
+                              .n_out = w->ne[1],
+                              .x = x,
+                              .n = n,
+                              .ldx = ldx,
+                              .y = y,
+                              .ldy = ldy,
+                              .round_bf16 = round,
+                              .fast = f->F,
+                              .x_fp8 = x_fp8,
+                              .w2 = w2,
+                              .n_out2 = w2->ne[1],
+                              .ldy2 = ldy2,
+                              .y2 = y2};
+    f->be->ops->gemm(f->be, &a);
+}
+
 /* In reference numerics, quantise the activation rows (FP8, 128-blocks) into xq first (unless
  * the norm just before made them: rmsq). */
 static const float *act(struct dsi_fwd *f, const float *x, int64_t n, int64_t dim, float *xq) {
@@ -389,7 +419,8 @@ static void attention(struct dsi_fwd *f, int il) {
     int tab = li->rope;
 
     const float *xq = act(f, f->x, n, D, f->xq);
-    gemm(f, &L->wq_a, xq, n, D, f->qa, ql, f->R, f->R);
+    gemm2(f, &L->wq_a, &L->wkv, xq, n, D, f->qa, ql, f->kv_rows, hd, f->R,
+          f->R); /* q and kv from x */
     rmsq(f, f->qa, f->qa, n, ql, &L->q_norm, f->qaq);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
     gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
@@ -408,7 +439,6 @@ static void attention(struct dsi_fwd *f, int il) {
                                    .pos = pos,
                                    .freq = f->m->freq_dev[tab]};
     be->ops->rms_norm(be, &qn);
-    gemm(f, &L->wkv, xq, n, D, f->kv_rows, hd, f->R, f->R);
     /* the KV norm, RoPE and [QAT] quantisation of the nope dims (kv_quant): one op */
     struct dsi_rms_norm_args kn = qn;
     kn.x = kn.y = f->kv_rows;
@@ -426,13 +456,12 @@ static void attention(struct dsi_fwd *f, int il) {
     if (ratio) {
         struct ratio_class *k = class_of(f, ratio);
         int64_t cw = (csa ? 2 : 1) * hd;
-        gemm(f, &L->comp.wkv, f->x, n, D, f->ca, cw, false, false);
-        gemm(f, &L->comp.wgate, f->x, n, D, f->cb, cw, false, false);
+        gemm2(f, &L->comp.wkv, &L->comp.wgate, f->x, n, D, f->ca, cw, f->cb, cw, false, false);
         compressor(f, &L->comp, k, f->ca, f->cb, hd, csa, S->slot_a, S->slot_b, S->entries, f->ent,
                    false);
         if (csa) {
-            gemm(f, &L->idx_comp.wkv, f->x, n, D, f->ia, 2 * ihd, false, false);
-            gemm(f, &L->idx_comp.wgate, f->x, n, D, f->ib, 2 * ihd, false, false);
+            gemm2(f, &L->idx_comp.wkv, &L->idx_comp.wgate, f->x, n, D, f->ia, 2 * ihd, f->ib,
+                  2 * ihd, false, false);
             compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
                        S->ikeys, f->ient, true);
             gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R, f->R);

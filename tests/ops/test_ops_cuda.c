@@ -180,6 +180,89 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     return 0;
 }
 
+/* GEMM pairs (dsi_gemm_args.w2: two weights on the same x rows, as the forward's q / kv and
+ * compressor projections) against the CPU's two calls: in `fast` numerics at 1-32 rows one gvf.cu
+ * launch (the weights of different heights, FP8 and BF16; the tolerance of run_gemm_g), else the
+ * two calls in turn (33 rows; reference numerics bit for bit; weights of two types). */
+int test_cuda_gemm_pair(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 29);
+    const struct {
+        enum dsi_type t1, t2;
+        int64_t rows1, rows2, K, n;
+        bool fast, round;
+    } cs[] = {
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 1024, 512, 4096, 1, true, true}, /* wq_a + wkv */
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 1024, 512, 4096, 3, true, true},
+        {DSI_TYPE_BF16, DSI_TYPE_BF16, 512, 512, 4096, 2, true, false}, /* the compressor's */
+        {DSI_TYPE_BF16, DSI_TYPE_BF16, 200, 72, 256, 17, true, false},
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 384, 512, 33, true, true}, /* in turn */
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 256, 128, 512, 4, true, false},
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 128, 512, 3, false, true},
+    };
+    for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
+        int64_t n = cs[c].n, K = cs[c].K, m1 = cs[c].rows1, m2 = cs[c].rows2;
+        struct wt w1, w2;
+        wt_make(&w1, &r, cs[c].t1, m1, K, 0.05f);
+        wt_make(&w2, &r, cs[c].t2, m2, K, 0.05f);
+        float *x = fnorm(&r, n * K, 1.0f);
+        if (cs[c].fast) {
+            struct dsi_act_quant_args q = {x, x, n, K, K, K, 128};
+            g_cpu->ops->act_quant(g_cpu, &q);
+        }
+        float *c1 = hpoison(n * m1), *c2 = hpoison(n * m2), *g1 = hpoison(n * m1),
+              *g2 = hpoison(n * m2);
+        float *dx = dput(x, sizeof(float) * (size_t)(n * K)),
+              *d1 = dpoison(sizeof(float) * (size_t)(n * m1)),
+              *d2 = dpoison(sizeof(float) * (size_t)(n * m2));
+        struct dsi_gemm_args a = {.w = &w1.h,
+                                  .n_out = m1,
+                                  .x = x,
+                                  .n = n,
+                                  .ldx = K,
+                                  .y = c1,
+                                  .ldy = m1,
+                                  .round_bf16 = cs[c].round,
+                                  .fast = cs[c].fast,
+                                  .x_fp8 = cs[c].fast,
+                                  .w2 = &w2.h,
+                                  .n_out2 = m2,
+                                  .ldy2 = m2,
+                                  .y2 = c2};
+        g_cpu->ops->gemm(g_cpu, &a);
+        a.w = &w1.d;
+        a.w2 = &w2.d;
+        a.x = dx;
+        a.y = d1;
+        a.y2 = d2;
+        g_gpu->ops->gemm(g_gpu, &a);
+        TEST_ASSERT(gsync("gemm pair") == 0);
+        dget(g1, d1, sizeof(float) * (size_t)(n * m1));
+        dget(g2, d2, sizeof(float) * (size_t)(n * m2));
+        double tol = cs[c].round ? 8e-3 : 1e-4;
+        if (cs[c].fast) {
+            TEST_ASSERTF(close_to("gemm pair y", g1, c1, n * m1, tol), "case %zu", c);
+            TEST_ASSERTF(close_to("gemm pair y2", g2, c2, n * m2, tol), "case %zu", c);
+        } else {
+            TEST_ASSERTF(same("gemm pair y", g1, c1, sizeof(float) * (size_t)(n * m1)), "case %zu",
+                         c);
+            TEST_ASSERTF(same("gemm pair y2", g2, c2, sizeof(float) * (size_t)(n * m2)), "case %zu",
+                         c);
+        }
+        dfree(dx);
+        dfree(d1);
+        dfree(d2);
+        free(x);
+        free(c1);
+        free(c2);
+        free(g1);
+        free(g2);
+        wt_free(&w1);
+        wt_free(&w2);
+    }
+    return 0;
+}
+
 /* Grouped calls (the output projection's groups) against the groups one by one on the CPU:
  * one launch for 1-2 rows (bitwise, reference and fast numerics; fast from DSI_CUDA_GVF_MIN
  * rows: one gvf.cu launch; from DSI_CUDA_TC_DENSE rows one tc.cu launch), the groups one by

@@ -91,6 +91,8 @@ struct cu_ctx {
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     bool gvf_tail;        /* gvf.cu: more warps along K where the last tile iteration is then fuller
                              (DSI_CUDA_GVF_TAIL) */
+    bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
+                             (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
     bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                         separate act_quant launch, as before step 17) */
     bool norm_rq;    /* rms_norm's RoPE / quantisation after the norm in the warp kernels
@@ -314,7 +316,9 @@ __device__ __forceinline__ float vec_get(struct cu_vec v, int64_t i) {
     return f16_to_f32(((const uint16_t *)v.data)[i]);
 }
 
-__device__ __forceinline__ size_t vec_esize(struct cu_vec v) { return v.type == DSI_TYPE_F32 ? 4 : 2; }
+__device__ __forceinline__ size_t vec_esize(struct cu_vec v) {
+    return v.type == DSI_TYPE_F32 ? 4 : 2;
+}
 
 /* Element k of row `row` of a weight, dequantised (generic, any type; as cpu_decode_row). */
 __device__ __forceinline__ float w_get(const struct cu_w &w, int64_t row, int64_t k) {

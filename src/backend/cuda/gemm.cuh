@@ -56,7 +56,12 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
 
 /* The decode GEMM of `fast` numerics (gvf.cu) for c->gvf_min <= n <= min(32, c->gvf_max) rows on
  * FP8/FP4/BF16 weights, the groups in one launch; false: not taken. */
-bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
+bool launch_gvf_gemm(struct cu_ctx *c,
+                     const struct cu_gemm_call *g,
+                     const struct cu_gemm_call *g2 = nullptr);
+/* Two such calls on the same x rows (g2: rows from 0 of a weight of g's type, K and scale
+ * layout) in one launch (c->gvf_pair); false: not taken (run them one by one). */
+bool launch_gvf_pair(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_gemm_call *g2);
 
 /* Scale column of element k of a row: k / sb1 (a shift where sb1 is a power of two). */
 __device__ __forceinline__ int64_t w_scol(const struct cu_w &w, int64_t k) {

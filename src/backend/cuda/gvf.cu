@@ -65,7 +65,44 @@ struct gvf_p {
     bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
+    /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
+       by a second weight of w's type, K and scale layout at data2 / scale2 (rows 0 .. n_out2,
+       tiles2 tiles) into y2 (ldy2); row0, gxs, gys 0 */
+    bool pair;
+    const uint8_t *data2, *scale2;
+    int64_t n_out2, tiles2, ldy2;
+    float *y2;
 };
+
+/* The dense call of this block's blockIdx.y: its weight rows from grow0 (the weight's data and
+ * scale from w, or a pair's second), n_out of them in tiles tiles, into y (ldy). */
+struct gvf_dense {
+    const uint8_t *data, *scale;
+    int64_t grow0, n_out, tiles, ldy;
+    float *y;
+};
+
+__device__ __forceinline__ gvf_dense gvf_dense_of(const struct gvf_p &p) {
+    gvf_dense d;
+    if (p.pair && blockIdx.y == 1) {
+        d.data = p.data2;
+        d.scale = p.scale2;
+        d.grow0 = 0;
+        d.n_out = p.n_out2;
+        d.tiles = p.tiles2;
+        d.ldy = p.ldy2;
+        d.y = p.y2;
+    } else {
+        d.data = p.w.data;
+        d.scale = p.w.scale;
+        d.grow0 = p.row0 + (int64_t)blockIdx.y * p.n_out;
+        d.n_out = p.n_out;
+        d.tiles = p.tiles;
+        d.ldy = p.ldy;
+        d.y = p.y + (int64_t)blockIdx.y * p.gys;
+    }
+    return d;
+}
 
 /* Elements in a lane's 32-byte slice. */
 template <int WT> __host__ __device__ constexpr int gvf_e() {
@@ -215,10 +252,11 @@ template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
 __device__ __forceinline__ void gvf_prefetch(const struct gvf_p &p, int64_t tpb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x >= (unsigned)p.pre) return;
+    gvf_dense d = gvf_dense_of(p);
     int64_t o0 = ((int64_t)blockIdx.x + (int64_t)threadIdx.x * gridDim.x) * tpb * 16;
-    int64_t o1 = o0 + tpb * 16 < p.n_out ? o0 + tpb * 16 : p.n_out;
+    int64_t o1 = o0 + tpb * 16 < d.n_out ? o0 + tpb * 16 : d.n_out;
     if (o0 >= o1) return;
-    const uint8_t *a = p.w.data + (p.row0 + (int64_t)blockIdx.y * p.n_out + o0) * p.w.row_bytes;
+    const uint8_t *a = d.data + (d.grow0 + o0) * p.w.row_bytes;
     cu_prefetch_l2(a, (size_t)((o1 - o0) * p.w.row_bytes));
 #endif
 }
@@ -298,8 +336,12 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
 
     /* ---- the weights: per tile, this lane's rows g (h = 0) and g + 8 (h = 1) */
     struct cu_w W[2];
+    gvf_dense dn = {};
     if (MODE == GVF_DENSE) {
+        dn = gvf_dense_of(p);
         W[0] = W[1] = p.w;
+        W[0].data = W[1].data = dn.data;
+        W[0].scale = W[1].scale = dn.scale;
     } else if (MODE == GVF_UP) {
         W[0] = p.m.w1;
         W[1] = p.m.w3;
@@ -316,12 +358,12 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
             W[0].scale = W[1].scale = p.m.tab[e].p[5];
         }
     }
-    int64_t n_rows = MODE == GVF_DENSE ? p.n_out : MODE == GVF_UP ? p.m.I : p.m.D;
+    int64_t n_rows = MODE == GVF_DENSE ? dn.n_out : MODE == GVF_UP ? p.m.I : p.m.D;
     /* weight row of half h of tile `tile`, or -1 */
     auto wrow = [&](int64_t tile, int h) -> int64_t {
         int64_t o = MODE == GVF_UP ? tile * 8 + g : tile * 16 + g + 8 * h;
         if (o >= n_rows) return -1;
-        return MODE == GVF_DENSE ? p.row0 + (int64_t)blockIdx.y * p.n_out + o : o;
+        return MODE == GVF_DENSE ? dn.grow0 + o : o;
     };
 
     /* ---- the walk: tile iterations i (this block's tiles blockIdx.x + i gridDim.x, tpb at a
@@ -334,7 +376,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     int64_t qa = p.ilv ? (int64_t)kw * GVF_U : kw * gpw, qs = p.ilv ? ks * GVF_U : GVF_U;
     int64_t qe = p.ilv ? ng : qa + gpw < ng ? qa + gpw : ng;
     int nb = (int)(p.ilv ? (ng + qs - 1) / qs : (gpw + GVF_U - 1) / GVF_U);
-    int64_t n_iter = (p.tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb);
+    int64_t tiles = MODE == GVF_DENSE ? dn.tiles : p.tiles;
+    int64_t n_iter = (tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb);
     int64_t steps = n_iter * nb;
     auto tile_of = [&](int64_t i) {
         return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
@@ -403,8 +446,8 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                                      int m = g + (c >> 1) * 8, col = j * 8 + 2 * t + (c & 1);
                                      if (MODE == GVF_DENSE) {
                                          int64_t o = tile * 16 + m;
-                                         if (col < p.n && o < p.n_out)
-                                             p.y[(int64_t)blockIdx.y * p.gys + col * p.ldy + o] =
+                                         if (col < p.n && o < dn.n_out)
+                                             dn.y[col * dn.ldy + o] =
                                                  rbf(acc[j][c] + 0.0f, p.round);
                                      } else if (MODE == GVF_UP) {
                                          int64_t cc = tile * 8 + g;
@@ -486,6 +529,11 @@ static int gvf_ks(const struct cu_ctx *c, int64_t units, int64_t ng) {
    rows (gy); a MoE grid of at least one expert tile per SM: c->gvf_blocks (8: an expert's tiles
    over several blocks, fewer idle SMs in the last wave; measured at batch 32 and 256 -15%, at
    batch 8 +3%) */
+/* Tiles per blockIdx.y of a launch at most (a pair's larger weight) */
+static int64_t gvf_tiles(const struct gvf_p *p) {
+    return p->pair ? std::max(p->tiles, p->tiles2) : p->tiles;
+}
+
 static int64_t gvf_gx(const struct cu_ctx *c, int mode, int64_t tiles, int64_t gy, int64_t tpb) {
     int64_t bps = mode != GVF_DENSE && gy >= c->n_sms ? c->gvf_blocks : 2;
     return std::min(cu_div_up(tiles, tpb), std::max<int64_t>(1, bps * c->n_sms / gy));
@@ -523,7 +571,7 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
     if (!smem_limit(c, k_gvf<MODE, WT, NT>, GVF_SMEM_MAX, &smem_done, "decode gemm")) return false;
     unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
     int64_t tpb = GVF_W / p->ks;
-    int64_t gx = gvf_gx(c, MODE, p->tiles, gy, tpb);
+    int64_t gx = gvf_gx(c, MODE, gvf_tiles(p), gy, tpb);
     struct gvf_p q = *p;
     if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
         int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
@@ -538,7 +586,8 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
 template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     if ((int64_t)p->xrows * gvf_row_words<WT>(K) * 4 > GVF_SMEM_MAX) return false;
-    p->ks = gvf_ks_tail(c, MODE, p->tiles, p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
+    p->ks =
+        gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
@@ -563,12 +612,35 @@ static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
 
 static int gvf_nt(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : 4; }
 
-bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
+static bool gvf_call_ok(const struct cu_ctx *c, const struct cu_gemm_call *g) {
     const struct cu_w *w = g->w;
     int64_t n = g->n;
-    if (n < c->gvf_min || n > c->gvf_max || n > 32 || !gvf_w_ok(w, w->K) ||
-        !gemm_fast_ok(w, g->x, g->ldx) || g->groups < 1 || g->groups > 65535)
+    return n >= c->gvf_min && n <= c->gvf_max && n <= 32 && gvf_w_ok(w, w->K) &&
+           gemm_fast_ok(w, g->x, g->ldx) && g->groups >= 1 && g->groups <= 65535;
+}
+
+/* the same scaled weight layout (a pair's second weight is addressed with the first's) */
+static bool gvf_same_layout(const struct cu_w *a, const struct cu_w *b) {
+    return a->type == b->type && a->K == b->K && a->row_bytes == b->row_bytes && a->srs == b->srs &&
+           a->sb0 == b->sb0 && a->sb1 == b->sb1 && a->sh0 == b->sh0 && a->sh1 == b->sh1;
+}
+
+bool launch_gvf_pair(struct cu_ctx *c,
+                     const struct cu_gemm_call *g,
+                     const struct cu_gemm_call *g2) {
+    if (!c->gvf_pair || g->groups != 1 || g2->groups != 1 || g->x != g2->x || g->n != g2->n ||
+        g->ldx != g2->ldx || g->round != g2->round || !gvf_call_ok(c, g) || !gvf_call_ok(c, g2) ||
+        !gvf_same_layout(g->w, g2->w) || g2->row0 != 0)
         return false;
+    return launch_gvf_gemm(c, g, g2);
+}
+
+bool launch_gvf_gemm(struct cu_ctx *c,
+                     const struct cu_gemm_call *g,
+                     const struct cu_gemm_call *g2) {
+    const struct cu_w *w = g->w;
+    int64_t n = g->n;
+    if (!gvf_call_ok(c, g)) return false;
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.w = *w;
@@ -584,6 +656,17 @@ bool launch_gvf_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     p.gy = g->groups;
     p.gxs = g->gxs;
     p.gys = g->gys;
+    if (g2) { /* launch_gvf_pair checked it */
+        p.pair = true;
+        p.gy = 2;
+        p.gxs = p.gys = 0;
+        p.data2 = g2->w->data;
+        p.scale2 = g2->w->scale;
+        p.n_out2 = g2->n_out;
+        p.tiles2 = cu_div_up(g2->n_out, 16);
+        p.ldy2 = g2->ldy;
+        p.y2 = g2->y;
+    }
     int nt = gvf_nt(n);
     p.xrows = (int)std::min<int64_t>(n, 8 * nt);
     int pp = cu_prof_begin(c, "gemm.gvf");
