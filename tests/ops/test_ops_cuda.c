@@ -609,10 +609,10 @@ int test_cuda_rms_norm(struct test_ctx *t) {
 /* rms_norm with the RoPE and quantisation after it (rope_dim, q_dim: the forward's q-head and KV
  * norms): without q_dim within 1e-6 of the CPU's op (its norm, then its rope); with it bit for
  * bit the GPU's own ops one by one (norm, rope, act_quant; a norm output a last bit off the CPU's
- * can round to another e4m3 value, so the CPU comparison stops before the quantisation). Dims
- * 128 / 512 / 1024 take the fused warp kernel, 256 the separate launches. */
-int test_cuda_norm_rope(struct test_ctx *t) {
-    NEED_GPU();
+ * can round to another e4m3 value, so the CPU comparison stops before the quantisation). With
+ * DSI_CUDA_NORM_RQ=1 dims 128 / 512 / 1024 take the fused warp kernel, 256 the separate
+ * launches. */
+static int norm_rope_cases(struct test_ctx *t) {
     struct rng r = rng_of(t, 15);
     struct {
         int64_t n, groups, dim, ld;
@@ -709,6 +709,21 @@ int test_cuda_norm_rope(struct test_ctx *t) {
         free(ys);
         if (cs[c].wtype >= 0) wt_free(&w);
     }
+    return 0;
+}
+
+/* on the default backend (the norm, then the rope and act_quant launches), then with the fused
+ * kernels (DSI_CUDA_NORM_RQ=1; off by default) */
+int test_cuda_norm_rope(struct test_ctx *t) {
+    NEED_GPU();
+    TEST_ASSERT(norm_rope_cases(t) == 0);
+    struct dsi_backend *rq = cuda_backend_with("DSI_CUDA_NORM_RQ=1"), *keep = g_gpu;
+    TEST_ASSERT(rq != NULL);
+    g_gpu = rq;
+    int rc = norm_rope_cases(t);
+    g_gpu = keep;
+    rq->ops->free(rq);
+    TEST_ASSERT(rc == 0);
     return 0;
 }
 

@@ -96,7 +96,7 @@ struct cu_ctx {
     bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                         separate act_quant launch, as before step 17) */
     bool norm_rq;    /* rms_norm's RoPE / quantisation after the norm in the warp kernels
-                        (DSI_CUDA_NORM_RQ=0: the rope and act_quant launches; step 19) */
+                        (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
     bool norm_blk1;  /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
                         (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
     int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2

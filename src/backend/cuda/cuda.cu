@@ -498,7 +498,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");
-    c->norm_rq = !(nr && *nr == '0');
+    /* off: measured level at batch 1 and 0.5% slower at batch 8 than the rope and act_quant
+       launches (docs/cuda.md, step 19) */
+    c->norm_rq = nr && *nr == '1';
     c->norm_blk1 = !(nb && *nb == '0');
     const char *gp = getenv("DSI_CUDA_GVF_PRE");
     c->gvf_pre = gp && *gp ? atoi(gp) : 1;
