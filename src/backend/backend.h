@@ -12,6 +12,7 @@
 #include "core/core.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 struct dsi_backend;
 
@@ -49,6 +50,20 @@ static inline struct dsi_gemm_args dsi_gemm_group(const struct dsi_gemm_args *a,
     ga.x = a->x + g * a->gx;
     ga.y = a->y + g * a->gy;
     return ga;
+}
+
+/* A pair's two calls as calls of their own (w2 cleared; the second: w2's rows from 0 into y2). */
+static inline struct dsi_gemm_args dsi_gemm_pair_part(const struct dsi_gemm_args *a, int second) {
+    struct dsi_gemm_args b = *a;
+    b.w2 = NULL;
+    if (second) {
+        b.w = a->w2;
+        b.row0 = 0;
+        b.n_out = a->n_out2;
+        b.y = a->y2;
+        b.ldy = a->ldy2;
+    }
+    return b;
 }
 
 /* Activation quantisation (spec 4.1, act_quant): FP8 round trip in blocks of 128 along each
@@ -124,6 +139,23 @@ struct dsi_rope_args {
     bool inverse, round_bf16;
 };
 
+/* The RoPE a norm with rope_dim > 0 runs after it on y, as a rope call of its own. */
+static inline struct dsi_rope_args dsi_rms_norm_rope(const struct dsi_rms_norm_args *a) {
+    struct dsi_rope_args r;
+    memset(&r, 0, sizeof(r));
+    r.x = a->y;
+    r.n = a->n;
+    r.ldx = a->ldy;
+    r.n_heads = a->n_groups;
+    r.head_stride = a->dim;
+    r.width = (int)a->dim;
+    r.rope_dim = a->rope_dim;
+    r.pos = a->pos;
+    r.freq = a->freq;
+    r.round_bf16 = a->round_bf16;
+    return r;
+}
+
 /* mHC pre (spec 4.4): X [n, hc, D] -> y [n, D], post [n, hc], comb [n, hc, hc]. */
 struct dsi_hc_pre_args {
     const float *X;
@@ -140,6 +172,22 @@ struct dsi_hc_pre_args {
     float z_eps;
     float *z, *zq;
 };
+
+/* The norm of a hc_pre with norm_w, as an rms_norm call of its own (y -> z, zq). */
+static inline struct dsi_rms_norm_args dsi_hc_pre_norm(const struct dsi_hc_pre_args *a) {
+    struct dsi_rms_norm_args r;
+    memset(&r, 0, sizeof(r));
+    r.x = a->y;
+    r.y = a->z;
+    r.n = a->n;
+    r.n_groups = 1;
+    r.dim = r.ldx = r.ldy = a->dim;
+    r.w = a->norm_w;
+    r.eps = a->z_eps;
+    r.round_bf16 = a->round_bf16;
+    r.yq = a->zq;
+    return r;
+}
 
 /* mHC post: Xo[k] = post[k] * f + sum_j comb[j][k] * X[j] (Xo must not alias X). */
 struct dsi_hc_post_args {

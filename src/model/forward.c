@@ -208,31 +208,8 @@ void dsi_fwd_free(struct dsi_fwd *f) {
 
 /* ---- helpers over the op table --------------------------------------------------------------- */
 
-/* y = x W^T; round: bf16 outputs; x_fp8: x is act()'s output (FP8-quantised rows when f->R:
- * dsi_gemm_args.x_fp8). */
-static void gemm(struct dsi_fwd *f,
-                 const struct dsi_tensor *w,
-                 const float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 float *y,
-                 int64_t ldy,
-                 bool round,
-                 bool x_fp8) {
-    struct dsi_gemm_args a = {.w = w,
-                              .n_out = w->ne[1],
-                              .x = x,
-                              .n = n,
-                              .ldx = ldx,
-                              .y = y,
-                              .ldy = ldy,
-                              .round_bf16 = round,
-                              .fast = f->F,
-                              .x_fp8 = x_fp8};
-    f->be->ops->gemm(f->be, &a);
-}
-
-/* gemm of w into y and of w2 into y2 on the same x rows, as one op (dsi_gemm_args.w2). */
+/* y = x W^T and, with w2, y2 = x W2^T in the same op (a pair: dsi_gemm_args.w2); round: bf16
+ * outputs; x_fp8: x is act()'s output (FP8-quantised rows when f->R: dsi_gemm_args.x_fp8). */
 static void gemm2(struct dsi_fwd *f,
                   const struct dsi_tensor *w,
                   const struct dsi_tensor *w2,
@@ -256,10 +233,22 @@ static void gemm2(struct dsi_fwd *f,
                               .fast = f->F,
                               .x_fp8 = x_fp8,
                               .w2 = w2,
-                              .n_out2 = w2->ne[1],
+                              .n_out2 = w2 ? w2->ne[1] : 0,
                               .ldy2 = ldy2,
                               .y2 = y2};
     f->be->ops->gemm(f->be, &a);
+}
+
+static void gemm(struct dsi_fwd *f,
+                 const struct dsi_tensor *w,
+                 const float *x,
+                 int64_t n,
+                 int64_t ldx,
+                 float *y,
+                 int64_t ldy,
+                 bool round,
+                 bool x_fp8) {
+    gemm2(f, w, NULL, x, n, ldx, y, ldy, NULL, 0, round, x_fp8);
 }
 
 /* In reference numerics, quantise the activation rows (FP8, 128-blocks) into xq first (unless

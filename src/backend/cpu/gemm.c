@@ -128,15 +128,10 @@ static void gemm_part(void *ctx, int64_t o0, int64_t o1, int tid) {
 
 void cpu_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     if (a->w2) { /* a pair: the two in turn */
-        struct dsi_gemm_args b = *a, b2 = *a;
-        b.w2 = b2.w2 = NULL;
-        b2.w = a->w2;
-        b2.row0 = 0;
-        b2.n_out = a->n_out2;
-        b2.y = a->y2;
-        b2.ldy = a->ldy2;
-        cpu_gemm(be, &b);
-        cpu_gemm(be, &b2);
+        for (int k = 0; k < 2; k++) {
+            struct dsi_gemm_args b = dsi_gemm_pair_part(a, k);
+            cpu_gemm(be, &b);
+        }
         return;
     }
     if (a->groups > 1) { /* the groups one by one */

@@ -50,17 +50,7 @@ void cpu_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_args *a) {
         cpu_act_quant(be, &q);
     }
     if (a->rope_dim > 0) { /* the fused RoPE and quantisation: those ops themselves */
-        struct dsi_rope_args r = {.x = a->y,
-                                  .n = a->n,
-                                  .ldx = a->ldy,
-                                  .n_heads = a->n_groups,
-                                  .head_stride = a->dim,
-                                  .width = (int)a->dim,
-                                  .rope_dim = a->rope_dim,
-                                  .pos = a->pos,
-                                  .freq = a->freq,
-                                  .inverse = false,
-                                  .round_bf16 = a->round_bf16};
+        struct dsi_rope_args r = dsi_rms_norm_rope(a);
         cpu_rope(be, &r);
         if (a->q_dim > 0) {
             struct dsi_act_quant_args q = {a->y, a->y, a->n, a->q_dim, a->ldy, a->ldy, a->q_block};
@@ -180,17 +170,7 @@ void cpu_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     struct hc_job j = {be, a};
     dsi_pool_run(cpu_ctx(be)->pool, a->n, 1, hc_pre_part, &j);
     if (a->norm_w) { /* the fused norm: rms_norm itself */
-        struct dsi_rms_norm_args na = {.x = a->y,
-                                       .y = a->z,
-                                       .n = a->n,
-                                       .n_groups = 1,
-                                       .dim = a->dim,
-                                       .ldx = a->dim,
-                                       .ldy = a->dim,
-                                       .w = a->norm_w,
-                                       .eps = a->z_eps,
-                                       .round_bf16 = a->round_bf16,
-                                       .yq = a->zq};
+        struct dsi_rms_norm_args na = dsi_hc_pre_norm(a);
         cpu_rms_norm(be, &na);
     }
 }

@@ -383,13 +383,7 @@ void launch_gemm(struct cu_ctx *c,
 extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->w2) { /* a pair: one launch of gvf.cu, else the two in turn */
-        struct dsi_gemm_args b = *a, b2 = *a;
-        b.w2 = b2.w2 = NULL;
-        b2.w = a->w2;
-        b2.row0 = 0;
-        b2.n_out = a->n_out2;
-        b2.y = a->y2;
-        b2.ldy = a->ldy2;
+        struct dsi_gemm_args b = dsi_gemm_pair_part(a, 0), b2 = dsi_gemm_pair_part(a, 1);
         struct cu_w w1 = cu_w_of(a->w), w2 = cu_w_of(a->w2);
         struct cu_gemm_call g1 = {&w1,  a->row0, a->n_out,      a->x, a->n, a->ldx,
                                   a->y, a->ldy,  a->round_bf16, 1,    0,    0};

@@ -601,16 +601,7 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
 /* a's norm (norm_w) as its own op after hc_pre */
 static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     if (!a->norm_w) return;
-    struct dsi_rms_norm_args na = {};
-    na.x = a->y;
-    na.y = a->z;
-    na.n = a->n;
-    na.n_groups = 1;
-    na.dim = na.ldx = na.ldy = a->dim;
-    na.w = a->norm_w;
-    na.eps = a->z_eps;
-    na.round_bf16 = a->round_bf16;
-    na.yq = a->zq;
+    struct dsi_rms_norm_args na = dsi_hc_pre_norm(a);
     cuda_rms_norm(be, &na);
 }
 

@@ -202,17 +202,7 @@ static bool rms_norm_rq(struct dsi_backend *be, const struct dsi_rms_norm_args *
     struct dsi_rms_norm_args b = *a;
     b.rope_dim = 0;
     cuda_rms_norm(be, &b);
-    struct dsi_rope_args ra = {.x = a->y,
-                               .n = a->n,
-                               .ldx = a->ldy,
-                               .n_heads = a->n_groups,
-                               .head_stride = a->dim,
-                               .width = (int)a->dim,
-                               .rope_dim = a->rope_dim,
-                               .pos = a->pos,
-                               .freq = a->freq,
-                               .inverse = false,
-                               .round_bf16 = a->round_bf16};
+    struct dsi_rope_args ra = dsi_rms_norm_rope(a);
     cuda_rope(be, &ra);
     if (a->q_dim > 0) launch_act_quant(c, a->y, a->y, a->n, a->q_dim, a->ldy, a->ldy, a->q_block);
     return true;
