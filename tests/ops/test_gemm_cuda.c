@@ -106,9 +106,11 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
  * act_quant's (K, n_out multiples of 512, n of 4); the tensor-core kernel (tc.cu) for n >= 64 rows
  * on FP8/BF16 weights with K % 64 == 0, every block width (32, 64, 128 rows), partial weight and
  * row tiles, padded ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4
- * column tiles, one to eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld);
- * other calls (FP4 or K % 64 != 0 from 33 rows, 33-63 rows) the exact kernels. Twice: the usual
- * scale bytes and a range past the largest one gvf.cu's short decode takes. */
+ * column tiles, one to eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld;
+ * FP8 weights on act_quant's rows on the FP8 mma), and for 17-63 rows in up to 4 launches of the
+ * rows that fit in shared memory; other calls (FP4 or K % 64 != 0 from 64 rows, more launches)
+ * the exact kernels. Twice: the usual scale bytes and a range past the largest one gvf.cu's
+ * short decode takes. */
 int test_cuda_gemm_fast(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 21);
@@ -136,7 +138,12 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_BF16, 70, 96, 3, 0, 70, 0, 0, false},                    /* BF16, odd K */
         {DSI_TYPE_BF16, 512, 4096, 20, 0, 512, 0, 0, true},                /* BF16 */
         {DSI_TYPE_FP4_E2M1, 256, 192, 4, 0, 256, 0, 0, false},             /* FP4 dense */
-        {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true}, /* 33-63 rows: not taken */
+        {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true},              /* 33-63 rows: 32 + 8 */
+        /* gvf.cu in launches of as many rows as fit in shared memory (32, 16, 8), at most 4 */
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 32, 0, 4096, 0, 0, true}, /* wo_b: 2 x 16 */
+        {DSI_TYPE_BF16, 512, 4096, 48, 0, 512, 0, 0, false},     /* 3 x 16 */
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 63, 0, 1024, 0, 0, true}, /* FP8 codes: 32 + 31 */
+        {DSI_TYPE_BF16, 256, 8192, 40, 0, 256, 0, 0, false},     /* 5 x 8: not taken */
         /* lt.cu (cuBLASLt FP8) from DSI_CUDA_LT_MIN (128) rows with bf16-rounded outputs: wo_b at
            batch 256 (not rounded: tc.cu), an offset row0 with padded ld, a 132-row prefill chunk;
            130 rows: 128 on lt.cu, 2 on gvf.cu */
@@ -279,6 +286,9 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 1, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}}, /* wo_a */
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 2, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 4, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
+        /* 33-63 rows: gvf.cu, launches of 32 rows */
+        {{DSI_TYPE_F8_E4M3, 8192, 4096, 40, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
+        {{DSI_TYPE_BF16, 256, 128, 48, 0, 32, 1100, 300, false}, {8, 128, 36}},
         /* fast numerics from DSI_CUDA_TC_DENSE rows: one tc.cu launch (grid.z = groups) */
         {{DSI_TYPE_F8_E4M3, 512, 256, 70, 0, 64, 2048, 520, true}, {8, 256, 64}},
         {{DSI_TYPE_BF16, 256, 128, 65, 0, 32, 1100, 300, false}, {8, 128, 36}},

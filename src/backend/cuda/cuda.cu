@@ -495,6 +495,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
     c->gvf_pair = !(gpr && *gpr == '0');
+    const char *gf8 = getenv("DSI_CUDA_GVF_F8");
+    c->gvf_f8 = !(gf8 && *gf8 == '0');
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

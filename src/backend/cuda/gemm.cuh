@@ -42,6 +42,7 @@ struct cu_gemm_call {
     bool round;
     int groups;
     int64_t gxs, gys;
+    bool x_fp8; /* x is act_quant's output (dsi_gemm_args.x_fp8) */
 };
 
 /* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes;
@@ -71,6 +72,19 @@ __device__ __forceinline__ int64_t w_scol(const struct cu_w &w, int64_t k) {
 /* The dense FP8 GEMM of `fast` numerics on the FP8 tensor cores through cuBLASLt (lt.cu) for
  * n >= c->lt_min rows whose values are act_quant's output (x_fp8); false: not taken. */
 bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8);
+
+/* The scale of an FP8 block of act_quant's output whose largest magnitude is amax (lt.cu, gvf.cu):
+ * act_quant's rule (floor 1e-4, 2^ceil(log2(amax / 448)) from the bits) gives the block's
+ * original scale or a smaller power of two, so every value times inv (1 / s exactly) is an FP8
+ * code again (codes only double). */
+__device__ __forceinline__ void fp8_requant_scale(float amax, float *s, float *inv) {
+    if (!(amax >= 1e-4f)) amax = 1e-4f;
+    uint32_t u = __float_as_uint(amax / 448.0f);
+    uint32_t e = (u >> 23) & 0xffu;
+    if (u & 0x7fffffu) e++;
+    *s = __uint_as_float(e << 23);
+    *inv = __uint_as_float((254u - e) << 23);
+}
 
 __device__ __forceinline__ const uint8_t *w_scale_row(const struct cu_w &w, int64_t row) {
     if (w.type == DSI_TYPE_F8_E4M3)

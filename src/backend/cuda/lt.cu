@@ -39,7 +39,6 @@
 
 #define LT_PLANS 64          /* cached (shape -> algorithm) plans, replaced in turn */
 #define LT_WS    (32u << 20) /* cuBLASLt workspace (NVIDIA's advice for Hopper) */
-#define LT_FLOOR 1e-4f       /* act_quant's amax floor for FP8 (quant.c) */
 
 struct lt_plan {
     int64_t m, n, k; /* the key: n_out, rows, K */
@@ -106,11 +105,8 @@ __global__ void k_lt_prep(const float *__restrict__ x,
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (!(amax >= LT_FLOOR)) amax = LT_FLOOR;
-    uint32_t u = __float_as_uint(amax / 448.0f);
-    uint32_t e = (u >> 23) & 0xffu;
-    if (u & 0x7fffffu) e++;
-    float s = __uint_as_float(e << 23), inv = __uint_as_float((254u - e) << 23); /* 1/s exactly */
+    float s, inv;
+    fp8_requant_scale(amax, &s, &inv);
     uint32_t q = 0;
     float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
