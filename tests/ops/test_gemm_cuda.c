@@ -107,7 +107,7 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
  * on FP8/BF16 weights with K % 64 == 0, every block width (32, 64, 128 rows), partial weight and
  * row tiles, padded ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4
  * column tiles, one to eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld;
- * and once more on the FP8 mma of act_quant's rows), and for 17-63 rows in up to 4 launches of the
+ * and once more on the FP8 mma of act_quant's rows), and for 17-63 rows in up to 8 launches of the
  * rows that fit in shared memory; other calls (FP4 or K % 64 != 0 from 64 rows, more launches)
  * the exact kernels. Twice: the usual scale bytes and a range past the largest one gvf.cu's
  * short decode takes. */
@@ -143,7 +143,8 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, 4096, 8192, 32, 0, 4096, 0, 0, true}, /* wo_b: 2 x 16 */
         {DSI_TYPE_BF16, 512, 4096, 48, 0, 512, 0, 0, false},     /* 3 x 16 */
         {DSI_TYPE_F8_E4M3, 1024, 4096, 63, 0, 1024, 0, 0, true}, /* FP8 codes: 32 + 31 */
-        {DSI_TYPE_BF16, 256, 8192, 40, 0, 256, 0, 0, false},     /* 5 x 8: not taken */
+        {DSI_TYPE_BF16, 256, 8192, 40, 0, 256, 0, 0, false},     /* 5 x 8 */
+        {DSI_TYPE_BF16, 64, 16384, 40, 0, 64, 0, 0, false},      /* 8 rows do not fit */
         /* lt.cu (cuBLASLt FP8) from DSI_CUDA_LT_MIN (128) rows with bf16-rounded outputs: wo_b at
            batch 256 (not rounded: tc.cu), an offset row0 with padded ld, a 132-row prefill chunk;
            130 rows: 128 on lt.cu, 2 on gvf.cu */

@@ -46,9 +46,10 @@
 #define GVF_U        2 /* groups per step (a warp loads the next step's while it computes one) */
 #define GVF_PRE_MAX  (32LL << 20) /* dense: weight bytes a grid prefetches into L2 at most */
 /* dense: rows a call takes at most, in launches of up to 32 rows (as many as fit in shared
-   memory: 32, 16 or 8) and at most GVF_CHUNKS of them; more rows: tc.cu / lt.cu (from 64) */
+   memory: 32, 16 or 8) and at most GVF_CHUNKS of them (each reads the weights: 8 launches of 8
+   rows of wo_b take ~1/3 of the exact kernels' time at 48 rows); more rows: tc.cu / lt.cu */
 #define GVF_ROWS_MAX 63
-#define GVF_CHUNKS   4
+#define GVF_CHUNKS   8
 
 enum { GVF_DENSE = 0, GVF_UP = 1, GVF_DOWN = 2 };
 
