@@ -257,6 +257,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {16, 6, 4096, 2048, 8, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 3 per expert */
         {16, 2, 4096, 2048, 20, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* shared: 4 n8 tiles */
         {16, 2, 4096, 2048, 40, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* shared: 32 + 8 rows */
+        {256, 6, 256, 128, 48, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* > 132 tiles: the */
+        {256, 6, 256, 128, 200, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* grid of gvf_blocks */
         {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
