@@ -1,6 +1,9 @@
-/* gvf.cu - decode GEMMs of the `fast` numerics profile: dense GEMMs and the shared expert of 1-32
- * activation rows, the routed experts' tiles of up to 8-32 rows from 3 tokens, on tensor cores
- * with the weights decoded into the mma fragments in registers (no shared-memory weight tiles).
+/* gvf.cu - decode GEMMs of the `fast` numerics profile: dense GEMMs and the shared expert of 1-63
+ * activation rows (a launch stages at most 32, 16 or 8 rows, as many as fit in shared memory:
+ * more rows take several launches, or tiles), the routed experts' tiles of up to 8-32 rows, on
+ * tensor cores with the weights decoded into the mma fragments in registers (no shared-memory
+ * weight tiles). Optionally (X8, DSI_CUDA_GVF_F8=1; off: measured no faster, step 20) FP8 weights
+ * on act_quant's rows run on the FP8 mma without decoding (gvf_group_x8).
  *
  * At decode a GEMM reads each weight byte once and does a few multiply-adds with it. Here the
  * weights are dequantised (exactly, as in tc.cu) straight into the A fragments of mma.sync
