@@ -198,8 +198,9 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
 
 /* GEMM pairs (dsi_gemm_args.w2: two weights on the same x rows, as the forward's q / kv and
  * compressor projections) against the CPU's two calls: in `fast` numerics at 1-32 rows one gvf.cu
- * launch (the weights of different heights, FP8 and BF16; the tolerance of run_gemm_g), else the
- * two calls in turn (33 rows; reference numerics bit for bit; weights of two types). */
+ * launch (the weights of different heights, FP8 and BF16; the tolerance of run_gemm_g), 33 rows
+ * in two (32 + 1), else the two calls in turn (reference numerics bit for bit; weights of two
+ * types). */
 int test_cuda_gemm_pair(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 29);
@@ -212,7 +213,7 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 1024, 512, 4096, 3, true, true},
         {DSI_TYPE_BF16, DSI_TYPE_BF16, 512, 512, 4096, 2, true, false}, /* the compressor's */
         {DSI_TYPE_BF16, DSI_TYPE_BF16, 200, 72, 256, 17, true, false},
-        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 384, 512, 33, true, true}, /* in turn */
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 384, 512, 33, true, true}, /* 32 + 1 */
         {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 256, 128, 512, 4, true, false},
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 128, 512, 3, false, true},
     };
