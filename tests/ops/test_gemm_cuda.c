@@ -172,8 +172,7 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     g_gpu = wg;
     int ok = 1;
     for (int i = 0; i < n && ok; i++) {
-        if (cases[i].n < 128 || (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)))
-            continue;
+        if (cases[i].n < 128 || (tiny_only() && cases[i].rows * cases[i].K > (1 << 20))) continue;
         ok = run_gemm_mode(&r, &cases[i], true);
         if (!ok) fprintf(stderr, "[gemm fast wgmma case %d] ", i);
     }
