@@ -666,27 +666,6 @@ static int gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t 
     return best;
 }
 
-template <int MODE, int WT, int NT, bool X8>
-static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
-    int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
-    size_t sm = X8 ? (size_t)gvf_x8_bytes(p->xrows, K, NT)
-                   : (size_t)p->xrows * (size_t)gvf_row_words<WT>(K) * 4;
-    static bool smem_done = false;
-    if (!smem_limit(c, k_gvf<MODE, WT, NT, X8>, GVF_SMEM_MAX, &smem_done, "decode gemm"))
-        return false;
-    unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
-    int64_t tpb = GVF_W / p->ks;
-    int64_t gx = gvf_gx(c, MODE, gvf_tiles(p), gy, tpb);
-    struct gvf_p q = *p;
-    if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
-        int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
-        q.pre = (int)std::min<int64_t>(q.pre, GVF_PRE_MAX / std::max<int64_t>(it, 1));
-    }
-    cu_launch(c, k_gvf<MODE, WT, NT, X8>, dim3((unsigned)gx, gy), GVF_T, sm, q);
-    return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
-                                         : "moe (decode, tensor cores)");
-}
-
 /* The FP8 mma (X8) takes FP8 weights whose scale blocks along K hold whole 128-blocks. */
 static bool gvf_x8_ok(const struct cu_w *w, int64_t K) {
     return w->type == DSI_TYPE_F8_E4M3 && K % 128 == 0 && w->sb1 % 128 == 0;
@@ -702,6 +681,26 @@ static int64_t gvf_stage_bytes(int type, int64_t xrows, int64_t K, bool x8, int 
 }
 
 static int gvf_nt(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : 4; }
+
+template <int MODE, int WT, int NT, bool X8>
+static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
+    int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
+    size_t sm = (size_t)gvf_stage_bytes(WT, p->xrows, K, X8, NT);
+    static bool smem_done = false;
+    if (!smem_limit(c, k_gvf<MODE, WT, NT, X8>, GVF_SMEM_MAX, &smem_done, "decode gemm"))
+        return false;
+    unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
+    int64_t tpb = GVF_W / p->ks;
+    int64_t gx = gvf_gx(c, MODE, gvf_tiles(p), gy, tpb);
+    struct gvf_p q = *p;
+    if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
+        int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
+        q.pre = (int)std::min<int64_t>(q.pre, GVF_PRE_MAX / std::max<int64_t>(it, 1));
+    }
+    cu_launch(c, k_gvf<MODE, WT, NT, X8>, dim3((unsigned)gx, gy), GVF_T, sm, q);
+    return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
+                                         : "moe (decode, tensor cores)");
+}
 
 /* false: not taken (the staged rows do not fit in shared memory) */
 template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
@@ -763,6 +762,11 @@ bool launch_gvf_pair(struct cu_ctx *c,
     return launch_gvf_gemm(c, g, g2);
 }
 
+/* A dense call's rows as FP8 codes on the FP8 mma (gvf_launch checks it once more). */
+static bool gvf_x8_dense(const struct cu_ctx *c, const struct cu_gemm_call *g) {
+    return c->gvf_f8 && g->x_fp8 && gvf_x8_ok(g->w, g->w->K);
+}
+
 /* One launch for the n <= 32 rows of g (and g2); false: not taken. */
 static bool
 gvf_dense_call(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_gemm_call *g2) {
@@ -779,7 +783,7 @@ gvf_dense_call(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_g
     p.y = g->y;
     p.ldy = g->ldy;
     p.round = g->round;
-    p.x8 = c->gvf_f8 && g->x_fp8;
+    p.x8 = gvf_x8_dense(c, g);
     p.tiles = cu_div_up(g->n_out, 16);
     p.gy = g->groups;
     p.gxs = g->gxs;
@@ -821,14 +825,15 @@ bool launch_gvf_gemm(struct cu_ctx *c,
     /* rows per launch: 32, 16 or 8, as many as fit in shared memory (a launch reads the
        weights once: chunks of fewer rows read them more often) */
     const struct cu_w *w = g->w;
-    bool x8 = c->gvf_f8 && g->x_fp8 && gvf_x8_ok(w, w->K);
+    bool x8 = gvf_x8_dense(c, g);
+    auto fits = [&](int64_t rows) {
+        return gvf_stage_bytes(w->type, rows, w->K, x8, gvf_nt(rows)) <= GVF_SMEM_MAX;
+    };
     int64_t per = 32;
-    while (per > 8 && gvf_stage_bytes(w->type, per, w->K, x8, gvf_nt(per)) > GVF_SMEM_MAX)
+    while (per > 8 && !fits(per))
         per /= 2;
     if (g->n <= per) return gvf_dense_call(c, g, g2);
-    if (cu_div_up(g->n, per) > GVF_CHUNKS ||
-        gvf_stage_bytes(w->type, per, w->K, x8, gvf_nt(per)) > GVF_SMEM_MAX)
-        return false;
+    if (cu_div_up(g->n, per) > GVF_CHUNKS || !fits(per)) return false;
     for (int64_t r0 = 0; r0 < g->n; r0 += per) {
         struct cu_gemm_call a = *g, b = g2 ? *g2 : *g;
         a.n = b.n = std::min(per, g->n - r0);
