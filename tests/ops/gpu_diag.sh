@@ -8,7 +8,10 @@
 # statistics; a second pass for the stall reasons per issued instruction. Output in
 # $OUT/diag.txt and $OUT/diag_stalls.txt. DIAG_BATCH (default 1): the decode batch; with 16
 # experts, DIAG_BATCH=16 gives the routed tiles of a 256-batch step of the real model (6 rows
-# per expert): DIAG_BATCH=16 DIAG_KERNELS=k_tc for tc.cu's MoE tiles. Usage (repository root,
+# per expert): DIAG_BATCH=16 DIAG_KERNELS=k_tc for tc.cu's MoE tiles. DIAG_PREFILL (0): the
+# tokens of a prefill the bench runs after the decode steps (e.g. 8192 with DIAG_KERNELS=k_attn);
+# DIAG_DEMANGLED=1: DIAG_KERNELS / DIAG_SRC match the demangled names, template arguments and all
+# (written as ncu prints them: 'k_gvf<\(int\)1, \(int\)4'). Usage (repository root,
 # on the GPU machine; DIAG_M: an existing checkpoint to use instead, e.g. gpu_ab_env.sh's /tmp/flash4;
 # an existing build/cuda/dsinfer is used as it is):
 #   OUT=$OUT bash tests/ops/gpu_diag.sh
@@ -28,30 +31,32 @@ log "build done"
 wait $GEN
 log "checkpoint: $(tail -1 /tmp/diag-gen.log)"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+NB=(); [ "${DIAG_DEMANGLED:-0}" = 1 ] && NB=(--kernel-name-base demangled)
+PF=${DIAG_PREFILL:-0}
 log "ncu: ${NCU:-none}"
 [ -n "$NCU" ] || exit 0
-DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none \
+DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none "${NB[@]}" \
     -k "regex:${DIAG_KERNELS:-k_moe_up_gv|k_moe_down_gv|k_gvf}" \
     --launch-skip ${DIAG_SKIP:-40} --launch-count ${DIAG_COUNT:-10} --section SpeedOfLight \
     --section WarpStateStats --section Occupancy --section LaunchStats \
     --section MemoryWorkloadAnalysis build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 \
-    --batch ${DIAG_BATCH:-1} --no-split --prefill 0 --numerics fast >"$D" 2>&1
+    --batch ${DIAG_BATCH:-1} --no-split --prefill $PF --prefill-reps 1 --numerics fast >"$D" 2>&1
 log "ncu rc $?"
 # stall reasons per issued instruction (a second pass: a metric this ncu lacks fails only it)
-DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none \
+DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none "${NB[@]}" \
     -k "regex:${DIAG_KERNELS:-k_moe_up_gv|k_moe_down_gv|k_gvf}" \
     --launch-skip ${DIAG_SKIP:-40} --launch-count ${DIAG_COUNT:-10} \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 2 --batch ${DIAG_BATCH:-1} --no-split \
-    --prefill 0 --numerics fast >"$OUT/diag_stalls.txt" 2>&1
+    --prefill $PF --prefill-reps 1 --numerics fast >"$OUT/diag_stalls.txt" 2>&1
 log "ncu stalls rc $?"
 # DIAG_SRC (a kernel regex): per SASS instruction, the warp stall samples of DIAG_SRC_COUNT (2)
 # launches of those kernels after DIAG_SRC_SKIP (10) (ncu's source page, CSV) in $OUT/diag_src.csv
 if [ -n "${DIAG_SRC:-}" ]; then
-    DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none -k "regex:$DIAG_SRC" \
+    DSI_CUDA_NOGRAPH=1 timeout ${DIAG_TIMEOUT:-150} "$NCU" --clock-control none "${NB[@]}" -k "regex:$DIAG_SRC" \
         --launch-skip ${DIAG_SRC_SKIP:-10} --launch-count ${DIAG_SRC_COUNT:-2} --section SourceCounters \
         --section WarpStateStats --page source --print-source sass --csv build/cuda/dsinfer bench layer \
-        -m $M --ctx 4096 --steps 2 --batch ${DIAG_BATCH:-1} --no-split --prefill 0 --numerics fast \
+        -m $M --ctx 4096 --steps 2 --batch ${DIAG_BATCH:-1} --no-split --prefill $PF --prefill-reps 1 --numerics fast \
         >"$OUT/diag_src.csv" 2>&1
     log "ncu source rc $?"
 fi

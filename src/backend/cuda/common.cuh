@@ -104,6 +104,8 @@ struct cu_ctx {
     int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
                         all of them at decode shapes; 0: none) */
+    int gvf_pf;      /* gvf.cu's walk: steps ahead of its loads that each warp prefetches the
+                        weight lines of into L2 (DSI_CUDA_GVF_PF; 0: none) */
     int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int hc_mix_min;  /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
                         (DSI_CUDA_HC_MIX_MIN, default 512; 0: never, launch_gemm) */
@@ -474,6 +476,11 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t n) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(b - a))
                  : "memory");
 #endif
+}
+
+/* The 128-byte line at p into L2 (a load with no result: one instruction a lane). */
+__device__ __forceinline__ void cu_prefetch_line_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
 }
 
 __device__ __forceinline__ void cu_pdl_enter() {

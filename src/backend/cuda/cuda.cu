@@ -489,8 +489,14 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_min = gn && *gn ? atoi(gn) : 1;
     c->gvf_moe_min = gm && *gm ? atoi(gm) : 1;
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
-    c->gvf_ks_min = gk && *gk ? atoi(gk) : 1;
+    /* at least 2 warps along K, 16 MoE blocks per SM (was 1 and 32): measured together -5% at
+       batch 8, -6% at 256, level at 1, 32 and 128, +0.6% at 48 (docs/cuda.md, step 21) */
+    c->gvf_ks_min = gk && *gk ? atoi(gk) : 2;
     c->gvf_ilv = !(gi && *gi == '0');
+    /* gvf.cu's walk: weight bytes prefetched into L2 this many steps ahead of the loads */
+    const char *gpf = getenv("DSI_CUDA_GVF_PF");
+    c->gvf_pf = gpf && *gpf ? atoi(gpf) : 0;
+    if (c->gvf_pf < 0 || c->gvf_pf > 64) c->gvf_pf = 0;
     const char *gtl = getenv("DSI_CUDA_GVF_TAIL");
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
@@ -517,8 +523,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gt = getenv("DSI_CUDA_GVF_MOE_NT");
     c->gvf_moe_nt = gt && (*gt == '1' || *gt == '2' || *gt == '4') ? *gt - '0' : 0;
     const char *gb = getenv("DSI_CUDA_GVF_BLOCKS");
-    /* 32 (8 until step 20): measured -7% at batch 32, -2 to -3% at 48, 128 and 256 */
-    c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 32;
+    /* 16 with gvf_ks_min 2 (step 21; 8 until step 20, then 32) */
+    c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 16;
     const char *hm = getenv("DSI_CUDA_HC_MIX_MIN");
     c->hc_mix_min = hm && *hm ? atoi(hm) : 512;
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */

@@ -74,6 +74,8 @@ struct gvf_p {
     bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
+    int pf;         /* steps ahead of the loads whose weight bytes each warp prefetches into L2
+                       (c->gvf_pf; 0: none) */
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
        by a second weight of w's type, K and scale layout at data2 / scale2 (rows 0 .. n_out2,
        tiles2 tiles) into y2 (ldy2); row0, gxs, gys 0 */
@@ -456,12 +458,13 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         }
     }
     int64_t n_rows = MODE == GVF_DENSE ? dn.n_out : MODE == GVF_UP ? p.m.I : p.m.D;
-    /* weight row of half h of tile `tile`, or -1 */
-    auto wrow = [&](int64_t tile, int h) -> int64_t {
-        int64_t o = MODE == GVF_UP ? tile * 8 + g : tile * 16 + g + 8 * h;
+    /* weight row gg of half h of tile `tile` (wrow: this lane's, gg = g), or -1 */
+    auto hrow = [&](int64_t tile, int h, int gg) -> int64_t {
+        int64_t o = MODE == GVF_UP ? tile * 8 + gg : tile * 16 + gg + 8 * h;
         if (o >= n_rows) return -1;
         return MODE == GVF_DENSE ? dn.grow0 + o : o;
     };
+    auto wrow = [&](int64_t tile, int h) { return hrow(tile, h, g); };
 
     /* ---- the walk: tile iterations i (this block's tiles blockIdx.x + i gridDim.x, tpb at a
      * time), each nb steps of GVF_U groups; step s + 1's bytes load while step s computes */
@@ -490,6 +493,31 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         lp1 = r1 >= 0 ? W[1].data + r1 * W[1].row_bytes : nullptr;
         ls0 = r0 >= 0 ? gvf_scale_row<WT>(W[0], r0) : nullptr;
         ls1 = r1 >= 0 ? gvf_scale_row<WT>(W[1], r1) : nullptr;
+    };
+    /* The prefetch position (p.pf > 0), p.pf steps ahead of the loads: lane (g, t) brings the
+     * 128-byte line t & 1 of the step's two groups of row g (t < 2) or g + 8 into L2, so that the
+     * loads of that step find their bytes there (more bytes in flight per warp than its
+     * registers hold). Entering a tile, lanes 0 and 1 also prefetch its rows' scales. */
+    const uint8_t *pp = nullptr;
+    int64_t pi = 0; /* the prefetch position's tile iteration (done at n_iter) */
+    int pb = 0, ph = t >> 1;
+    /* (the halves' fields by selects: a W[runtime index] would put W in local memory) */
+    const uint8_t *pdata = ph ? W[1].data : W[0].data;
+    int64_t prb = ph ? W[1].row_bytes : W[0].row_bytes;
+    auto enter_pf = [&](int64_t i) {
+        int64_t tile = tile_of(i), r = wrow(tile, ph);
+        pp = r >= 0 ? pdata + r * prb : nullptr;
+        if (lane < 2 && WT != DSI_TYPE_BF16) { /* half `lane`'s rows g = 0..7 */
+            int64_t r0 = hrow(tile, lane, 0), r7 = hrow(tile, lane, 7);
+            if (r0 >= 0) {
+                if (r7 < 0) r7 = MODE == GVF_DENSE ? dn.grow0 + n_rows - 1 : n_rows - 1;
+                const uint8_t *s0 =
+                    lane ? gvf_scale_row<WT>(W[1], r0) : gvf_scale_row<WT>(W[0], r0);
+                const uint8_t *s7 =
+                    lane ? gvf_scale_row<WT>(W[1], r7) : gvf_scale_row<WT>(W[0], r7);
+                cu_prefetch_l2(s0, (size_t)(s7 - s0 + (lane ? W[1].srs : W[0].srs)));
+            }
+        }
     };
     auto load_step = [&](int b, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
 #pragma unroll
@@ -592,12 +620,27 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     gvf_raw ra0[GVF_U], rb0[GVF_U], ra1[GVF_U], rb1[GVF_U];
     int64_t li = 0, ci = 0; /* the next step to load and to compute: (tile iteration, step) */
     int lb = 0, cb = 0;
+    static_assert(GVF_U == 2, "a prefetch step is two 128-byte lines per row");
+    auto pf_step = [&](bool issue) { /* the prefetch position's step, then the next one */
+                                     if (pi >= n_iter) return;
+                                     int64_t q = qa + (int64_t)pb * qs + (t & 1);
+                                     if (issue && pp && q < qe && q * 128 < prb)
+                                         cu_prefetch_line_l2(pp + q * 128);
+                                     if (next(pi, pb) && pi < n_iter) enter_pf(pi);
+    };
     auto load_next = [&](gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
         load_step(lb, ra, rb);
         if (next(li, lb)) enter_tile(li);
+        if (p.pf > 0) pf_step(true);
     };
     if (steps > 0) {
         enter_tile(0);
+        if (p.pf > 0) { /* steps 1 .. p.pf (step 0: loaded next) */
+            enter_pf(0);
+            pf_step(false);
+            for (int d = 1; d < p.pf; d++)
+                pf_step(true);
+        }
         load_next(ra0, rb0);
     }
     if (MODE == GVF_DENSE) cu_pdl_enter();
@@ -712,6 +755,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
         gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
+    p->pf = c->gvf_pf;
     if constexpr (WT == DSI_TYPE_F8_E4M3) {
         if (p->x8) {
             if (nt == 1) return gvf_go<MODE, WT, 1, true>(c, p) || c->sticky;
