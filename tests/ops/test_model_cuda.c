@@ -153,18 +153,24 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
              * 3e-2; with index_topk raised over the entry count, 3.6e-7: fast_flips.sh). Twice:
              * the whole prompt with the GEMM kernels at their minimum (every dense GEMM and
              * expert on tc.cu), then token by token with the default thresholds (gvf.cu at
-             * every step). Attention stays on its default (tensor cores from 128 rows, which
-             * tiny-a's prompts do not reach): forced on, a probability rounded to bf16 on its
-             * other neighbour moves tiny-a's second prompt from position 12 (0.33; the op test
-             * test_cuda_attn bounds the kernels themselves, and tests/cli/t_cuda.sh checks them
-             * on the trained model by perplexity). */
+             * every step). Attention stays on the exact kernels (the tensor-core products from
+             * 128 rows, which tiny-a's prompts do not reach; the fused kernel of attn_fa.cu,
+             * default from 32 rows, off here: DSI_CUDA_ATTN_FA=0): with the tensor-core
+             * products forced on, a probability rounded to bf16 on its other neighbour moves
+             * tiny-a's second prompt from position 12 (0.33), and the fused kernel, which
+             * rounds the probabilities before the normalisation, moves it from the first
+             * position (0.93). The op test test_cuda_attn bounds those kernels themselves, and
+             * tests/cli/t_cuda.sh checks them on the trained model by perplexity. */
             bool set = !getenv("DSI_CUDA_TC_DENSE") && !getenv("DSI_CUDA_TC_MOE");
+            bool set_fa = !getenv("DSI_CUDA_ATTN_FA");
             for (int pass = 0; pass < 2; pass++) {
                 if (set && pass == 0) {
                     setenv("DSI_CUDA_TC_DENSE", "1", 1);
                     setenv("DSI_CUDA_TC_MOE", "0", 1);
                 }
+                if (set_fa) setenv("DSI_CUDA_ATTN_FA", "0", 1);
                 int rc = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, pass, &ps, o, gm);
+                if (set_fa) unsetenv("DSI_CUDA_ATTN_FA");
                 if (set && pass == 0) {
                     unsetenv("DSI_CUDA_TC_DENSE");
                     unsetenv("DSI_CUDA_TC_MOE");

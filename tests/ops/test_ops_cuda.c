@@ -1063,11 +1063,28 @@ int test_cuda_attn(struct test_ctx *t) {
         {64, 512, 128, 4, 512, true, true, 4, {0, 1000, 4095, 126}, {40, 40, 40, 9}, true},
         {64, 512, 128, 128, 512, false, true, 3, {0, 2000, 8000}, {60, 50, 30}, true},
         {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {100, 40}, true},
+        /* fast, 32-127 rows: the fused kernel (from 32), else the exact kernels */
+        {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {20, 15, 5}, true},
+        {64, 512, 128, 4, 512, true, true, 3, {0, 1000, 4095}, {16, 16, 8}, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         TEST_ASSERTF(run_attn(&r, &cases[i]), "attn case %zu", i);
     }
+    /* the `fast` cases once more on the second path: the fused kernel (attn_fa.cu) is the
+       default from 128 rows; DSI_CUDA_ATTN_FA=0 runs attn_tc.cu's products and the softmax */
+    struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_FA=0"), *keep = g_gpu;
+    TEST_ASSERT(g2 != NULL);
+    g_gpu = g2;
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+        if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
+        ok = run_attn(&r, &cases[i]);
+        if (!ok) fprintf(stderr, "attn case %zu (DSI_CUDA_ATTN_FA=0) failed\n", i);
+    }
+    g_gpu = keep;
+    g2->ops->free(g2);
+    TEST_ASSERT(ok);
     return 0;
 }
 

@@ -212,10 +212,6 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     int64_t maxk = st->window;
     if (a->entries) maxk += a->sel ? a->topk : (int64_t)st->max_pages * st->page_tokens / a->ratio;
     if (maxk < 1) maxk = 1;
-    int64_t per_row = (int64_t)H * maxk * 4, cap = (int64_t)256 << 20;
-    int nb = (int)(per_row * n <= cap ? n : cap / per_row > 0 ? cap / per_row : 1);
-    float *S = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(per_row * nb));
-    if (!S) return;
     size_t smem = (size_t)(ATT_HG + ATT_TK) * (hd + 4) * 4;
     static size_t smem_set = 0; /* per process: one device kind */
     if (smem > 48 * 1024 && smem > smem_set) {
@@ -243,8 +239,20 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.scale = a->scale;
     p.round_probs = a->round_probs;
     p.round_bf16 = a->round_bf16;
-    p.S = S;
+    p.S = NULL;
     p.maxk = maxk;
+    p.r0 = 0;
+    p.fexp = c->attn_fa_exp;
+    /* `fast` numerics: one fused kernel from c->attn_fa_min rows (attn_fa.cu) */
+    if (a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(&p)) {
+        launch_attn_fa(c, &p, n);
+        return;
+    }
+    int64_t per_row = (int64_t)H * maxk * 4, cap = (int64_t)256 << 20;
+    int nb = (int)(per_row * n <= cap ? n : cap / per_row > 0 ? cap / per_row : 1);
+    float *S = (float *)cu_scratch(c, CU_SCR_OP, (size_t)(per_row * nb));
+    if (!S) return;
+    p.S = S;
     /* `fast` numerics: the two products on tensor cores (attn_tc.cu) for many rows */
     bool tc = a->fast && n >= c->tc_attn_min && attn_tc_ok(&p);
     for (int r0 = 0; r0 < n; r0 += nb) {

@@ -1,5 +1,6 @@
 /* attn.cuh - the attention op's parameters and key lookup, shared by attn.cu (the exact
- * kernels) and attn_tc.cu (the tensor-core kernels of `fast` numerics). */
+ * kernels), attn_tc.cu (the tensor-core products of `fast` numerics) and attn_fa.cu (the fused
+ * kernel of `fast` numerics). */
 #ifndef DSI_CUDA_ATTN_CUH
 #define DSI_CUDA_ATTN_CUH
 
@@ -20,6 +21,7 @@ struct attn_p {
     float *S;
     int64_t maxk;
     int r0;
+    bool fexp; /* attn_fa.cu: the single-precision exp (c->attn_fa_exp) */
 };
 
 __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {
@@ -47,5 +49,10 @@ __device__ __forceinline__ const float *attn_key(const struct attn_p &p, int r, 
 bool attn_tc_ok(const struct attn_p *p);
 bool launch_attn_scores_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
 bool launch_attn_pv_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
+
+/* `fast` numerics: scores, softmax and p.v in one kernel per row (attn_fa.cu) for all rows
+ * [0, rows) of the step (p->S unused); false: not taken. */
+bool attn_fa_ok(const struct attn_p *p);
+bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows);
 
 #endif

@@ -95,20 +95,23 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
     bool gvf_f8;          /* gvf.cu: FP8 weights times act_quant's rows on the FP8 mma
                              (DSI_CUDA_GVF_F8=1; default off: the bf16-pair decode; step 20) */
-    bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
-                        separate act_quant launch, as before step 17) */
-    bool norm_rq;    /* rms_norm's RoPE / quantisation after the norm in the warp kernels
-                        (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
-    bool norm_blk1;  /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
-                        (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
-    int gvf_pre;     /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
-                        before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
-                        all of them at decode shapes; 0: none) */
-    int gvf_pf;      /* gvf.cu's walk: steps ahead of its loads that each warp prefetches the
-                        weight lines of into L2 (DSI_CUDA_GVF_PF; 0: none) */
-    int hc_split;    /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
-    int hc_mix_min;  /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
-                        (DSI_CUDA_HC_MIX_MIN, default 512; 0: never, launch_gemm) */
+    bool norm_q;      /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
+                         separate act_quant launch, as before step 17) */
+    bool norm_rq;     /* rms_norm's RoPE / quantisation after the norm in the warp kernels
+                         (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
+    bool norm_blk1;   /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
+                         (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
+    int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
+                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
+                         all of them at decode shapes; 0: none) */
+    int gvf_pf;       /* gvf.cu's walk: steps ahead of its loads that each warp prefetches the
+                         weight lines of into L2 (DSI_CUDA_GVF_PF; 0: none) */
+    int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
+                         (DSI_CUDA_ATTN_FA; 0: off, the products of attn_tc.cu / attn.cu) */
+    bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
+    int hc_split;     /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
+    int hc_mix_min;   /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
+                         (DSI_CUDA_HC_MIX_MIN, default 512; 0: never, launch_gemm) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */

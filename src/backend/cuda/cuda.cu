@@ -541,6 +541,12 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
+    /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:
+       measured -4% at batch 32, 128 and 256, +5% at 8, +25% at 1; prefill 8k -7%) */
+    const char *fa = getenv("DSI_CUDA_ATTN_FA");
+    c->attn_fa_min = fa && *fa ? atoi(fa) : 32;
+    const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
+    c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");
     c->tc_idx = !(ti && *ti == '0');
     /* dense FP8 GEMMs of `fast` numerics from 128 rows through cuBLASLt (lt.cu); the handle is

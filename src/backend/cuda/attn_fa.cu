@@ -1,0 +1,229 @@
+/* attn_fa.cu - the attention of `fast` numerics in one kernel per row (`DSI_CUDA_ATTN_FA`):
+ * scores, softmax with the sink and p.v over tiles of 16 keys with a running maximum
+ * (FlashAttention's online softmax), so that the scores never leave the chip and each key is
+ * read once per row (attn_tc.cu's products read it twice and the scores go through memory
+ * three times: most of the prefill's attention time, docs/cuda.md step 21).
+ *
+ * A block takes one row and 64 heads (the key set is shared by the heads: MQA): 16 warps, warp
+ * (wm, wn) = (heads 16 wm.., a quarter wn of head_dim). Per tile: the tile's keys as bf16 in
+ * shared memory (loaded into registers one tile ahead, two buffers); each warp's partial
+ * scores over its quarter of head_dim (mma.sync m16n8k16); the four partials added in warp
+ * order and scaled; per head the tile's maximum, the running maximum m, the factor
+ * exp(m_old - m) for what is summed so far, e = exp(s - m) rounded to bf16 (the P operand) and
+ * the running sum l of those values; then each warp rescales its output rows and adds P times
+ * the keys of its quarter of head_dim (ldmatrix.trans on the same tile). At the end, with the
+ * sink: mx = max(m, sink), out = o exp(m - mx) / (l exp(m - mx) + exp(sink - mx)).
+ *
+ * Numerics: q and the keys are bf16 values in `fast` numerics (exact operands); the scores are
+ * fp32 sums in another order than the CPU's; the probabilities are rounded to bf16 before the
+ * normalisation rather than after it (the CPU's p = bf16(e / z)), so this is not the
+ * `reference` rounding: the op test bounds the difference (1e-2 of the largest output). */
+#include "attn.cuh"
+#include "tc.cuh"
+
+#define FA_T  512
+#define FA_W  (FA_T / 32)
+#define FA_HB 64 /* heads per block */
+#define FA_KT 16 /* keys per tile */
+#define FA_LP (FA_KT + 8)
+#define FA_LS (FA_KT + 1)
+
+struct fa_smem_layout {
+    size_t q, k, sp, pr, st, kp, total;
+};
+
+__host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
+    fa_smem_layout l;
+    size_t ldk = (size_t)hd + 8;
+    l.q = 0;                                                 /* Q bf16 [64][hd + 8] */
+    l.k = l.q + (size_t)FA_HB * ldk * 2;                     /* K bf16 [2][16][hd + 8] */
+    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2;                /* partial scores [4][64][17] */
+    l.pr = l.sp + (size_t)4 * FA_HB * FA_LS * 4;             /* P bf16 [64][24] */
+    l.st = l.pr + (size_t)FA_HB * FA_LP * 2;                 /* m, l, factor [3][64] */
+    l.kp = l.st + (size_t)3 * FA_HB * 4;                     /* key rows [2][16] */
+    l.total = l.kp + (size_t)2 * FA_KT * 8;
+    return l;
+}
+
+bool attn_fa_ok(const struct attn_p *p) {
+    return p->hd % 128 == 0 && p->hd <= 512 && (uintptr_t)p->q % 16 == 0 &&
+           (uintptr_t)p->ring % 16 == 0 && (uintptr_t)p->entries % 16 == 0;
+}
+
+/* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)
+ * the single-precision exp (a few ulp; the value is rounded to bf16 next) */
+__device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf(x) : exp_ref(x); }
+
+/* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. */
+template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct attn_p p) {
+    cu_pdl_enter();
+    constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8, NV = HD / 128;
+    extern __shared__ uint4 fa_smem[];
+    const fa_smem_layout L = fa_layout(HD);
+    char *base = (char *)fa_smem;
+    uint16_t *Qs = (uint16_t *)(base + L.q), *Ks = (uint16_t *)(base + L.k);
+    float(*Sp)[FA_HB][FA_LS] = (float(*)[FA_HB][FA_LS])(base + L.sp);
+    uint16_t *Ps = (uint16_t *)(base + L.pr);
+    float *Ms = (float *)(base + L.st), *Ls = Ms + FA_HB, *Fs = Ls + FA_HB;
+    const float **Kp = (const float **)(base + L.kp); /* [2][16]: the rows of tiles t, t + 1 */
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp & 3, wn = warp >> 2;
+    int g = lane >> 2, t4 = lane & 3;
+    int r = blockIdx.x, h0 = blockIdx.y * FA_HB;
+    int64_t w0;
+    int nk = attn_nkeys(p, r, &w0);
+    /* q rows -> bf16 (zeros past the last head) */
+    for (int e = tid; e < FA_HB * (HD / 4); e += FA_T) {
+        int h = e / (HD / 4), c = e % (HD / 4);
+        float4 f = h0 + h < p.H ? ((const float4 *)(p.q + ((int64_t)r * p.H + h0 + h) * HD))[c]
+                                : make_float4(0, 0, 0, 0);
+        *(uint2 *)(Qs + h * LDK + 4 * c) = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+    }
+    if (tid < FA_HB) {
+        Ms[tid] = -INFINITY;
+        Ls[tid] = 0.0f;
+    }
+    int ntile = (nk + FA_KT - 1) / FA_KT;
+    /* The key rows of a tile (window slot, selection, page table: dependent loads) are looked
+     * up by lanes 0..15 of warp 0 two tiles ahead, kept in a register for a tile and written to
+     * Kp before the barrier after which that tile's loads are issued: the chain's latency is
+     * hidden behind a tile's work. */
+    auto key_row = [&](int jj) { return jj < nk ? attn_key(p, r, w0, jj) : (const float *)nullptr; };
+    if (tid < 2 * FA_KT) Kp[tid] = key_row(tid);
+    const float *nrow = nullptr;
+    float4 kr[NV];
+    auto load = [&](int tile) { /* the tile's keys: thread's float4 c of key j, v = 0..NV-1 */
+        const float **kp = Kp + (tile & 1) * FA_KT;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+            const float *kq = kp[j];
+            kr[v] = kq ? __ldg((const float4 *)kq + c) : make_float4(0, 0, 0, 0);
+        }
+    };
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[j][i] = 0.0f;
+    __syncthreads(); /* Kp of tiles 0 and 1 */
+    if (ntile > 0) load(0);
+    for (int tile = 0; tile < ntile; tile++) {
+        uint16_t *K = Ks + (tile & 1) * FA_KT * LDK;
+        /* tile + 1's rows into the slot of tile - 1 (read by its loads, before barrier B of
+           tile - 1, which every thread has passed) */
+        if (tile > 0 && tid < FA_KT) Kp[((tile + 1) & 1) * FA_KT + tid] = nrow;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+            *(uint2 *)(K + j * LDK + 4 * c) =
+                make_uint2(bf16x2_rn(kr[v].x, kr[v].y), bf16x2_rn(kr[v].z, kr[v].w));
+        }
+        __syncthreads(); /* A: the tile's keys, tile + 1's rows (and, first, q, statistics) */
+        if (tile + 1 < ntile) load(tile + 1);
+        if (tid < FA_KT) nrow = key_row((tile + 2) * FA_KT + tid);
+        /* partial scores: heads 16 wm.., keys 0..15, head_dim quarter wn */
+        float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int kk = 0; kk < DQ / 16; kk++) {
+            int k0 = wn * DQ + kk * 16;
+            uint32_t a[4], b[4];
+            ldsm_x4(smem_u32(Qs + (wm * 16 + (lane & 15)) * LDK + k0 + (lane >> 4) * 8), a);
+            ldsm_x4(smem_u32(K + ((lane & 7) + ((lane >> 4) << 3)) * LDK + k0 + ((lane >> 3) & 1) * 8),
+                    b);
+            mma_bf16(s[0], a, b[0], b[1]);
+            mma_bf16(s[1], a, b[2], b[3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                Sp[wn][wm * 16 + g + (i >> 1) * 8][j * 8 + 2 * t4 + (i & 1)] = s[j][i];
+        __syncthreads(); /* B: the partial scores */
+        { /* softmax step: 8 threads a head, 2 keys each */
+            int h = tid >> 3, k = (tid & 7) * 2, jj = tile * FA_KT + k;
+            float v0 = (Sp[0][h][k] + Sp[1][h][k] + Sp[2][h][k] + Sp[3][h][k]) * p.scale;
+            float v1 =
+                (Sp[0][h][k + 1] + Sp[1][h][k + 1] + Sp[2][h][k + 1] + Sp[3][h][k + 1]) * p.scale;
+            if (jj >= nk) v0 = -INFINITY;
+            if (jj + 1 >= nk) v1 = -INFINITY;
+            float tm = fmaxf(v0, v1);
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1)
+                tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
+            float mo = Ms[h], mn = fmaxf(mo, tm); /* mn finite: key jj = tile * 16 < nk */
+            float e0 = jj < nk ? bf16_round(fa_exp(v0 - mn, p.fexp)) : 0.0f;
+            float e1 = jj + 1 < nk ? bf16_round(fa_exp(v1 - mn, p.fexp)) : 0.0f;
+            *(uint32_t *)(Ps + h * FA_LP + k) = bf16x2_rn(e0, e1);
+            float sum = e0 + e1;
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if ((tid & 7) == 0) {
+                float f = mo == -INFINITY ? 0.0f : fa_exp(mo - mn, p.fexp);
+                Ms[h] = mn;
+                Ls[h] = Ls[h] * f + sum;
+                Fs[h] = f;
+            }
+        }
+        __syncthreads(); /* C: P and the factors */
+        {
+            float fa = Fs[wm * 16 + g], fb = Fs[wm * 16 + g + 8];
+            uint32_t a[4];
+            ldsm_x4(smem_u32(Ps + (wm * 16 + (lane & 15)) * FA_LP + (lane >> 4) * 8), a);
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                acc[j][0] *= fa;
+                acc[j][1] *= fa;
+                acc[j][2] *= fb;
+                acc[j][3] *= fb;
+                acc[j + 1][0] *= fa;
+                acc[j + 1][1] *= fa;
+                acc[j + 1][2] *= fb;
+                acc[j + 1][3] *= fb;
+                uint32_t b[4];
+                ldsm_x4_t(smem_u32(K + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDK + wn * DQ + j * 8 +
+                                   (lane >> 4) * 8),
+                          b);
+                mma_bf16(acc[j], a, b[0], b[1]);
+                mma_bf16(acc[j + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    __syncthreads(); /* the last tile's statistics */
+    if (tid < FA_HB) { /* the sink: mx = max(m, sink); out = o f / (l f + exp(sink - mx)) */
+        float sink = h0 + tid < p.H ? vec_get(p.sinks, h0 + tid) : 0.0f;
+        float m = Ms[tid], mx = fmaxf(m, sink);
+        float f = m == -INFINITY ? 0.0f : exp_ref(m - mx);
+        Fs[tid] = f / (Ls[tid] * f + exp_ref(sink - mx));
+    }
+    __syncthreads();
+    float fa = Fs[wm * 16 + g], fb = Fs[wm * 16 + g + 8];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int h = h0 + wm * 16 + g + (i >> 1) * 8, d = wn * DQ + j * 8 + 2 * t4 + (i & 1);
+            if (h < p.H)
+                p.out[((int64_t)r * p.H + h) * HD + d] =
+                    rbf(acc[j][i] * (i < 2 ? fa : fb) + 0.0f, p.round_bf16);
+        }
+}
+
+template <int HQ> static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows) {
+    static bool done = false;
+    size_t sm = fa_layout(128 * HQ).total;
+    if (!smem_limit(c, k_attn_fa<HQ>, sm, &done, "attn (fused)")) return false;
+    dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, FA_HB));
+    cu_launch(c, k_attn_fa<HQ>, g, FA_T, sm, *p);
+    return cu_check(c, "attn (fused)");
+}
+
+bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows) {
+    switch (p->hd / 128) {
+    case 1: return fa_go<1>(c, p, rows);
+    case 2: return fa_go<2>(c, p, rows);
+    case 3: return fa_go<3>(c, p, rows);
+    default: return fa_go<4>(c, p, rows);
+    }
+}
