@@ -35,12 +35,12 @@ struct fa_smem_layout {
 __host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
     fa_smem_layout l;
     size_t ldk = (size_t)hd + 8;
-    l.q = 0;                                                 /* Q bf16 [64][hd + 8] */
-    l.k = l.q + (size_t)FA_HB * ldk * 2;                     /* K bf16 [2][16][hd + 8] */
-    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2;                /* partial scores [4][64][17] */
-    l.pr = l.sp + (size_t)4 * FA_HB * FA_LS * 4;             /* P bf16 [64][24] */
-    l.st = l.pr + (size_t)FA_HB * FA_LP * 2;                 /* m, l, factor [3][64] */
-    l.kp = l.st + (size_t)3 * FA_HB * 4;                     /* key rows [2][16] */
+    l.q = 0;                                     /* Q bf16 [64][hd + 8] */
+    l.k = l.q + (size_t)FA_HB * ldk * 2;         /* K bf16 [2][16][hd + 8] */
+    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2;    /* partial scores [4][64][17] */
+    l.pr = l.sp + (size_t)4 * FA_HB * FA_LS * 4; /* P bf16 [64][24] */
+    l.st = l.pr + (size_t)FA_HB * FA_LP * 2;     /* m, l, factor [3][64] */
+    l.kp = l.st + (size_t)3 * FA_HB * 4;         /* key rows [2][16] */
     l.total = l.kp + (size_t)2 * FA_KT * 8;
     return l;
 }
@@ -87,11 +87,14 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
      * up by lanes 0..15 of warp 0 two tiles ahead, kept in a register for a tile and written to
      * Kp before the barrier after which that tile's loads are issued: the chain's latency is
      * hidden behind a tile's work. */
-    auto key_row = [&](int jj) { return jj < nk ? attn_key(p, r, w0, jj) : (const float *)nullptr; };
+    auto key_row = [&](int jj) {
+        return jj < nk ? attn_key(p, r, w0, jj) : (const float *)nullptr;
+    };
     if (tid < 2 * FA_KT) Kp[tid] = key_row(tid);
     const float *nrow = nullptr;
     float4 kr[NV];
-    auto load = [&](int tile) { /* the tile's keys: thread's float4 c of key j, v = 0..NV-1 */
+    /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 */
+    auto load = [&](int tile) {
         const float **kp = Kp + (tile & 1) * FA_KT;
 #pragma unroll
         for (int v = 0; v < NV; v++) {
@@ -129,8 +132,9 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
             int k0 = wn * DQ + kk * 16;
             uint32_t a[4], b[4];
             ldsm_x4(smem_u32(Qs + (wm * 16 + (lane & 15)) * LDK + k0 + (lane >> 4) * 8), a);
-            ldsm_x4(smem_u32(K + ((lane & 7) + ((lane >> 4) << 3)) * LDK + k0 + ((lane >> 3) & 1) * 8),
-                    b);
+            ldsm_x4(
+                smem_u32(K + ((lane & 7) + ((lane >> 4) << 3)) * LDK + k0 + ((lane >> 3) & 1) * 8),
+                b);
             mma_bf16(s[0], a, b[0], b[1]);
             mma_bf16(s[1], a, b[2], b[3]);
         }
@@ -140,7 +144,7 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
             for (int i = 0; i < 4; i++)
                 Sp[wn][wm * 16 + g + (i >> 1) * 8][j * 8 + 2 * t4 + (i & 1)] = s[j][i];
         __syncthreads(); /* B: the partial scores */
-        { /* softmax step: 8 threads a head, 2 keys each */
+        {                /* softmax step: 8 threads a head, 2 keys each */
             int h = tid >> 3, k = (tid & 7) * 2, jj = tile * FA_KT + k;
             float v0 = (Sp[0][h][k] + Sp[1][h][k] + Sp[2][h][k] + Sp[3][h][k]) * p.scale;
             float v1 =
@@ -182,15 +186,15 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
                 acc[j + 1][2] *= fb;
                 acc[j + 1][3] *= fb;
                 uint32_t b[4];
-                ldsm_x4_t(smem_u32(K + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDK + wn * DQ + j * 8 +
-                                   (lane >> 4) * 8),
+                ldsm_x4_t(smem_u32(K + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDK + wn * DQ +
+                                   j * 8 + (lane >> 4) * 8),
                           b);
                 mma_bf16(acc[j], a, b[0], b[1]);
                 mma_bf16(acc[j + 1], a, b[2], b[3]);
             }
         }
     }
-    __syncthreads(); /* the last tile's statistics */
+    __syncthreads();   /* the last tile's statistics */
     if (tid < FA_HB) { /* the sink: mx = max(m, sink); out = o f / (l f + exp(sink - mx)) */
         float sink = h0 + tid < p.H ? vec_get(p.sinks, h0 + tid) : 0.0f;
         float m = Ms[tid], mx = fmaxf(m, sink);
@@ -221,9 +225,13 @@ template <int HQ> static bool fa_go(struct cu_ctx *c, const struct attn_p *p, in
 
 bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows) {
     switch (p->hd / 128) {
-    case 1: return fa_go<1>(c, p, rows);
-    case 2: return fa_go<2>(c, p, rows);
-    case 3: return fa_go<3>(c, p, rows);
-    default: return fa_go<4>(c, p, rows);
+    case 1:
+        return fa_go<1>(c, p, rows);
+    case 2:
+        return fa_go<2>(c, p, rows);
+    case 3:
+        return fa_go<3>(c, p, rows);
+    default:
+        return fa_go<4>(c, p, rows);
     }
 }
