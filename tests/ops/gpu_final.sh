@@ -41,7 +41,7 @@ if [ "${FINAL_SAN:-1}" != 0 ]; then
     DSI_TEST_TINY=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
         build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
     log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
-    for t in test_cuda_gemm_fast test_cuda_moe_fast; do
+    for t in test_cuda_gemm_fast test_cuda_moe_fast test_cuda_attn; do
         DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
             build/cuda/dsinfer-test --root . --only $t >"$OUT/racecheck_$t.log" 2>&1
         log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck_$t.log" | tr '\n' ' ')"
