@@ -104,6 +104,8 @@ struct cu_ctx {
     int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
                          before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
                          all of them at decode shapes; 0: none) */
+    bool gvf_f4;      /* gvf.cu: FP4 experts on act_quant's rows on the FP8 mma (F4X8;
+                         DSI_CUDA_GVF_F4=1; off: not measured yet, step 21) */
     int gvf_pf;       /* gvf.cu's walk: steps ahead of its loads that each warp prefetches the
                          weight lines of into L2 (DSI_CUDA_GVF_PF; 0: none) */
     int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows

@@ -505,6 +505,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        decode (docs/cuda.md, step 20) */
     const char *gf8 = getenv("DSI_CUDA_GVF_F8");
     c->gvf_f8 = gf8 && *gf8 == '1';
+    /* FP4 experts on the FP8 mma (codes as e4m3 bytes): off until measured (step 21) */
+    const char *gf4 = getenv("DSI_CUDA_GVF_F4");
+    c->gvf_f4 = gf4 && *gf4 == '1';
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

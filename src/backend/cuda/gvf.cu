@@ -125,7 +125,9 @@ template <int WT> __host__ __device__ constexpr int gvf_e() {
 
 struct gvf_raw {
     uint4 v[2];
-    uint32_t sc; /* FP8: the slice's scale byte; FP4: the two bytes of its 32-element halves */
+    uint32_t sc;  /* FP8: the slice's scale byte; FP4: the two bytes of its 32-element halves
+                     (F4X8: the group's scale bytes 0-3) */
+    uint32_t sc2; /* F4X8: the group's scale bytes 4-7 (unused otherwise) */
 };
 
 /* The lane's slice at k0 of `row` and its scale byte(s): the scale block along K is 1 << sh. */
@@ -143,6 +145,33 @@ gvf_load(const uint8_t *row, const uint8_t *srow, int sh, int64_t k0, bool valid
     r.v[1] = __ldg(p + 1);
     if (WT == DSI_TYPE_F8_E4M3) r.sc = srow[k0 >> sh];
     if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 >> sh] | ((uint32_t)srow[(k0 + 32) >> sh] << 8);
+}
+
+/* F4X8 (FP4 weights on the FP8 mma, c->gvf_f4): the lane's word j (0..7) of group q of `row`
+ * is bytes 16 j + 4 t..+3 of the group's 128 (codes 32 j + 8 t + 0..7, the low nibble first), so
+ * that an mma's 32 k of a row are one 32-element scale block; the group's 8 scale bytes in
+ * sc / sc2 (one 8-byte load: gvf_x8_ok asks for 8-byte aligned scale rows). */
+__device__ __forceinline__ void
+gvf_load_f4x8(const uint8_t *row, const uint8_t *srow, int64_t q, int t, bool valid, gvf_raw &r) {
+    if (!valid) {
+        r.v[0] = r.v[1] = make_uint4(0, 0, 0, 0);
+        r.sc = r.sc2 = 0;
+        return;
+    }
+    const uint32_t *p = (const uint32_t *)(row + q * 128 + 4 * t);
+    r.v[0] = make_uint4(__ldg(p), __ldg(p + 4), __ldg(p + 8), __ldg(p + 12));
+    r.v[1] = make_uint4(__ldg(p + 16), __ldg(p + 20), __ldg(p + 24), __ldg(p + 28));
+    uint2 sc = __ldg((const uint2 *)(srow + q * 8));
+    r.sc = sc.x;
+    r.sc2 = sc.y;
+}
+
+/* Four e2m1 codes (the low 16 bits of u) as four e4m3 bytes (exact: every e2m1 value is an e4m3
+ * value): the magnitudes through one byte permute on the table of the 8 magnitudes' e4m3 codes
+ * (0, 0.5, 1, 1.5, 2, 3, 4, 6), the signs through another (0x00 / 0x80), or'ed. */
+__device__ __forceinline__ uint32_t e2m1x4_e4m3(uint32_t u) {
+    return __byte_perm(0x3c383000u, 0x4c484440u, u & 0x7777u) |
+           __byte_perm(0x8000u, 0u, (u >> 3) & 0x1111u);
 }
 
 /* One mma over 4 k at column tiles 0..NT-1; B from the staged rows (xb: this lane's 8 bytes
@@ -284,6 +313,44 @@ __device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
     }
 }
 
+/* F4X8: a group (256 k: 8 scale blocks of 32, two 128-blocks of act_quant) on the FP8 mma. Mma
+ * j takes the lane's word j of rows g and g + 8 as e4m3 bytes (k slots 4t.. the codes 0-3, 16 +
+ * 4t.. the codes 4-7), B the staged codes in their natural order (8 bytes at 32 j + 8 t of the
+ * group: xb + 8 j words); its sum is scaled by the rows' scales of block j x the column's scale
+ * of its 128-block (sx + (j / 4) 8 NT) and added in fp32. */
+template <int NT>
+__device__ __forceinline__ void gvf_group_f4x8(const gvf_raw &ra,
+                                               const gvf_raw &rb,
+                                               const uint32_t *xb,
+                                               int64_t xstep,
+                                               const bool (&xv)[NT],
+                                               const float *sx,
+                                               float (&acc)[NT][4]) {
+    const uint32_t wa[8] = {ra.v[0].x, ra.v[0].y, ra.v[0].z, ra.v[0].w,
+                            ra.v[1].x, ra.v[1].y, ra.v[1].z, ra.v[1].w};
+    const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
+                            rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uint32_t a[4] = {e2m1x4_e4m3(wa[j]), e2m1x4_e4m3(wb[j]), e2m1x4_e4m3(wa[j] >> 16),
+                               e2m1x4_e4m3(wb[j] >> 16)};
+        int sh = 8 * (j & 3);
+        float fa = e8m0_to_f32(((j < 4 ? ra.sc : ra.sc2) >> sh) & 0xffu);
+        float fb = e8m0_to_f32(((j < 4 ? rb.sc : rb.sc2) >> sh) & 0xffu);
+#pragma unroll
+        for (int c = 0; c < NT; c++) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            uint2 b = xv[c] ? *(const uint2 *)(xb + c * xstep + 8 * j) : make_uint2(0, 0);
+            mma_e4m3(d, a, b.x, b.y);
+            float2 s = *(const float2 *)(sx + (j >> 2) * 8 * NT + c * 8);
+            acc[c][0] = fmaf(d[0], fa * s.x, acc[c][0]);
+            acc[c][1] = fmaf(d[1], fa * s.y, acc[c][1]);
+            acc[c][2] = fmaf(d[2], fb * s.x, acc[c][2]);
+            acc[c][3] = fmaf(d[3], fb * s.y, acc[c][3]);
+        }
+    }
+}
+
 /* Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
  * in different banks. The B operand of mma m of lane t's slice in group q sits at words
  * (q (E / 4) + m) 8 + 2 t (slots 2t, 2t + 1) and + 1 (slots 2t + 8, 2t + 9): the 4 lanes of a
@@ -394,7 +461,9 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                 q[j >> 2] |= (uint32_t)__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3)
                              << (8 * (j & 3));
             int kq = u >> 4, ts = (u >> 2) & 3, m = u & 3;
-            *(uint2 *)(xs + r * rw + kq * 32 + m * 8 + 2 * ts) = make_uint2(q[0], q[1]);
+            /* F4X8: the codes in their natural order (gvf_group_f4x8) */
+            int wo = WT == DSI_TYPE_FP4_E2M1 ? 2 * u : kq * 32 + m * 8 + 2 * ts;
+            *(uint2 *)(xs + r * rw + wo) = make_uint2(q[0], q[1]);
             if ((u & 15) == 0) sxs[kq * 8 * NT + r] = sc;
         }
         /* the columns past the rows: scale 0 (their B is 0) */
@@ -524,6 +593,11 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u, k0 = q * G + t * E;
             bool in = q < qe && k0 < K;
+            if (X8 && WT == DSI_TYPE_FP4_E2M1) { /* F4X8 (K % 256 == 0) */
+                gvf_load_f4x8(lp0, ls0, q, t, in && lp0, ra[u]);
+                gvf_load_f4x8(lp1, ls1, q, t, in && lp1, rb[u]);
+                continue;
+            }
             gvf_load<WT>(lp0, ls0, sh0, k0, in && lp0, ra[u]);
             gvf_load<WT>(lp1, ls1, sh1, k0, in && lp1, rb[u]);
         }
@@ -607,7 +681,10 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u;
             if (q >= qe) break; /* the same for the whole warp */
-            if (X8) {
+            if (X8 && WT == DSI_TYPE_FP4_E2M1) {
+                const uint32_t *xb = xs + g * rw + q * 64 + 2 * t;
+                gvf_group_f4x8<NT>(ra[u], rb[u], xb, 8 * rw, xv, sxs + q * 16 * NT + 2 * t, acc);
+            } else if (X8) {
                 const uint32_t *xb = xs + g * rw + q * 32 + 2 * t;
                 gvf_group_x8<NT>(ra[u], rb[u], xb, 8 * rw, xv, sxs + q * 8 * NT + 2 * t, acc);
             } else {
@@ -709,9 +786,14 @@ static int gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t 
     return best;
 }
 
-/* The FP8 mma (X8) takes FP8 weights whose scale blocks along K hold whole 128-blocks. */
-static bool gvf_x8_ok(const struct cu_w *w, int64_t K) {
-    return w->type == DSI_TYPE_F8_E4M3 && K % 128 == 0 && w->sb1 % 128 == 0;
+/* The FP8 mma (X8, c->gvf_f8) takes FP8 weights whose scale blocks along K hold whole
+   128-blocks; F4X8 (c->gvf_f4) FP4 weights of 32-element scale blocks, K % 256 == 0 (whole
+   groups), the scale rows 8-byte aligned (one load a group; the uploaded weights are 256-byte
+   aligned, and an expert's scale row stride K / 32 is a multiple of 8 then). */
+static bool gvf_x8_ok(const struct cu_ctx *c, const struct cu_w *w, int64_t K) {
+    if (w->type == DSI_TYPE_F8_E4M3) return c->gvf_f8 && K % 128 == 0 && w->sb1 % 128 == 0;
+    return w->type == DSI_TYPE_FP4_E2M1 && c->gvf_f4 && K % 256 == 0 && w->sb1 == 32 &&
+           w->srs % 8 == 0 && (uintptr_t)w->scale % 8 == 0;
 }
 
 /* Shared memory for xrows staged rows of K on weights of `type` (x8: as FP8 codes). */
@@ -749,14 +831,14 @@ static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
 template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     const struct cu_w *w = MODE == GVF_DENSE ? &p->w : MODE == GVF_UP ? &p->m.w1 : &p->m.w2;
-    p->x8 = p->x8 && gvf_x8_ok(w, K) && (MODE != GVF_UP || gvf_x8_ok(&p->m.w3, K));
+    p->x8 = p->x8 && gvf_x8_ok(c, w, K) && (MODE != GVF_UP || gvf_x8_ok(c, &p->m.w3, K));
     if (gvf_stage_bytes(WT, p->xrows, K, p->x8, nt) > GVF_SMEM_MAX) return false;
     p->ks =
         gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
     p->pf = c->gvf_pf;
-    if constexpr (WT == DSI_TYPE_F8_E4M3) {
+    if constexpr (WT == DSI_TYPE_F8_E4M3 || (WT == DSI_TYPE_FP4_E2M1 && MODE != GVF_DENSE)) {
         if (p->x8) {
             if (nt == 1) return gvf_go<MODE, WT, 1, true>(c, p) || c->sticky;
             if (nt == 2) return gvf_go<MODE, WT, 2, true>(c, p) || c->sticky;
@@ -808,7 +890,7 @@ bool launch_gvf_pair(struct cu_ctx *c,
 
 /* A dense call's rows as FP8 codes on the FP8 mma (gvf_launch checks it once more). */
 static bool gvf_x8_dense(const struct cu_ctx *c, const struct cu_gemm_call *g) {
-    return c->gvf_f8 && g->x_fp8 && gvf_x8_ok(g->w, g->w->K);
+    return g->w->type == DSI_TYPE_F8_E4M3 && g->x_fp8 && gvf_x8_ok(c, g->w, g->w->K);
 }
 
 /* One launch for the n <= 32 rows of g (and g2); false: not taken. */
@@ -904,8 +986,7 @@ bool gvf_moe_ok(const struct cu_ctx *c,
                 int nt,
                 bool x8) {
     int64_t xr = std::min<int64_t>(n, 8 * nt);
-    bool x8u = x8 && c->gvf_f8 && gvf_x8_ok(w1, D) && gvf_x8_ok(w3, D),
-         x8d = x8 && c->gvf_f8 && gvf_x8_ok(w2, I);
+    bool x8u = x8 && gvf_x8_ok(c, w1, D) && gvf_x8_ok(c, w3, D), x8d = x8 && gvf_x8_ok(c, w2, I);
     return n >= c->gvf_min && n <= c->gvf_max && gvf_w_ok(w1, D) && gvf_w_ok(w3, D) &&
            gvf_w_ok(w2, I) && w1->type == w3->type && w1->type != DSI_TYPE_BF16 &&
            w2->type != DSI_TYPE_BF16 && (uintptr_t)x % 16 == 0 && D % 4 == 0 && I % 4 == 0 &&
@@ -919,7 +1000,7 @@ bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int nt, u
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;
-    p.x8 = c->gvf_f8 && mp->x8;
+    p.x8 = mp->x8; /* where gvf_x8_ok: c->gvf_f8 (FP8 weights), c->gvf_f4 (FP4) */
     p.gy = tiles;
     p.xrows = (int)std::min<int64_t>(mp->n, 8 * nt); /* an expert has at most one row per token */
     int type = up ? mp->w1.type : mp->w2.type;
