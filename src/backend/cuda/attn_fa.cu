@@ -104,11 +104,7 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
         }
     };
     float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[j][i] = 0.0f;
+    acc_zero(acc);
     __syncthreads(); /* Kp of tiles 0 and 1 */
     if (ntile > 0) load(0);
     for (int tile = 0; tile < ntile; tile++) {

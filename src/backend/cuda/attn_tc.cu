@@ -79,13 +79,7 @@ __global__ void __launch_bounds__(AT_T, 2) k_attn_scores_tc(struct attn_p p) {
         }
         __syncthreads();
         if (s + 1 < steps) load(s + 1);
-        if (ch == 0) {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc[j][i] = 0.0f;
-        }
+        if (ch == 0) acc_zero(acc);
 #pragma unroll
         for (int kk = 0; kk < AT_DC / 16; kk++) {
             uint32_t a[4];
@@ -147,11 +141,7 @@ __global__ void __launch_bounds__(AT_T, 2) k_attn_pv_tc(struct attn_p p) {
         }
     };
     float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[j][i] = 0.0f;
+    acc_zero(acc);
     if (steps > 0) load(0);
     for (int s = 0; s < steps; s++) {
         int buf = s & 1;

@@ -174,6 +174,20 @@ __device__ __forceinline__ uint32_t e2m1x4_e4m3(uint32_t u) {
            __byte_perm(0x8000u, 0u, (u >> 3) & 0x1111u);
 }
 
+/* A slice's 8 words in order (an initialiser of uint32_t[8]). */
+#define GVF_WORDS(r)                                                                               \
+    { r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w }
+
+/* X8 / F4X8: a block sum d (rows g, g + 8 x columns 2t, 2t + 1) times the rows' weight scales
+ * fa, fb and the columns' activation scales s, added in fp32. */
+__device__ __forceinline__ void
+gvf_add_scaled(float (&acc)[4], const float (&d)[4], float fa, float fb, float2 s) {
+    acc[0] = fmaf(d[0], fa * s.x, acc[0]);
+    acc[1] = fmaf(d[1], fa * s.y, acc[1]);
+    acc[2] = fmaf(d[2], fb * s.x, acc[2]);
+    acc[3] = fmaf(d[3], fb * s.y, acc[3]);
+}
+
 /* One mma over 4 k at column tiles 0..NT-1; B from the staged rows (xb: this lane's 8 bytes
  * of column tile 0 at the mma's slot; a column tile further is 8 rows further: xstep words). */
 template <int NT>
@@ -201,10 +215,7 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                           int64_t xstep,
                                           const bool (&xv)[NT],
                                           float (&acc)[NT][4]) {
-    const uint32_t wa[8] = {ra.v[0].x, ra.v[0].y, ra.v[0].z, ra.v[0].w,
-                            ra.v[1].x, ra.v[1].y, ra.v[1].z, ra.v[1].w};
-    const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
-                            rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
+    const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
     /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
     if (WT == DSI_TYPE_F8_E4M3) { /* word w: elements 4w .. 4w + 3, pairs (0, 2) and (1, 3) */
         uint32_t sa = ra.sc & 0xffu, sb = rb.sc & 0xffu;
@@ -291,10 +302,7 @@ __device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
                                              const bool (&xv)[NT],
                                              const float *sx,
                                              float (&acc)[NT][4]) {
-    const uint32_t wa[8] = {ra.v[0].x, ra.v[0].y, ra.v[0].z, ra.v[0].w,
-                            ra.v[1].x, ra.v[1].y, ra.v[1].z, ra.v[1].w};
-    const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
-                            rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
+    const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
     float fa = e8m0_to_f32(ra.sc & 0xffu), fb = e8m0_to_f32(rb.sc & 0xffu);
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -305,11 +313,7 @@ __device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
             uint2 b = xv[j] ? *(const uint2 *)(xb + j * xstep + 8 * m) : make_uint2(0, 0);
             mma_e4m3(d, a, b.x, b.y);
         }
-        float2 s = *(const float2 *)(sx + j * 8);
-        acc[j][0] = fmaf(d[0], fa * s.x, acc[j][0]);
-        acc[j][1] = fmaf(d[1], fa * s.y, acc[j][1]);
-        acc[j][2] = fmaf(d[2], fb * s.x, acc[j][2]);
-        acc[j][3] = fmaf(d[3], fb * s.y, acc[j][3]);
+        gvf_add_scaled(acc[j], d, fa, fb, *(const float2 *)(sx + j * 8));
     }
 }
 
@@ -326,10 +330,7 @@ __device__ __forceinline__ void gvf_group_f4x8(const gvf_raw &ra,
                                                const bool (&xv)[NT],
                                                const float *sx,
                                                float (&acc)[NT][4]) {
-    const uint32_t wa[8] = {ra.v[0].x, ra.v[0].y, ra.v[0].z, ra.v[0].w,
-                            ra.v[1].x, ra.v[1].y, ra.v[1].z, ra.v[1].w};
-    const uint32_t wb[8] = {rb.v[0].x, rb.v[0].y, rb.v[0].z, rb.v[0].w,
-                            rb.v[1].x, rb.v[1].y, rb.v[1].z, rb.v[1].w};
+    const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const uint32_t a[4] = {e2m1x4_e4m3(wa[j]), e2m1x4_e4m3(wb[j]), e2m1x4_e4m3(wa[j] >> 16),
@@ -342,11 +343,7 @@ __device__ __forceinline__ void gvf_group_f4x8(const gvf_raw &ra,
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             uint2 b = xv[c] ? *(const uint2 *)(xb + c * xstep + 8 * j) : make_uint2(0, 0);
             mma_e4m3(d, a, b.x, b.y);
-            float2 s = *(const float2 *)(sx + (j >> 2) * 8 * NT + c * 8);
-            acc[c][0] = fmaf(d[0], fa * s.x, acc[c][0]);
-            acc[c][1] = fmaf(d[1], fa * s.y, acc[c][1]);
-            acc[c][2] = fmaf(d[2], fb * s.x, acc[c][2]);
-            acc[c][3] = fmaf(d[3], fb * s.y, acc[c][3]);
+            gvf_add_scaled(acc[c], d, fa, fb, *(const float2 *)(sx + (j >> 2) * 8 * NT + c * 8));
         }
     }
 }
@@ -610,11 +607,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         return true;
     };
     float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[j][i] = 0.0f;
+    acc_zero(acc);
     auto finish =
         [&](int64_t i) { /* the tile's ks partial sums in warp order, then out */
                          int64_t tile = tile_of(i);
@@ -669,11 +662,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                                      }
                                  }
                          }
-#pragma unroll
-                         for (int j = 0; j < NT; j++)
-#pragma unroll
-                             for (int c = 0; c < 4; c++)
-                                 acc[j][c] = 0.0f;
+                         acc_zero(acc);
         };
     auto compute_step = [&](int64_t i, int b, const gvf_raw(&ra)[GVF_U],
                             const gvf_raw(&rb)[GVF_U]) {

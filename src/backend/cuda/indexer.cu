@@ -124,11 +124,7 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
     }
     __syncthreads();
     float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[j][i] = 0.0f;
+    acc_zero(acc);
     const uint16_t *qa = Qs + (warp * 16 + (lane & 15)) * ld + (lane >> 4) * 8;
     const uint16_t *kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8;
     for (int k = 0; k < hd; k += 16) {

@@ -78,6 +78,15 @@ __device__ __forceinline__ void ldsm_x2(uint32_t a, uint32_t &r0, uint32_t &r1) 
                  : "r"(a));
 }
 
+/* The mma accumulators of N n8 tiles to zero. */
+template <int N> __device__ __forceinline__ void acc_zero(float (&acc)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[j][i] = 0.0f;
+}
+
 __device__ __forceinline__ void
 mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
