@@ -51,8 +51,9 @@ bool launch_attn_scores_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
 bool launch_attn_pv_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
 
 /* `fast` numerics: scores, softmax and p.v in one kernel per row (attn_fa.cu) for all rows
- * [0, rows) of the step (p->S unused); false: not taken. */
-bool attn_fa_ok(const struct attn_p *p);
+ * [0, rows) of the step (p->S unused), where attn_fa_ok (shapes, alignment, the device's shared
+ * memory); the launch's false: an error (sticky). */
+bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p);
 bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows);
 
 #endif

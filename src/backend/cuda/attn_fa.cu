@@ -45,9 +45,10 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
     return l;
 }
 
-bool attn_fa_ok(const struct attn_p *p) {
-    return p->hd % 128 == 0 && p->hd <= 512 && (uintptr_t)p->q % 16 == 0 &&
-           (uintptr_t)p->ring % 16 == 0 && (uintptr_t)p->entries % 16 == 0;
+bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
+    return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd).total <= c->smem_optin &&
+           (uintptr_t)p->q % 16 == 0 && (uintptr_t)p->ring % 16 == 0 &&
+           (uintptr_t)p->entries % 16 == 0;
 }
 
 /* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)

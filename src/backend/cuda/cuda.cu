@@ -545,7 +545,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:
-       measured -4% at batch 32, 128 and 256, +5% at 8, +25% at 1; prefill 8k -7%) */
+       measured -5% at batch 32, 128 and 256, -7% at 48, prefill 8k -10%; from 1 row: +5% at
+       batch 8, +25% at 1) */
     const char *fa = getenv("DSI_CUDA_ATTN_FA");
     c->attn_fa_min = fa && *fa ? atoi(fa) : 32;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
