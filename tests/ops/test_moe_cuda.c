@@ -291,16 +291,14 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        shared expert from 33 rows, blocks of 64, 128 or 192 rows; the cases above with 40+ rows
        once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows only
        (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks (DSI_CUDA_GVF_MOE_MIN=3);
-       the 1-63 row cases with gvf.cu's FP8 mma for FP8 experts (DSI_CUDA_GVF_F8=1) and for FP4
-       experts with K % 256 == 0 (DSI_CUDA_GVF_F4=1; the others keep the bf16 pairs) */
+       the 1-63 row cases with gvf.cu's FP8 mma for FP8 experts (DSI_CUDA_GVF_F8=1) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
-                 {"DSI_CUDA_GVF_F8=1", 1, 63},
-                 {"DSI_CUDA_GVF_F4=1", 1, 63}};
+                 {"DSI_CUDA_GVF_F8=1", 1, 63}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);

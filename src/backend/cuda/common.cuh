@@ -104,10 +104,6 @@ struct cu_ctx {
     int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
                          before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
                          all of them at decode shapes; 0: none) */
-    bool gvf_f4;      /* gvf.cu: FP4 experts on act_quant's rows on the FP8 mma (F4X8;
-                         DSI_CUDA_GVF_F4=1; off: not measured yet, step 21) */
-    int gvf_pf;       /* gvf.cu's walk: steps ahead of its loads that each warp prefetches the
-                         weight lines of into L2 (DSI_CUDA_GVF_PF; 0: none) */
     int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                          (DSI_CUDA_ATTN_FA; 0: off, the products of attn_tc.cu / attn.cu) */
     bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
@@ -481,11 +477,6 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t n) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(b - a))
                  : "memory");
 #endif
-}
-
-/* The 128-byte line at p into L2 (a load with no result: one instruction a lane). */
-__device__ __forceinline__ void cu_prefetch_line_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
 }
 
 __device__ __forceinline__ void cu_pdl_enter() {

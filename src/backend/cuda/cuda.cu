@@ -493,10 +493,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        batch 8, -6% at 256, level at 1, 32 and 128, +0.6% at 48 (docs/cuda.md, step 21) */
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 2;
     c->gvf_ilv = !(gi && *gi == '0');
-    /* gvf.cu's walk: weight bytes prefetched into L2 this many steps ahead of the loads */
-    const char *gpf = getenv("DSI_CUDA_GVF_PF");
-    c->gvf_pf = gpf && *gpf ? atoi(gpf) : 0;
-    if (c->gvf_pf < 0 || c->gvf_pf > 64) c->gvf_pf = 0;
     const char *gtl = getenv("DSI_CUDA_GVF_TAIL");
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
@@ -505,9 +501,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        decode (docs/cuda.md, step 20) */
     const char *gf8 = getenv("DSI_CUDA_GVF_F8");
     c->gvf_f8 = gf8 && *gf8 == '1';
-    /* FP4 experts on the FP8 mma (codes as e4m3 bytes): off until measured (step 21) */
-    const char *gf4 = getenv("DSI_CUDA_GVF_F4");
-    c->gvf_f4 = gf4 && *gf4 == '1';
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

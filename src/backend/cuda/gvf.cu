@@ -46,8 +46,13 @@
 #define GVF_T        256
 #define GVF_W        (GVF_T / 32)
 #define GVF_SMEM_MAX (160 * 1024) /* staged rows; plus part[] (<= 32 KiB) within 227 KiB */
-#define GVF_U        2 /* groups per step (a warp loads the next step's while it computes one) */
-#define GVF_PRE_MAX  (32LL << 20) /* dense: weight bytes a grid prefetches into L2 at most */
+#ifndef GVF_MINB
+#define GVF_MINB 2 /* blocks per SM the kernels are built for (their registers) */
+#endif
+#ifndef GVF_U
+#define GVF_U 2 /* groups per step (a warp loads the next step's while it computes one) */
+#endif
+#define GVF_PRE_MAX (32LL << 20) /* dense: weight bytes a grid prefetches into L2 at most */
 /* dense: rows a call takes at most, in launches of up to 32 rows (as many as fit in shared
    memory: 32, 16 or 8) and at most GVF_CHUNKS of them (each reads the weights: 8 launches of 8
    rows of wo_b take ~1/3 of the exact kernels' time at 48 rows); more rows: tc.cu / lt.cu */
@@ -74,8 +79,6 @@ struct gvf_p {
     bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
-    int pf;         /* steps ahead of the loads whose weight bytes each warp prefetches into L2
-                       (c->gvf_pf; 0: none) */
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
        by a second weight of w's type, K and scale layout at data2 / scale2 (rows 0 .. n_out2,
        tiles2 tiles) into y2 (ldy2); row0, gxs, gys 0 */
@@ -125,9 +128,7 @@ template <int WT> __host__ __device__ constexpr int gvf_e() {
 
 struct gvf_raw {
     uint4 v[2];
-    uint32_t sc;  /* FP8: the slice's scale byte; FP4: the two bytes of its 32-element halves
-                     (F4X8: the group's scale bytes 0-3) */
-    uint32_t sc2; /* F4X8: the group's scale bytes 4-7 (unused otherwise) */
+    uint32_t sc; /* FP8: the slice's scale byte; FP4: the two bytes of its 32-element halves */
 };
 
 /* The lane's slice at k0 of `row` and its scale byte(s): the scale block along K is 1 << sh. */
@@ -147,38 +148,11 @@ gvf_load(const uint8_t *row, const uint8_t *srow, int sh, int64_t k0, bool valid
     if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 >> sh] | ((uint32_t)srow[(k0 + 32) >> sh] << 8);
 }
 
-/* F4X8 (FP4 weights on the FP8 mma, c->gvf_f4): the lane's word j (0..7) of group q of `row`
- * is bytes 16 j + 4 t..+3 of the group's 128 (codes 32 j + 8 t + 0..7, the low nibble first), so
- * that an mma's 32 k of a row are one 32-element scale block; the group's 8 scale bytes in
- * sc / sc2 (one 8-byte load: gvf_x8_ok asks for 8-byte aligned scale rows). */
-__device__ __forceinline__ void
-gvf_load_f4x8(const uint8_t *row, const uint8_t *srow, int64_t q, int t, bool valid, gvf_raw &r) {
-    if (!valid) {
-        r.v[0] = r.v[1] = make_uint4(0, 0, 0, 0);
-        r.sc = r.sc2 = 0;
-        return;
-    }
-    const uint32_t *p = (const uint32_t *)(row + q * 128 + 4 * t);
-    r.v[0] = make_uint4(__ldg(p), __ldg(p + 4), __ldg(p + 8), __ldg(p + 12));
-    r.v[1] = make_uint4(__ldg(p + 16), __ldg(p + 20), __ldg(p + 24), __ldg(p + 28));
-    uint2 sc = __ldg((const uint2 *)(srow + q * 8));
-    r.sc = sc.x;
-    r.sc2 = sc.y;
-}
-
-/* Four e2m1 codes (the low 16 bits of u) as four e4m3 bytes (exact: every e2m1 value is an e4m3
- * value): the magnitudes through one byte permute on the table of the 8 magnitudes' e4m3 codes
- * (0, 0.5, 1, 1.5, 2, 3, 4, 6), the signs through another (0x00 / 0x80), or'ed. */
-__device__ __forceinline__ uint32_t e2m1x4_e4m3(uint32_t u) {
-    return __byte_perm(0x3c383000u, 0x4c484440u, u & 0x7777u) |
-           __byte_perm(0x8000u, 0u, (u >> 3) & 0x1111u);
-}
-
 /* A slice's 8 words in order (an initialiser of uint32_t[8]). */
 #define GVF_WORDS(r)                                                                               \
     { r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w }
 
-/* X8 / F4X8: a block sum d (rows g, g + 8 x columns 2t, 2t + 1) times the rows' weight scales
+/* X8: a block sum d (rows g, g + 8 x columns 2t, 2t + 1) times the rows' weight scales
  * fa, fb and the columns' activation scales s, added in fp32. */
 __device__ __forceinline__ void
 gvf_add_scaled(float (&acc)[4], const float (&d)[4], float fa, float fb, float2 s) {
@@ -317,37 +291,6 @@ __device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
     }
 }
 
-/* F4X8: a group (256 k: 8 scale blocks of 32, two 128-blocks of act_quant) on the FP8 mma. Mma
- * j takes the lane's word j of rows g and g + 8 as e4m3 bytes (k slots 4t.. the codes 0-3, 16 +
- * 4t.. the codes 4-7), B the staged codes in their natural order (8 bytes at 32 j + 8 t of the
- * group: xb + 8 j words); its sum is scaled by the rows' scales of block j x the column's scale
- * of its 128-block (sx + (j / 4) 8 NT) and added in fp32. */
-template <int NT>
-__device__ __forceinline__ void gvf_group_f4x8(const gvf_raw &ra,
-                                               const gvf_raw &rb,
-                                               const uint32_t *xb,
-                                               int64_t xstep,
-                                               const bool (&xv)[NT],
-                                               const float *sx,
-                                               float (&acc)[NT][4]) {
-    const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const uint32_t a[4] = {e2m1x4_e4m3(wa[j]), e2m1x4_e4m3(wb[j]), e2m1x4_e4m3(wa[j] >> 16),
-                               e2m1x4_e4m3(wb[j] >> 16)};
-        int sh = 8 * (j & 3);
-        float fa = e8m0_to_f32(((j < 4 ? ra.sc : ra.sc2) >> sh) & 0xffu);
-        float fb = e8m0_to_f32(((j < 4 ? rb.sc : rb.sc2) >> sh) & 0xffu);
-#pragma unroll
-        for (int c = 0; c < NT; c++) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            uint2 b = xv[c] ? *(const uint2 *)(xb + c * xstep + 8 * j) : make_uint2(0, 0);
-            mma_e4m3(d, a, b.x, b.y);
-            gvf_add_scaled(acc[c], d, fa, fb, *(const float2 *)(sx + (j >> 2) * 8 * NT + c * 8));
-        }
-    }
-}
-
 /* Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
  * in different banks. The B operand of mma m of lane t's slice in group q sits at words
  * (q (E / 4) + m) 8 + 2 t (slots 2t, 2t + 1) and + 1 (slots 2t + 8, 2t + 9): the 4 lanes of a
@@ -391,7 +334,7 @@ __device__ __forceinline__ const uint8_t *gvf_scale_row(const struct cu_w &w, in
 }
 
 template <int MODE, int WT, int NT, bool X8>
-__global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
+__global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
     /* MoE: the tile table is the previous kernel's. Dense: the first weight loads come first
        (below), then the wait, then the activations */
@@ -458,9 +401,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
                 q[j >> 2] |= (uint32_t)__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3)
                              << (8 * (j & 3));
             int kq = u >> 4, ts = (u >> 2) & 3, m = u & 3;
-            /* F4X8: the codes in their natural order (gvf_group_f4x8) */
-            int wo = WT == DSI_TYPE_FP4_E2M1 ? 2 * u : kq * 32 + m * 8 + 2 * ts;
-            *(uint2 *)(xs + r * rw + wo) = make_uint2(q[0], q[1]);
+            *(uint2 *)(xs + r * rw + kq * 32 + m * 8 + 2 * ts) = make_uint2(q[0], q[1]);
             if ((u & 15) == 0) sxs[kq * 8 * NT + r] = sc;
         }
         /* the columns past the rows: scale 0 (their B is 0) */
@@ -560,41 +501,11 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         ls0 = r0 >= 0 ? gvf_scale_row<WT>(W[0], r0) : nullptr;
         ls1 = r1 >= 0 ? gvf_scale_row<WT>(W[1], r1) : nullptr;
     };
-    /* The prefetch position (p.pf > 0), p.pf steps ahead of the loads: lane (g, t) brings the
-     * 128-byte line t & 1 of the step's two groups of row g (t < 2) or g + 8 into L2, so that the
-     * loads of that step find their bytes there (more bytes in flight per warp than its
-     * registers hold). Entering a tile, lanes 0 and 1 also prefetch its rows' scales. */
-    const uint8_t *pp = nullptr;
-    int64_t pi = 0; /* the prefetch position's tile iteration (done at n_iter) */
-    int pb = 0, ph = t >> 1;
-    /* (the halves' fields by selects: a W[runtime index] would put W in local memory) */
-    const uint8_t *pdata = ph ? W[1].data : W[0].data;
-    int64_t prb = ph ? W[1].row_bytes : W[0].row_bytes;
-    auto enter_pf = [&](int64_t i) {
-        int64_t tile = tile_of(i), r = wrow(tile, ph);
-        pp = r >= 0 ? pdata + r * prb : nullptr;
-        if (lane < 2 && WT != DSI_TYPE_BF16) { /* half `lane`'s rows g = 0..7 */
-            int64_t r0 = hrow(tile, lane, 0), r7 = hrow(tile, lane, 7);
-            if (r0 >= 0) {
-                if (r7 < 0) r7 = MODE == GVF_DENSE ? dn.grow0 + n_rows - 1 : n_rows - 1;
-                const uint8_t *s0 =
-                    lane ? gvf_scale_row<WT>(W[1], r0) : gvf_scale_row<WT>(W[0], r0);
-                const uint8_t *s7 =
-                    lane ? gvf_scale_row<WT>(W[1], r7) : gvf_scale_row<WT>(W[0], r7);
-                cu_prefetch_l2(s0, (size_t)(s7 - s0 + (lane ? W[1].srs : W[0].srs)));
-            }
-        }
-    };
     auto load_step = [&](int b, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u, k0 = q * G + t * E;
             bool in = q < qe && k0 < K;
-            if (X8 && WT == DSI_TYPE_FP4_E2M1) { /* F4X8 (K % 256 == 0) */
-                gvf_load_f4x8(lp0, ls0, q, t, in && lp0, ra[u]);
-                gvf_load_f4x8(lp1, ls1, q, t, in && lp1, rb[u]);
-                continue;
-            }
             gvf_load<WT>(lp0, ls0, sh0, k0, in && lp0, ra[u]);
             gvf_load<WT>(lp1, ls1, sh1, k0, in && lp1, rb[u]);
         }
@@ -670,10 +581,7 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
         for (int u = 0; u < GVF_U; u++) {
             int64_t q = qa + (int64_t)b * qs + u;
             if (q >= qe) break; /* the same for the whole warp */
-            if (X8 && WT == DSI_TYPE_FP4_E2M1) {
-                const uint32_t *xb = xs + g * rw + q * 64 + 2 * t;
-                gvf_group_f4x8<NT>(ra[u], rb[u], xb, 8 * rw, xv, sxs + q * 16 * NT + 2 * t, acc);
-            } else if (X8) {
+            if (X8) {
                 const uint32_t *xb = xs + g * rw + q * 32 + 2 * t;
                 gvf_group_x8<NT>(ra[u], rb[u], xb, 8 * rw, xv, sxs + q * 8 * NT + 2 * t, acc);
             } else {
@@ -686,27 +594,12 @@ __global__ void __launch_bounds__(GVF_T, 2) k_gvf(struct gvf_p p) {
     gvf_raw ra0[GVF_U], rb0[GVF_U], ra1[GVF_U], rb1[GVF_U];
     int64_t li = 0, ci = 0; /* the next step to load and to compute: (tile iteration, step) */
     int lb = 0, cb = 0;
-    static_assert(GVF_U == 2, "a prefetch step is two 128-byte lines per row");
-    auto pf_step = [&](bool issue) { /* the prefetch position's step, then the next one */
-                                     if (pi >= n_iter) return;
-                                     int64_t q = qa + (int64_t)pb * qs + (t & 1);
-                                     if (issue && pp && q < qe && q * 128 < prb)
-                                         cu_prefetch_line_l2(pp + q * 128);
-                                     if (next(pi, pb) && pi < n_iter) enter_pf(pi);
-    };
     auto load_next = [&](gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
         load_step(lb, ra, rb);
         if (next(li, lb)) enter_tile(li);
-        if (p.pf > 0) pf_step(true);
     };
     if (steps > 0) {
         enter_tile(0);
-        if (p.pf > 0) { /* steps 1 .. p.pf (step 0: loaded next) */
-            enter_pf(0);
-            pf_step(false);
-            for (int d = 1; d < p.pf; d++)
-                pf_step(true);
-        }
         load_next(ra0, rb0);
     }
     if (MODE == GVF_DENSE) cu_pdl_enter();
@@ -776,13 +669,9 @@ static int gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t 
 }
 
 /* The FP8 mma (X8, c->gvf_f8) takes FP8 weights whose scale blocks along K hold whole
-   128-blocks; F4X8 (c->gvf_f4) FP4 weights of 32-element scale blocks, K % 256 == 0 (whole
-   groups), the scale rows 8-byte aligned (one load a group; the uploaded weights are 256-byte
-   aligned, and an expert's scale row stride K / 32 is a multiple of 8 then). */
+   128-blocks. */
 static bool gvf_x8_ok(const struct cu_ctx *c, const struct cu_w *w, int64_t K) {
-    if (w->type == DSI_TYPE_F8_E4M3) return c->gvf_f8 && K % 128 == 0 && w->sb1 % 128 == 0;
-    return w->type == DSI_TYPE_FP4_E2M1 && c->gvf_f4 && K % 256 == 0 && w->sb1 == 32 &&
-           w->srs % 8 == 0 && (uintptr_t)w->scale % 8 == 0;
+    return w->type == DSI_TYPE_F8_E4M3 && c->gvf_f8 && K % 128 == 0 && w->sb1 % 128 == 0;
 }
 
 /* Shared memory for xrows staged rows of K on weights of `type` (x8: as FP8 codes). */
@@ -826,8 +715,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
         gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
-    p->pf = c->gvf_pf;
-    if constexpr (WT == DSI_TYPE_F8_E4M3 || (WT == DSI_TYPE_FP4_E2M1 && MODE != GVF_DENSE)) {
+    if constexpr (WT == DSI_TYPE_F8_E4M3) {
         if (p->x8) {
             if (nt == 1) return gvf_go<MODE, WT, 1, true>(c, p) || c->sticky;
             if (nt == 2) return gvf_go<MODE, WT, 2, true>(c, p) || c->sticky;
@@ -989,7 +877,7 @@ bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int nt, u
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;
-    p.x8 = mp->x8; /* where gvf_x8_ok: c->gvf_f8 (FP8 weights), c->gvf_f4 (FP4) */
+    p.x8 = mp->x8; /* where gvf_x8_ok: c->gvf_f8 (FP8 weights) */
     p.gy = tiles;
     p.xrows = (int)std::min<int64_t>(mp->n, 8 * nt); /* an expert has at most one row per token */
     int type = up ? mp->w1.type : mp->w2.type;
