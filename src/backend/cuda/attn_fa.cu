@@ -160,6 +160,7 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp(); /* the head's 8 lanes read Ms[h] above before its owner writes it */
             if ((tid & 7) == 0) {
                 float f = mo == -INFINITY ? 0.0f : fa_exp(mo - mn, p.fexp);
                 Ms[h] = mn;

@@ -131,21 +131,21 @@ struct gvf_raw {
     uint32_t sc; /* FP8: the slice's scale byte; FP4: the two bytes of its 32-element halves */
 };
 
-/* The lane's slice at k0 of `row` and its scale byte(s): the scale block along K is 1 << sh. */
+/* The lane's slice of a group (the 32 bytes at d) and its scale byte(s) at sc (FP8: sc[0]; FP4:
+ * sc[0], sc[1], the scales of its two 32-element halves), or zeros where !valid. The caller
+ * works out d and sc in 32-bit offsets once per step (load_step). */
 template <int WT>
 __device__ __forceinline__ void
-gvf_load(const uint8_t *row, const uint8_t *srow, int sh, int64_t k0, bool valid, gvf_raw &r) {
+gvf_load(const uint8_t *d, const uint8_t *sc, bool valid, gvf_raw &r) {
     if (!valid) {
         r.v[0] = r.v[1] = make_uint4(0, 0, 0, 0);
         r.sc = 0;
         return;
     }
-    int64_t off = WT == DSI_TYPE_FP4_E2M1 ? k0 / 2 : WT == DSI_TYPE_F8_E4M3 ? k0 : k0 * 2;
-    const uint4 *p = (const uint4 *)(row + off);
-    r.v[0] = __ldg(p);
-    r.v[1] = __ldg(p + 1);
-    if (WT == DSI_TYPE_F8_E4M3) r.sc = srow[k0 >> sh];
-    if (WT == DSI_TYPE_FP4_E2M1) r.sc = srow[k0 >> sh] | ((uint32_t)srow[(k0 + 32) >> sh] << 8);
+    r.v[0] = __ldg((const uint4 *)d);
+    r.v[1] = __ldg((const uint4 *)d + 1);
+    if (WT == DSI_TYPE_F8_E4M3) r.sc = __ldg(sc);
+    if (WT == DSI_TYPE_FP4_E2M1) r.sc = __ldg(sc) | ((uint32_t)__ldg(sc + 1) << 8);
 }
 
 /* A slice's 8 words in order (an initialiser of uint32_t[8]). */
@@ -479,13 +479,13 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
      * (b ks + kw) GVF_U ..., so a step of the tile's warps reads ks GVF_U consecutive groups of
      * each row: long runs for the DRAM pages), or as ks consecutive ranges. Step b, slot u of
      * this warp: group qa + b qs + u, below qe. */
-    int64_t ng = (K + G - 1) / G, gpw = (ng + ks - 1) / ks;
-    int64_t qa = p.ilv ? (int64_t)kw * GVF_U : kw * gpw, qs = p.ilv ? ks * GVF_U : GVF_U;
-    int64_t qe = p.ilv ? ng : qa + gpw < ng ? qa + gpw : ng;
-    int nb = (int)(p.ilv ? (ng + qs - 1) / qs : (gpw + GVF_U - 1) / GVF_U);
+    int ng = (int)((K + G - 1) / G), gpw = (ng + ks - 1) / ks, Ki = (int)K; /* K < 2^31 */
+    int qa = p.ilv ? kw * GVF_U : kw * gpw, qs = p.ilv ? ks * GVF_U : GVF_U;
+    int qe = p.ilv ? ng : qa + gpw < ng ? qa + gpw : ng;
+    int nb = p.ilv ? (ng + qs - 1) / qs : (gpw + GVF_U - 1) / GVF_U;
     int64_t tiles = MODE == GVF_DENSE ? dn.tiles : p.tiles;
-    int64_t n_iter = (tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb);
-    int64_t steps = n_iter * nb;
+    int n_iter = (int)((tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb));
+    int steps = n_iter * nb;
     auto tile_of = [&](int64_t i) {
         return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
     };
@@ -501,17 +501,31 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         ls0 = r0 >= 0 ? gvf_scale_row<WT>(W[0], r0) : nullptr;
         ls1 = r1 >= 0 ? gvf_scale_row<WT>(W[1], r1) : nullptr;
     };
+    /* A step's loads, all in 32-bit offsets from the tile's row and scale pointers: slot u's
+     * slice is u 128 bytes after slot 0's (a group row is 128 bytes in every type), its scale
+     * index u G >> sh after (FP4: 8 u, its second half's one more; gvf_w_ok: FP4 scale blocks
+     * of 32 along K, FP8 of 32-128, so the shifted sums are exact). */
     auto load_step = [&](int b, gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
+        int q0 = qa + b * qs, k00 = q0 * G + t * E;
+        uint32_t off = WT == DSI_TYPE_FP4_E2M1  ? (uint32_t)k00 >> 1
+                       : WT == DSI_TYPE_F8_E4M3 ? (uint32_t)k00
+                                                : (uint32_t)k00 << 1;
+        const uint8_t *d0 = lp0 + off, *d1 = lp1 + off, *s0 = ls0, *s1 = ls1;
+        if (WT != DSI_TYPE_BF16) {
+            s0 += (uint32_t)k00 >> sh0;
+            s1 += (uint32_t)k00 >> sh1;
+        }
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
-            int64_t q = qa + (int64_t)b * qs + u, k0 = q * G + t * E;
-            bool in = q < qe && k0 < K;
-            gvf_load<WT>(lp0, ls0, sh0, k0, in && lp0, ra[u]);
-            gvf_load<WT>(lp1, ls1, sh1, k0, in && lp1, rb[u]);
+            bool in = q0 + u < qe && k00 + u * G < Ki;
+            int o0 = WT == DSI_TYPE_FP4_E2M1 ? 8 * u : WT == DSI_TYPE_F8_E4M3 ? (u * G) >> sh0 : 0;
+            int o1 = WT == DSI_TYPE_FP4_E2M1 ? 8 * u : WT == DSI_TYPE_F8_E4M3 ? (u * G) >> sh1 : 0;
+            gvf_load<WT>(d0 + 128 * u, s0 + o0, in && lp0, ra[u]);
+            gvf_load<WT>(d1 + 128 * u, s1 + o1, in && lp1, rb[u]);
         }
     };
     /* the next step of a position; true: it entered the next tile iteration */
-    auto next = [&](int64_t &i, int &b) -> bool {
+    auto next = [&](int &i, int &b) -> bool {
         if (++b < nb) return false;
         b = 0;
         ++i;
@@ -579,20 +593,20 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
                             const gvf_raw(&rb)[GVF_U]) {
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
-            int64_t q = qa + (int64_t)b * qs + u;
+            int q = qa + b * qs + u;
             if (q >= qe) break; /* the same for the whole warp */
             if (X8) {
-                const uint32_t *xb = xs + g * rw + q * 32 + 2 * t;
+                const uint32_t *xb = xs + (g * (int)rw + q * 32 + 2 * t);
                 gvf_group_x8<NT>(ra[u], rb[u], xb, 8 * rw, xv, sxs + q * 8 * NT + 2 * t, acc);
             } else {
-                const uint32_t *xb = xs + g * rw + q * (E / 4) * 8 + 2 * t;
+                const uint32_t *xb = xs + (g * (int)rw + q * (E / 4) * 8 + 2 * t);
                 gvf_group<WT, NT>(ra[u], rb[u], xb, 8 * rw, xv, acc);
             }
         }
         if (b == nb - 1) finish(i);
     };
     gvf_raw ra0[GVF_U], rb0[GVF_U], ra1[GVF_U], rb1[GVF_U];
-    int64_t li = 0, ci = 0; /* the next step to load and to compute: (tile iteration, step) */
+    int li = 0, ci = 0; /* the next step to load and to compute: (tile iteration, step) */
     int lb = 0, cb = 0;
     auto load_next = [&](gvf_raw(&ra)[GVF_U], gvf_raw(&rb)[GVF_U]) {
         load_step(lb, ra, rb);
@@ -605,7 +619,7 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE) cu_pdl_enter();
     stage_x();
     __syncthreads(); /* the staged rows */
-    for (int64_t s = 0; s < steps; s += 2) {
+    for (int s = 0; s < steps; s += 2) {
         if (s + 1 < steps) load_next(ra1, rb1);
         compute_step(ci, cb, ra0, rb0);
         next(ci, cb);
@@ -731,10 +745,10 @@ static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
     if (!gemm_w_ok(w) || w->K != K) return false;
     bool pow2 = w->sh1 >= 0; /* scale indices by shifts */
     switch (w->type) {
-    case DSI_TYPE_F8_E4M3:
-        return K % 32 == 0 && w->sb1 % 32 == 0 && pow2 && w->sh0 >= 0;
-    case DSI_TYPE_FP4_E2M1:
-        return K % 64 == 0 && w->sb1 % 32 == 0 && pow2;
+    case DSI_TYPE_F8_E4M3: /* scale blocks of 32-128 along K (load_step's scale offsets) */
+        return K % 32 == 0 && w->sb1 % 32 == 0 && w->sb1 <= 128 && pow2 && w->sh0 >= 0;
+    case DSI_TYPE_FP4_E2M1: /* scale blocks of 32 along K, the format's (load_step) */
+        return K % 64 == 0 && w->sb1 == 32;
     case DSI_TYPE_BF16:
         return K % 16 == 0;
     default:
