@@ -163,16 +163,15 @@ gvf_add_scaled(float (&acc)[4], const float (&d)[4], float fa, float fb, float2 
 }
 
 /* One mma over 4 k at column tiles 0..NT-1; B from the staged rows (xb: this lane's 8 bytes
- * of column tile 0 at the mma's slot; a column tile further is 8 rows further: xstep words). */
+ * at the mma's slot in staged row 0; column tile j's row is xo[j] words further: row j 8 + g,
+ * or the last staged row past the rows, whose columns finish() leaves out, so that every load
+ * reads staged values and needs no predicate). */
 template <int NT>
-__device__ __forceinline__ void gvf_mma(const uint32_t (&a)[4],
-                                        const uint32_t *xb,
-                                        int64_t xstep,
-                                        const bool (&xv)[NT],
-                                        float (&acc)[NT][4]) {
+__device__ __forceinline__ void
+gvf_mma(const uint32_t (&a)[4], const uint32_t *xb, const int (&xo)[NT], float (&acc)[NT][4]) {
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        uint2 b = xv[j] ? *(const uint2 *)(xb + j * xstep) : make_uint2(0, 0);
+        uint2 b = *(const uint2 *)(xb + xo[j]);
         mma_bf16(acc[j], a, b.x, b.y);
     }
 }
@@ -186,8 +185,7 @@ template <int WT, int NT>
 __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                           const gvf_raw &rb,
                                           const uint32_t *xb,
-                                          int64_t xstep,
-                                          const bool (&xv)[NT],
+                                          const int (&xo)[NT],
                                           float (&acc)[NT][4]) {
     const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
     /* mma m of the group reads its B 8 words (4 lanes x 8 bytes) after mma m - 1's */
@@ -201,7 +199,7 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                        bf16x2_mul(e4m3_pair_bits<0>(wb[w]), mb),
                                        bf16x2_mul(e4m3_pair_bits<1>(wa[w]), ma),
                                        bf16x2_mul(e4m3_pair_bits<1>(wb[w]), mb)};
-                gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
+                gvf_mma<NT>(a, xb + 8 * w, xo, acc);
             }
         } else { /* a scale past 2^7 in the warp: 2^120 (the code's value), then the scale */
             const uint32_t m1 = bf16x2_pow2(127, 120), ma = bf16x2_e8m0(sa), mb = bf16x2_e8m0(sb);
@@ -211,7 +209,7 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                 const uint32_t a[4] = {
                     m2(e4m3_pair_bits<0>(wa[w]), ma), m2(e4m3_pair_bits<0>(wb[w]), mb),
                     m2(e4m3_pair_bits<1>(wa[w]), ma), m2(e4m3_pair_bits<1>(wb[w]), mb)};
-                gvf_mma<NT>(a, xb + 8 * w, xstep, xv, acc);
+                gvf_mma<NT>(a, xb + 8 * w, xo, acc);
             }
         }
     } else if (WT == DSI_TYPE_FP4_E2M1) {
@@ -228,12 +226,12 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                                         bf16x2_mul(e2m1_pair_bits<0>(wb[w]), B),
                                         bf16x2_mul(e2m1_pair_bits<1>(wa[w]), A),
                                         bf16x2_mul(e2m1_pair_bits<1>(wb[w]), B)};
-                gvf_mma<NT>(a0, xb + 16 * w, xstep, xv, acc);
+                gvf_mma<NT>(a0, xb + 16 * w, xo, acc);
                 const uint32_t a1[4] = {bf16x2_mul(e2m1_pair_bits<2>(wa[w]), A),
                                         bf16x2_mul(e2m1_pair_bits<2>(wb[w]), B),
                                         bf16x2_mul(e2m1_pair_bits<3>(wa[w]), A),
                                         bf16x2_mul(e2m1_pair_bits<3>(wb[w]), B)};
-                gvf_mma<NT>(a1, xb + 16 * w + 8, xstep, xv, acc);
+                gvf_mma<NT>(a1, xb + 16 * w + 8, xo, acc);
             }
         } else { /* a scale past 2^1 in the warp: 2^126 (the code's value), then the scale */
             const uint32_t m1 = bf16x2_pow2(127, 126);
@@ -246,18 +244,18 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
                 const uint32_t a0[4] = {
                     m2(e2m1_pair_bits<0>(wa[w]), A), m2(e2m1_pair_bits<0>(wb[w]), B),
                     m2(e2m1_pair_bits<1>(wa[w]), A), m2(e2m1_pair_bits<1>(wb[w]), B)};
-                gvf_mma<NT>(a0, xb + 16 * w, xstep, xv, acc);
+                gvf_mma<NT>(a0, xb + 16 * w, xo, acc);
                 const uint32_t a1[4] = {
                     m2(e2m1_pair_bits<2>(wa[w]), A), m2(e2m1_pair_bits<2>(wb[w]), B),
                     m2(e2m1_pair_bits<3>(wa[w]), A), m2(e2m1_pair_bits<3>(wb[w]), B)};
-                gvf_mma<NT>(a1, xb + 16 * w + 8, xstep, xv, acc);
+                gvf_mma<NT>(a1, xb + 16 * w + 8, xo, acc);
             }
         }
     } else { /* BF16: word w holds elements 2w, 2w + 1 */
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const uint32_t a[4] = {wa[2 * m], wb[2 * m], wa[2 * m + 1], wb[2 * m + 1]};
-            gvf_mma<NT>(a, xb + 8 * m, xstep, xv, acc);
+            gvf_mma<NT>(a, xb + 8 * m, xo, acc);
         }
     }
 }
@@ -272,8 +270,7 @@ template <int NT>
 __device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
                                              const gvf_raw &rb,
                                              const uint32_t *xb,
-                                             int64_t xstep,
-                                             const bool (&xv)[NT],
+                                             const int (&xo)[NT],
                                              const float *sx,
                                              float (&acc)[NT][4]) {
     const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
@@ -284,7 +281,7 @@ __device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const uint32_t a[4] = {wa[2 * m], wb[2 * m], wa[2 * m + 1], wb[2 * m + 1]};
-            uint2 b = xv[j] ? *(const uint2 *)(xb + j * xstep + 8 * m) : make_uint2(0, 0);
+            uint2 b = *(const uint2 *)(xb + xo[j] + 8 * m);
             mma_e4m3(d, a, b.x, b.y);
         }
         gvf_add_scaled(acc[j], d, fa, fb, *(const float2 *)(sx + j * 8));
@@ -435,10 +432,10 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
             }
         }
     };
-    bool xv[NT];
+    int xo[NT]; /* gvf_mma: column tile j's staged row (rows >= 1 here) */
 #pragma unroll
     for (int j = 0; j < NT; j++)
-        xv[j] = j * 8 + g < rows;
+        xo[j] = (j * 8 + g < rows ? j * 8 + g : rows - 1) * (int)rw;
 
     /* ---- the weights: per tile, this lane's rows g (h = 0) and g + 8 (h = 1) */
     struct cu_w W[2];
@@ -596,11 +593,11 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
             int q = qa + b * qs + u;
             if (q >= qe) break; /* the same for the whole warp */
             if (X8) {
-                const uint32_t *xb = xs + (g * (int)rw + q * 32 + 2 * t);
-                gvf_group_x8<NT>(ra[u], rb[u], xb, 8 * rw, xv, sxs + q * 8 * NT + 2 * t, acc);
+                const uint32_t *xb = xs + (q * 32 + 2 * t);
+                gvf_group_x8<NT>(ra[u], rb[u], xb, xo, sxs + q * 8 * NT + 2 * t, acc);
             } else {
-                const uint32_t *xb = xs + (g * (int)rw + q * (E / 4) * 8 + 2 * t);
-                gvf_group<WT, NT>(ra[u], rb[u], xb, 8 * rw, xv, acc);
+                const uint32_t *xb = xs + (q * (E / 4) * 8 + 2 * t);
+                gvf_group<WT, NT>(ra[u], rb[u], xb, xo, acc);
             }
         }
         if (b == nb - 1) finish(i);
