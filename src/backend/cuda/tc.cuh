@@ -144,18 +144,19 @@ struct tc_wraw {
 template <int WT>
 __device__ __forceinline__ void
 tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, struct tc_wraw &r) {
-    uint32_t sc = sh1 >= 0 ? (uint32_t)k >> sh1 : (uint32_t)k / (uint32_t)sb1; /* k < 2^31 */
+    uint32_t ku = (uint32_t)k; /* k < 2^31: 32-bit offsets */
+    uint32_t sc = sh1 >= 0 ? ku >> sh1 : ku / (uint32_t)sb1;
     if (!row) return;
     if (WT == DSI_TYPE_FP4_E2M1) {
-        r.v[0] = __ldg((const uint4 *)(row + k / 2));
-        r.sb = srow[sc];
+        r.v[0] = __ldg((const uint4 *)(row + (ku >> 1)));
+        r.sb = __ldg(srow + sc);
     } else if (WT == DSI_TYPE_F8_E4M3) {
-        const uint4 *p = (const uint4 *)(row + k);
+        const uint4 *p = (const uint4 *)(row + ku);
         r.v[0] = __ldg(p);
         r.v[1] = __ldg(p + 1);
-        r.sb = srow[sc];
+        r.sb = __ldg(srow + sc);
     } else {
-        const uint4 *p = (const uint4 *)(row + k * 2);
+        const uint4 *p = (const uint4 *)(row + 2 * ku);
 #pragma unroll
         for (int i = 0; i < 4; i++)
             r.v[i] = __ldg(p + i);
