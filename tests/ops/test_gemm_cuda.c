@@ -106,8 +106,8 @@ static int run_gemm(struct rng *r, const struct gemm_case *gc) {
  * act_quant's (K, n_out multiples of 512, n of 4); the tensor-core kernel (tc.cu) for n >= 64 rows
  * on FP8/BF16 weights with K % 64 == 0, every block width (32, 64, 128 rows), partial weight and
  * row tiles, padded ld, an offset row0; the decode kernel (gvf.cu) for 3 <= n <= 32 (1, 2 and 4
- * column tiles, one to eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld;
- * and once more on the FP8 mma of act_quant's rows), and for 17-63 rows in up to 8 launches of the
+ * column tiles, one to eight warps along K, FP8 / FP4 / BF16, partial tiles, row0, padded ld),
+ * and for 17-63 rows in up to 8 launches of the
  * rows that fit in shared memory; other calls (FP4 or K % 64 != 0 from 64 rows, more launches)
  * the exact kernels. Twice: the usual scale bytes and a range past the largest one gvf.cu's
  * short decode takes. */
@@ -178,19 +178,6 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     }
     g_gpu = keep;
     wg->ops->free(wg);
-    TEST_ASSERT(ok);
-    /* gvf.cu's FP8 mma on act_quant's rows (DSI_CUDA_GVF_F8=1, off by default): the cases of
-       1-63 rows once more */
-    struct dsi_backend *f8 = cuda_backend_with("DSI_CUDA_GVF_F8=1");
-    TEST_ASSERT(f8 != NULL);
-    g_gpu = f8;
-    for (int i = 0; i < n && ok; i++) {
-        if (cases[i].n > 63 || (tiny_only() && cases[i].rows * cases[i].K > (1 << 20))) continue;
-        ok = run_gemm_mode(&r, &cases[i], true);
-        if (!ok) fprintf(stderr, "[gemm fast FP8 mma case %d] ", i);
-    }
-    g_gpu = keep;
-    f8->ops->free(f8);
     TEST_ASSERT(ok);
     return 0;
 }

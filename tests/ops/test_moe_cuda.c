@@ -290,15 +290,13 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
        shared expert from 33 rows, blocks of 64, 128 or 192 rows; the cases above with 40+ rows
        once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows only
-       (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks (DSI_CUDA_GVF_MOE_MIN=3);
-       the 1-63 row cases with gvf.cu's FP8 mma for FP8 experts (DSI_CUDA_GVF_F8=1) */
+       (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks (DSI_CUDA_GVF_MOE_MIN=3) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
-                 {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
-                 {"DSI_CUDA_GVF_F8=1", 1, 63}};
+                 {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);

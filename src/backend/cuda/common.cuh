@@ -93,8 +93,6 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
                              (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
-    bool gvf_f8;          /* gvf.cu: FP8 weights times act_quant's rows on the FP8 mma
-                             (DSI_CUDA_GVF_F8=1; default off: the bf16-pair decode; step 20) */
     bool norm_q;      /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                          separate act_quant launch, as before step 17) */
     bool norm_rq;     /* rms_norm's RoPE / quantisation after the norm in the warp kernels

@@ -497,10 +497,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
     c->gvf_pair = !(gpr && *gpr == '0');
-    /* off: measured level at batch 1, 1% slower at batch 8 and 10% at 32 than the bf16-pair
-       decode (docs/cuda.md, step 20) */
-    const char *gf8 = getenv("DSI_CUDA_GVF_F8");
-    c->gvf_f8 = gf8 && *gf8 == '1';
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

@@ -73,7 +73,7 @@ __device__ __forceinline__ int64_t w_scol(const struct cu_w &w, int64_t k) {
  * n >= c->lt_min rows whose values are act_quant's output (x_fp8); false: not taken. */
 bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8);
 
-/* The scale of an FP8 block of act_quant's output whose largest magnitude is amax (lt.cu, gvf.cu):
+/* The scale of an FP8 block of act_quant's output whose largest magnitude is amax (lt.cu):
  * act_quant's rule (floor 1e-4, 2^ceil(log2(amax / 448)) from the bits) gives the block's
  * original scale or a smaller power of two, so every value times inv (1 / s exactly) is an FP8
  * code again (codes only double). */

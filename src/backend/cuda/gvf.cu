@@ -2,8 +2,9 @@
  * activation rows (a launch stages at most 32, 16 or 8 rows, as many as fit in shared memory:
  * more rows take several launches, or tiles), the routed experts' tiles of up to 8-32 rows, on
  * tensor cores with the weights decoded into the mma fragments in registers (no shared-memory
- * weight tiles). Optionally (X8, DSI_CUDA_GVF_F8=1; off: measured no faster, step 20) FP8 weights
- * on act_quant's rows run on the FP8 mma without decoding (gvf_group_x8).
+ * weight tiles). (Step 20's FP8 mma for FP8 weights on act_quant's rows, DSI_CUDA_GVF_F8, and
+ * step 21's FP4 weights on it were removed in step 22: sm_90 runs mma.sync's e4m3 as f16 HMMA
+ * after conversions, so neither was faster.)
  *
  * At decode a GEMM reads each weight byte once and does a few multiply-adds with it. Here the
  * weights are dequantised (exactly, as in tc.cu) straight into the A fragments of mma.sync
@@ -41,7 +42,6 @@
 #include "tc.cuh"
 
 #include <algorithm>
-#include <cuda_fp8.h>
 
 #define GVF_T        256
 #define GVF_W        (GVF_T / 32)
@@ -86,9 +86,6 @@ struct gvf_p {
     const uint8_t *data2, *scale2;
     int64_t n_out2, tiles2, ldy2;
     float *y2;
-    /* FP8 weights with 128-wide scale blocks along K, x (MoE: x and h) act_quant's rows
-       (c->gvf_f8, step 20): the rows staged as FP8 codes and block scales, the FP8 mma */
-    bool x8;
 };
 
 /* The dense call of this block's blockIdx.y: its weight rows from grow0 (the weight's data and
@@ -151,16 +148,6 @@ gvf_load(const uint8_t *d, const uint8_t *sc, bool valid, gvf_raw &r) {
 /* A slice's 8 words in order (an initialiser of uint32_t[8]). */
 #define GVF_WORDS(r)                                                                               \
     { r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w }
-
-/* X8: a block sum d (rows g, g + 8 x columns 2t, 2t + 1) times the rows' weight scales
- * fa, fb and the columns' activation scales s, added in fp32. */
-__device__ __forceinline__ void
-gvf_add_scaled(float (&acc)[4], const float (&d)[4], float fa, float fb, float2 s) {
-    acc[0] = fmaf(d[0], fa * s.x, acc[0]);
-    acc[1] = fmaf(d[1], fa * s.y, acc[1]);
-    acc[2] = fmaf(d[2], fb * s.x, acc[2]);
-    acc[3] = fmaf(d[3], fb * s.y, acc[3]);
-}
 
 /* One mma over 4 k at column tiles 0..NT-1; B from the staged rows (xb: this lane's 8 bytes
  * at the mma's slot in staged row 0; column tile j's row is xo[j] words further: row j 8 + g,
@@ -260,49 +247,15 @@ __device__ __forceinline__ void gvf_group(const gvf_raw &ra,
     }
 }
 
-/* X8: a group (one 128-block along K: one weight scale per row, one activation scale per
- * column) on the FP8 mma. Mma m takes the lane's words 2m, 2m + 1 of rows g and g + 8 as they
- * are (k slots 4t.., 16 + 4t..: the slice's elements 8m..8m+3, 8m+4..8m+7), B the staged codes
- * in the same order (gvf_stage: words 8m + 2t, + 1 of the group); the four mmas' sum is scaled
- * once by weight scale x column scale and added in fp32, as the reference's per-block sums are.
- * sx: this group's column scales from column 2t. */
-template <int NT>
-__device__ __forceinline__ void gvf_group_x8(const gvf_raw &ra,
-                                             const gvf_raw &rb,
-                                             const uint32_t *xb,
-                                             const int (&xo)[NT],
-                                             const float *sx,
-                                             float (&acc)[NT][4]) {
-    const uint32_t wa[8] = GVF_WORDS(ra), wb[8] = GVF_WORDS(rb);
-    float fa = e8m0_to_f32(ra.sc & 0xffu), fb = e8m0_to_f32(rb.sc & 0xffu);
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const uint32_t a[4] = {wa[2 * m], wb[2 * m], wa[2 * m + 1], wb[2 * m + 1]};
-            uint2 b = *(const uint2 *)(xb + xo[j] + 8 * m);
-            mma_e4m3(d, a, b.x, b.y);
-        }
-        gvf_add_scaled(acc[j], d, fa, fb, *(const float2 *)(sx + j * 8));
-    }
-}
-
 /* Words (bf16 pairs) per staged activation row: whole groups, plus 8 so that rows g = 0..3 fall
  * in different banks. The B operand of mma m of lane t's slice in group q sits at words
  * (q (E / 4) + m) 8 + 2 t (slots 2t, 2t + 1) and + 1 (slots 2t + 8, 2t + 9): the 4 lanes of a
  * row read 32 consecutive bytes per mma. Which elements fill the slots follows gvf_group: BF16
  * (4m, 4m + 1 | 4m + 2, 4m + 3), FP8 (4m, 4m + 2 | 4m + 1, 4m + 3), FP4 (mma m = 2w + h:
  * 8w + 2h, 8w + 2h + 4 | 8w + 2h + 1, 8w + 2h + 5), element indices within the slice. */
-template <int WT, bool X8 = false> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
-    if (X8) return K / 4 + 8; /* K % 128 == 0 */
+template <int WT> __host__ __device__ inline int64_t gvf_row_words(int64_t K) {
     int64_t G = 4 * gvf_e<WT>();
     return (K + G - 1) / G * G / 2 + 8;
-}
-
-/* X8: bytes of shared memory for xrows staged rows and the block scales of 8 nt columns. */
-__host__ __device__ inline int64_t gvf_x8_bytes(int64_t xrows, int64_t K, int nt) {
-    return xrows * gvf_row_words<DSI_TYPE_F8_E4M3, true>(K) * 4 + (K / 128) * 8 * nt * 4;
 }
 
 /* Dense: the weight rows of this block's first p.pre tile iterations into L2 (bulk prefetch, one
@@ -330,7 +283,7 @@ __device__ __forceinline__ const uint8_t *gvf_scale_row(const struct cu_w &w, in
     return nullptr;
 }
 
-template <int MODE, int WT, int NT, bool X8>
+template <int MODE, int WT, int NT>
 __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
     /* MoE: the tile table is the previous kernel's. Dense: the first weight loads come first
@@ -356,10 +309,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     }
     /* whole groups: zeros past K (their weights are zeros too, and 0 * garbage may be NaN);
      * units of 4 elements (FP4: 8, the two mmas of a word) */
-    constexpr int U = WT == DSI_TYPE_FP4_E2M1 || X8 ? 8 : 4;
-    int64_t rw = gvf_row_words<WT, X8>(K), ku = (K + G - 1) / G * G / U;
-    /* X8: the block scales, [K / 128][8 NT] after the rows */
-    float *sxs = (float *)(xs + p.xrows * rw);
+    constexpr int U = WT == DSI_TYPE_FP4_E2M1 ? 8 : 4;
+    int64_t rw = gvf_row_words<WT>(K), ku = (K + G - 1) / G * G / U;
     auto src_row = [&](int r) -> const float * {
         if (MODE == GVF_DENSE) return p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
         int64_t pos = pos0 + r;
@@ -367,51 +318,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
                    ? p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D
                    : p.m.h + pos * p.m.I;
     };
-    /* X8: 8 values a thread, the 16 lanes of a 128-block (K % 128 == 0: whole blocks, and a
-     * warp's first lane starts one) find its scale together; the 8 codes go to the words that
-     * gvf_group_x8's B loads read (group q, lane slice t', mma m: words 32 q + 8 m + 2 t', + 1) */
-    auto stage_x8 = [&]() {
-        int kun = (int)ku, tot = rows * kun;
-        for (int i0 = threadIdx.x & ~31; i0 < tot; i0 += GVF_T) {
-            int i = i0 + (threadIdx.x & 31);
-            bool on = i < tot;
-            int r = on ? i / kun : 0;
-            int u = i - r * kun;
-            float4 f = make_float4(0, 0, 0, 0), h = f;
-            if (on) {
-                const float *src = src_row(r) + (int64_t)u * 8;
-                f = __ldg((const float4 *)src);
-                h = __ldg((const float4 *)(src + 4));
-            }
-            float am = fmaxf(fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))),
-                             fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(h.z), fabsf(h.w))));
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1)
-                am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
-            float sc, inv;
-            fp8_requant_scale(am, &sc, &inv);
-            if (!on) continue;
-            const float v[8] = {f.x, f.y, f.z, f.w, h.x, h.y, h.z, h.w};
-            uint32_t q[2] = {0, 0};
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                q[j >> 2] |= (uint32_t)__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3)
-                             << (8 * (j & 3));
-            int kq = u >> 4, ts = (u >> 2) & 3, m = u & 3;
-            *(uint2 *)(xs + r * rw + kq * 32 + m * 8 + 2 * ts) = make_uint2(q[0], q[1]);
-            if ((u & 15) == 0) sxs[kq * 8 * NT + r] = sc;
-        }
-        /* the columns past the rows: scale 0 (their B is 0) */
-        int pad = 8 * NT - rows, nb = (int)(K / 128);
-        for (int i = threadIdx.x; i < pad * nb; i += GVF_T)
-            sxs[(i / pad) * 8 * NT + rows + i % pad] = 0.0f;
-    };
     /* (staged after the first weight loads are issued: their latency overlaps it) */
     auto stage_x = [&]() {
-        if (X8) {
-            stage_x8();
-            return;
-        }
         int kun = (int)ku; /* 32-bit: rows * ku < 2^31 (gvf_fits) */
 #pragma unroll 4
         for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
@@ -592,13 +500,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         for (int u = 0; u < GVF_U; u++) {
             int q = qa + b * qs + u;
             if (q >= qe) break; /* the same for the whole warp */
-            if (X8) {
-                const uint32_t *xb = xs + (q * 32 + 2 * t);
-                gvf_group_x8<NT>(ra[u], rb[u], xb, xo, sxs + q * 8 * NT + 2 * t, acc);
-            } else {
-                const uint32_t *xb = xs + (q * (E / 4) * 8 + 2 * t);
-                gvf_group<WT, NT>(ra[u], rb[u], xb, xo, acc);
-            }
+            const uint32_t *xb = xs + (q * (E / 4) * 8 + 2 * t);
+            gvf_group<WT, NT>(ra[u], rb[u], xb, xo, acc);
         }
         if (b == nb - 1) finish(i);
     };
@@ -679,15 +582,8 @@ static int gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t 
     return best;
 }
 
-/* The FP8 mma (X8, c->gvf_f8) takes FP8 weights whose scale blocks along K hold whole
-   128-blocks. */
-static bool gvf_x8_ok(const struct cu_ctx *c, const struct cu_w *w, int64_t K) {
-    return w->type == DSI_TYPE_F8_E4M3 && c->gvf_f8 && K % 128 == 0 && w->sb1 % 128 == 0;
-}
-
-/* Shared memory for xrows staged rows of K on weights of `type` (x8: as FP8 codes). */
-static int64_t gvf_stage_bytes(int type, int64_t xrows, int64_t K, bool x8, int nt) {
-    if (x8) return gvf_x8_bytes(xrows, K, nt);
+/* Shared memory for xrows staged rows of K on weights of `type`. */
+static int64_t gvf_stage_bytes(int type, int64_t xrows, int64_t K) {
     int64_t w = type == DSI_TYPE_FP4_E2M1  ? gvf_row_words<DSI_TYPE_FP4_E2M1>(K)
                 : type == DSI_TYPE_F8_E4M3 ? gvf_row_words<DSI_TYPE_F8_E4M3>(K)
                                            : gvf_row_words<DSI_TYPE_BF16>(K);
@@ -696,13 +592,11 @@ static int64_t gvf_stage_bytes(int type, int64_t xrows, int64_t K, bool x8, int 
 
 static int gvf_nt(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : 4; }
 
-template <int MODE, int WT, int NT, bool X8>
-static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
+template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
-    size_t sm = (size_t)gvf_stage_bytes(WT, p->xrows, K, X8, NT);
+    size_t sm = (size_t)gvf_stage_bytes(WT, p->xrows, K);
     static bool smem_done = false;
-    if (!smem_limit(c, k_gvf<MODE, WT, NT, X8>, GVF_SMEM_MAX, &smem_done, "decode gemm"))
-        return false;
+    if (!smem_limit(c, k_gvf<MODE, WT, NT>, GVF_SMEM_MAX, &smem_done, "decode gemm")) return false;
     unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
     int64_t tpb = GVF_W / p->ks;
     int64_t gx = gvf_gx(c, MODE, gvf_tiles(p), gy, tpb);
@@ -711,7 +605,7 @@ static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
         int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
         q.pre = (int)std::min<int64_t>(q.pre, GVF_PRE_MAX / std::max<int64_t>(it, 1));
     }
-    cu_launch(c, k_gvf<MODE, WT, NT, X8>, dim3((unsigned)gx, gy), GVF_T, sm, q);
+    cu_launch(c, k_gvf<MODE, WT, NT>, dim3((unsigned)gx, gy), GVF_T, sm, q);
     return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
                                          : "moe (decode, tensor cores)");
 }
@@ -719,23 +613,14 @@ static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
 /* false: not taken (the staged rows do not fit in shared memory) */
 template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
-    const struct cu_w *w = MODE == GVF_DENSE ? &p->w : MODE == GVF_UP ? &p->m.w1 : &p->m.w2;
-    p->x8 = p->x8 && gvf_x8_ok(c, w, K) && (MODE != GVF_UP || gvf_x8_ok(c, &p->m.w3, K));
-    if (gvf_stage_bytes(WT, p->xrows, K, p->x8, nt) > GVF_SMEM_MAX) return false;
+    if (gvf_stage_bytes(WT, p->xrows, K) > GVF_SMEM_MAX) return false;
     p->ks =
         gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
-    if constexpr (WT == DSI_TYPE_F8_E4M3) {
-        if (p->x8) {
-            if (nt == 1) return gvf_go<MODE, WT, 1, true>(c, p) || c->sticky;
-            if (nt == 2) return gvf_go<MODE, WT, 2, true>(c, p) || c->sticky;
-            return gvf_go<MODE, WT, 4, true>(c, p) || c->sticky;
-        }
-    }
-    if (nt == 1) return gvf_go<MODE, WT, 1, false>(c, p) || c->sticky;
-    if (nt == 2) return gvf_go<MODE, WT, 2, false>(c, p) || c->sticky;
-    return gvf_go<MODE, WT, 4, false>(c, p) || c->sticky;
+    if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
+    if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;
+    return gvf_go<MODE, WT, 4>(c, p) || c->sticky;
 }
 
 static bool gvf_w_ok(const struct cu_w *w, int64_t K) {
@@ -776,11 +661,6 @@ bool launch_gvf_pair(struct cu_ctx *c,
     return launch_gvf_gemm(c, g, g2);
 }
 
-/* A dense call's rows as FP8 codes on the FP8 mma (gvf_launch checks it once more). */
-static bool gvf_x8_dense(const struct cu_ctx *c, const struct cu_gemm_call *g) {
-    return g->w->type == DSI_TYPE_F8_E4M3 && g->x_fp8 && gvf_x8_ok(c, g->w, g->w->K);
-}
-
 /* One launch for the n <= 32 rows of g (and g2); false: not taken. */
 static bool
 gvf_dense_call(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_gemm_call *g2) {
@@ -797,7 +677,6 @@ gvf_dense_call(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_g
     p.y = g->y;
     p.ldy = g->ldy;
     p.round = g->round;
-    p.x8 = gvf_x8_dense(c, g);
     p.tiles = cu_div_up(g->n_out, 16);
     p.gy = g->groups;
     p.gxs = g->gxs;
@@ -839,10 +718,7 @@ bool launch_gvf_gemm(struct cu_ctx *c,
     /* rows per launch: 32, 16 or 8, as many as fit in shared memory (a launch reads the
        weights once: chunks of fewer rows read them more often) */
     const struct cu_w *w = g->w;
-    bool x8 = gvf_x8_dense(c, g);
-    auto fits = [&](int64_t rows) {
-        return gvf_stage_bytes(w->type, rows, w->K, x8, gvf_nt(rows)) <= GVF_SMEM_MAX;
-    };
+    auto fits = [&](int64_t rows) { return gvf_stage_bytes(w->type, rows, w->K) <= GVF_SMEM_MAX; };
     int64_t per = 32;
     while (per > 8 && !fits(per))
         per /= 2;
@@ -871,15 +747,13 @@ bool gvf_moe_ok(const struct cu_ctx *c,
                 int64_t I,
                 const float *x,
                 int64_t n,
-                int nt,
-                bool x8) {
+                int nt) {
     int64_t xr = std::min<int64_t>(n, 8 * nt);
-    bool x8u = x8 && gvf_x8_ok(c, w1, D) && gvf_x8_ok(c, w3, D), x8d = x8 && gvf_x8_ok(c, w2, I);
     return n >= c->gvf_min && n <= c->gvf_max && gvf_w_ok(w1, D) && gvf_w_ok(w3, D) &&
            gvf_w_ok(w2, I) && w1->type == w3->type && w1->type != DSI_TYPE_BF16 &&
            w2->type != DSI_TYPE_BF16 && (uintptr_t)x % 16 == 0 && D % 4 == 0 && I % 4 == 0 &&
-           gvf_stage_bytes(w1->type, xr, D, x8u, nt) <= GVF_SMEM_MAX &&
-           gvf_stage_bytes(w2->type, xr, I, x8d, nt) <= GVF_SMEM_MAX;
+           gvf_stage_bytes(w1->type, xr, D) <= GVF_SMEM_MAX &&
+           gvf_stage_bytes(w2->type, xr, I) <= GVF_SMEM_MAX;
 }
 
 int gvf_moe_nt(int64_t rows) { return gvf_nt(rows); }
@@ -888,7 +762,6 @@ bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int nt, u
     struct gvf_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;
-    p.x8 = mp->x8; /* where gvf_x8_ok: c->gvf_f8 (FP8 weights) */
     p.gy = tiles;
     p.xrows = (int)std::min<int64_t>(mp->n, 8 * nt); /* an expert has at most one row per token */
     int type = up ? mp->w1.type : mp->w2.type;

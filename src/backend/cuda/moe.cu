@@ -686,7 +686,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        faster than 2x the mean at batch 256, whose 16-row tiles fit one block per SM; step 15),
        or c->gvf_moe_nt (DSI_CUDA_GVF_MOE_NT) */
     int gnt = c->gvf_moe_nt ? c->gvf_moe_nt : gvf_moe_nt(nk / E);
-    bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt, a->act_quant);
+    bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
     /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg) */
     bool wg = tc && c->wg && (double)nk / E > 32;
     int rx = wg   ? wg_pick_bn(c, (double)nk / E)
@@ -698,9 +698,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (below tc.cu's floor: tiles of 32 rows, or 16 or 8 where those do not fit in shared
        memory; step 20: the exact kernels took 17-63 rows, 3-4x slower) */
     int snt = gvf_moe_nt(n);
-    while (snt > 1 && !gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt, a->act_quant))
+    while (snt > 1 && !gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt))
         snt /= 2;
-    bool sgv = a->fast && !stc && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt, a->act_quant);
+    bool sgv = a->fast && !stc && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
     bool swg = stc && c->wg && n > 32;
     int srx = swg   ? wg_pick_bn(c, (double)n)
               : stc ? tc_pick_bn(c, (double)n)
@@ -738,7 +738,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.out = (float *)(s + o_out);
     p.x16 = wg || swg ? (const uint16_t *)(s + o_x16) : NULL;
     p.h16 = wg || swg ? (const uint16_t *)(s + o_h16) : NULL;
-    p.x8 = a->act_quant;
     if (p.x16) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
     cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);

@@ -21,7 +21,6 @@ struct moe_p {
     float *h;                  /* [nk + n, I] */
     const uint16_t *x16, *h16; /* wg.cu: bf16 copies of x and h */
     float *out;                /* [nk + n, D] */
-    bool x8;                   /* x and h are act_quant's rows (gvf.cu's FP8 mma) */
 };
 
 /* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
@@ -76,8 +75,7 @@ void launch_wg_bf16(struct cu_ctx *c,
                     int64_t ldy);
 
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
- * tiles in shared memory; x8: x and h are act_quant's rows, staged as FP8 codes on FP8
- * weights) fit them, the n8 column
+ * tiles in shared memory) fit them, the n8 column
  * tiles for tiles of `rows` rows (1, 2, 4: at most 8, 16, 32 rows; routed tiles are grouped by
  * 8), and the launch (grid.y = tiles; as launch_tc_moe). */
 bool gvf_moe_ok(const struct cu_ctx *c,
@@ -88,8 +86,7 @@ bool gvf_moe_ok(const struct cu_ctx *c,
                 int64_t I,
                 const float *x,
                 int64_t n,
-                int nt,
-                bool x8);
+                int nt);
 int gvf_moe_nt(int64_t rows);
 bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int nt, unsigned tiles);
 

@@ -95,19 +95,6 @@ mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* d = a b + d on the FP8 tensor cores (m16n8k32, e4m3 x e4m3, fp32; sm_89 and later): lane
- * (g, t) gives a {row g, row g + 8} x {k 4t..4t+3, k 16+4t..16+4t+3}, b {k 4t.., k 16+4t..} of
- * column g, four codes a register, the first in the low byte. */
-__device__ __forceinline__ void
-mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 /* Transposed: for B fragments from a tile stored [k][n] (n contiguous). */
 __device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t (&r)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
