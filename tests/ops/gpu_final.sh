@@ -7,7 +7,8 @@
 # FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels; FINAL_HF=0
 # leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only,
 # FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command),
-# FINAL_SAN=0 the sanitizers and the CLI check, FINAL_KEEP_CKPT=1 keeps a checkpoint already in
+# FINAL_SAN=0 the sanitizers and the CLI check (the SASS instruction mixes of gvf.o, wg.o and
+# attn_fa.o go to $OUT/sass_*.txt in every run), FINAL_KEEP_CKPT=1 keeps a checkpoint already in
 # /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command). Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
@@ -31,6 +32,11 @@ J=$(nproc)
 make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >/tmp/final-build.log 2>&1 ||
     { tail -30 /tmp/final-build.log; log "BUILD FAILED"; exit 1; }
 log "build done"
+# the instruction mix of the hot kernels (tests/ops/sass_hist.sh: static counts per HMMA), for
+# the record of what each kernel spends beside its tensor-core instructions
+for o in gvf wg attn_fa; do
+    bash tests/ops/sass_hist.sh build/cuda/src/backend/cuda/$o.o >"$OUT/sass_$o.txt" 2>&1 || true
+done
 if [ "${FINAL_TESTS:-1}" != 0 ]; then # FINAL_TESTS=0: the CUDA tests ran already (gpu_ab_env.sh)
     timeout 260 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
     log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
