@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     };
     /* (staged after the first weight loads are issued: their latency overlaps it) */
     auto stage_x = [&]() {
-        int kun = (int)ku; /* 32-bit: rows * ku < 2^31 (gvf_fits) */
+        int kun = (int)ku; /* 32-bit: rows * ku < 2^31 (the staged rows fit in GVF_SMEM_MAX) */
 #pragma unroll 4
         for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
             int r = i / kun;
@@ -384,7 +384,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
      * (b ks + kw) GVF_U ..., so a step of the tile's warps reads ks GVF_U consecutive groups of
      * each row: long runs for the DRAM pages), or as ks consecutive ranges. Step b, slot u of
      * this warp: group qa + b qs + u, below qe. */
-    int ng = (int)((K + G - 1) / G), gpw = (ng + ks - 1) / ks, Ki = (int)K; /* K < 2^31 */
+    /* 32-bit: K < 2^31 (the staged rows of K fit in GVF_SMEM_MAX bytes) */
+    int ng = (int)((K + G - 1) / G), gpw = (ng + ks - 1) / ks, Ki = (int)K;
     int qa = p.ilv ? kw * GVF_U : kw * gpw, qs = p.ilv ? ks * GVF_U : GVF_U;
     int qe = p.ilv ? ng : qa + gpw < ng ? qa + gpw : ng;
     int nb = p.ilv ? (ng + qs - 1) / qs : (gpw + GVF_U - 1) / GVF_U;
