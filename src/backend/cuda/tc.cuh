@@ -22,18 +22,23 @@ __device__ __forceinline__ uint32_t bf16x2_exact(float lo, float hi) {
 /* ---- weight decoding into bf16 pairs -------------------------------------------------------
  * A pair holds elements k and k + d of a lane's word (FP8: bytes 0/2 or 1/3, d = 2; FP4: codes j
  * and j + 4, d = 4): their bits sit 16 apart in the word, as the halves of a bf16x2, so a pair is
- * two shifts and two masks. Short path: the code's exponent and mantissa bits are moved to where
- * a bf16 keeps them (the value times 2^-120 for e4m3, 2^-126 for e2m1, subnormal codes
- * included, as e4m3x4 / e2m1x8 do in fp32), and one bf16x2 multiply by 2^120 (2^126) times the
- * UE8M0 scale gives the exact value times scale (a code times a power of two: 4 significant
- * bits). About 2.5 instructions per weight instead of ~9 through fp32 (docs/cuda.md step 12).
- * Scale bytes past 134 (FP8) or 128 (FP4), whose combined factor is not a bf16, take the fp32
- * path (gvf.cu: the choice is the warp's, as its mma needs all its lanes; tc.cu: per thread). In
- * this profile an FP8 NaN code (0x7f) reads as 480 (no checkpoint has one; the exact kernels keep
- * the NaN). */
+ * a mask, a multiply and a mask (FP4) or two shifts and two masks (FP8). Short path: the code's
+ * exponent and mantissa bits are moved to where a bf16 keeps them (the value times 2^-120 for e4m3,
+ * 2^-126 for e2m1, subnormal codes included, as e4m3x4 / e2m1x8 do in fp32), and one bf16x2
+ * multiply by 2^120 (2^126) times the UE8M0 scale gives the exact value times scale (a code times a
+ * power of two: 4 significant bits). About 2.5 instructions per weight instead of ~9 through fp32
+ * (docs/cuda.md step 12). Scale bytes past 134 (FP8) or 128 (FP4), whose combined factor is not a
+ * bf16, take the fp32 path (gvf.cu: the choice is the warp's, as its mma needs all its lanes;
+ * tc.cu: per thread). In this profile an FP8 NaN code (0x7f) reads as 480 (no checkpoint has one;
+ * the exact kernels keep the NaN). */
+/* e2m1: the pair's two codes (nibbles J and J + 4; J 2, 3 after one shift by 8, shared) masked
+ * out, then one multiply by 2^a + 2^b (two shifted copies, no bits in common, so no carries: the
+ * magnitude moved to bits 6-8 and the sign to 15, and the same for the high half), then the mask
+ * of those bits: three instructions a pair, not four (step 23; checked equal to the two-shift form
+ * for all 2^32 words). */
 template <int J> __device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t u) {
-    uint32_t mag = (J <= 1 ? u << (6 - 4 * J) : u >> (4 * J - 6)) & 0x01c001c0u;
-    return mag | ((u << (12 - 4 * J)) & 0x80008000u);
+    uint32_t x = (J >= 2 ? u >> 8 : u) & ((J & 1) ? 0x00f000f0u : 0x000f000fu);
+    return (x * ((J & 1) ? (1u << 2) + (1u << 8) : (1u << 6) + (1u << 12))) & 0x81c081c0u;
 }
 
 template <int J> __device__ __forceinline__ uint32_t e4m3_pair_bits(uint32_t u) {
