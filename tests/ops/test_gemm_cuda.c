@@ -153,6 +153,10 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, 8192, 4096, 128, 1024, 1024, 4100, 8200, true},
         {DSI_TYPE_F8_E4M3, 2048, 1024, 132, 512, 1536, 0, 0, true},
         {DSI_TYPE_F8_E4M3, 1024, 4096, 130, 0, 1024, 0, 0, true},
+        /* tc.cu split along K (grids under 2 blocks per SM, step 23): the compressor's and the
+           router's shapes at batch 256 (the cases of 64-511 rows above split too) */
+        {DSI_TYPE_F8_E4M3, 1024, 4096, 256, 0, 1024, 0, 0, false},
+        {DSI_TYPE_BF16, 256, 4096, 256, 0, 256, 0, 0, false},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int wide = 0; wide < 2; wide++) { /* gvf.cu's short and fp32 weight decoding */
@@ -178,6 +182,20 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     }
     g_gpu = keep;
     wg->ops->free(wg);
+    TEST_ASSERT(ok);
+    /* tc.cu without its split along K (DSI_CUDA_TC_SPLIT=0): the cases of 64-511 rows */
+    struct dsi_backend *ns = cuda_backend_with("DSI_CUDA_TC_SPLIT=0,DSI_CUDA_LT_MIN=0");
+    TEST_ASSERT(ns != NULL);
+    g_gpu = ns;
+    for (int i = 0; i < n && ok; i++) {
+        if (cases[i].n < 64 || cases[i].n >= 512 ||
+            (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)))
+            continue;
+        ok = run_gemm_mode(&r, &cases[i], true);
+        if (!ok) fprintf(stderr, "[gemm fast unsplit case %d] ", i);
+    }
+    g_gpu = keep;
+    ns->ops->free(ns);
     TEST_ASSERT(ok);
     return 0;
 }

@@ -82,6 +82,8 @@ struct cu_ctx {
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
        DSI_CUDA_TC_MOE (defaults 64 and 0) */
     int tc_dense_min;
+    bool tc_split; /* tc.cu: dense grids under 2 blocks per SM split along K (DSI_CUDA_TC_SPLIT=0:
+                      off; step 23) */
     double tc_moe_min;
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
                              DSI_CUDA_GVF; 0: off) */

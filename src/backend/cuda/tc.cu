@@ -21,6 +21,8 @@
 #include "moe.cuh"
 #include "tc.cuh"
 
+#include <algorithm>
+
 #define TC_BM 128
 #define TC_BK 64
 #define TC_LD (TC_BK + 8) /* bf16 per shared row: 144 bytes, ldmatrix without bank conflicts */
@@ -89,8 +91,17 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     struct tc_wraw wr[PF];
     float4 xr[XV];
     int64_t steps = K / TC_BK;
+    int kb = 0;                            /* the first k of the block's piece of K (K < 2^31) */
+    if (MODE == TC_DENSE && p.split > 1) { /* piece blockIdx.z: its fp32 sums into cv */
+        int64_t s0 = (int64_t)blockIdx.z * p.sps;
+        steps = steps - s0 < p.sps ? steps - s0 : p.sps;
+        kb = (int)(s0 * TC_BK);
+        p.y = p.cv + (int64_t)blockIdx.z * p.n * p.n_out;
+        p.ldy = p.n_out;
+        p.round = false;
+    }
     auto load_x = [&](int64_t s) {
-        int64_t k0 = s * TC_BK;
+        int64_t k0 = kb + s * TC_BK;
 #pragma unroll
         for (int v = 0; v < XV; v++) {
             int idx = tid + v * TC_T, j = idx >> 4, q = idx & 15;
@@ -116,7 +127,8 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
                 make_uint2(bf16x2_rn(xr[v].x, xr[v].y), bf16x2_rn(xr[v].z, xr[v].w));
         }
         __syncthreads();
-        if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (s + PF) * TC_BK + khalf * 32, w);
+        if (s + PF < steps)
+            tc_load_w<WT>(wrow, wsrow, sh1, sb1, kb + (s + PF) * TC_BK + khalf * 32, w);
         if (s + 1 < steps) load_x(s + 1);
 #pragma unroll
         for (int kk = 0; kk < TC_BK / 16; kk++) {
@@ -155,7 +167,8 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     };
 #pragma unroll
     for (int u = 0; u < PF; u++)
-        if (u < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (int64_t)u * TC_BK + khalf * 32, wr[u]);
+        if (u < steps)
+            tc_load_w<WT>(wrow, wsrow, sh1, sb1, kb + (int64_t)u * TC_BK + khalf * 32, wr[u]);
     load_x(0);
     for (int64_t s = 0; s < steps; s += PF) {
 #pragma unroll
@@ -250,11 +263,29 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
         cu_prof_end(c, pw);
         return ok || c->sticky;
     }
-    int pp = cu_prof_begin(c, "gemm.tc");
+    /* A grid under 2 blocks per SM (decode batches of 64-511 rows on narrow weights: the
+       compressors', the indexer's, the router's; each block a chain of K / TC_BK dependent
+       steps) is split along K: pieces of sps steps, their fp32 sums added in piece order by
+       launch_gemm_reduce (deterministic; `fast` numerics: another order of the sums). */
+    int64_t blocks = (int64_t)grid.x * grid.y, steps = w->K / TC_BK, target = 2 * (int64_t)c->n_sms;
+    if (c->tc_split && g->groups == 1 && blocks < target && steps > 1) {
+        int64_t split = std::min<int64_t>(std::min(cu_div_up(target, blocks), steps), 32);
+        p.sps = cu_div_up(steps, split);
+        p.split = (int)cu_div_up(steps, p.sps);
+        if (p.split > 1) {
+            p.cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p.split * n * g->n_out) * 4);
+            if (!p.cv) return true; /* (the sticky error is set) */
+            grid.z = (unsigned)p.split;
+        }
+    }
+    /* (the grouped output projection apart in the profile: the largest tc.cu call at decode) */
+    int pp = cu_prof_begin(c, g->groups > 1 ? "gemm.tc_grouped" : "gemm.tc");
     bool ok = w->type == DSI_TYPE_F8_E4M3
                   ? tc_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &p, bn, grid)
                   : tc_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &p, bn, grid);
     cu_prof_end(c, pp);
+    if (ok && p.split > 1)
+        launch_gemm_reduce(c, p.cv, p.split, n, g->n_out, g->y, g->ldy, g->round);
     return ok || c->sticky;
 }
 

@@ -123,6 +123,11 @@ struct tc_p {
     int64_t gx, gy;      /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
     const uint16_t *x16; /* wg.cu, dense: the bf16 copy of the rows of x (row stride ld16) */
     int64_t ld16;
+    /* tc.cu, dense with one group: split > 1 pieces along K (blockIdx.z), sps steps of TC_BK
+       each, whose fp32 sums go to cv ([split][n][n_out]) for launch_gemm_reduce */
+    int split;
+    int64_t sps;
+    float *cv;
 };
 
 /* One thread's share of a step's weight tile: 32 consecutive K values of one row. */
@@ -247,9 +252,10 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
     *e = -1;
     if (MODE == TC_DENSE) {
         *K = p.w.K;
-        p.row0 += (int64_t)blockIdx.z * p.n_out;
-        xs += (int64_t)blockIdx.z * gxs;
-        p.y += (int64_t)blockIdx.z * p.gy;
+        int64_t z = p.split > 1 ? 0 : blockIdx.z; /* blockIdx.z: the group, or the K piece */
+        p.row0 += z * p.n_out;
+        xs += z * gxs;
+        p.y += z * p.gy;
     } else {
         if (!moe_tile(p.m, BN, e, &pos0, &rows)) return false;
         *K = MODE == TC_UP ? p.m.D : p.m.I;
