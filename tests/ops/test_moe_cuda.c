@@ -260,6 +260,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {256, 6, 256, 128, 48, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* > 132 tiles: the */
         {256, 6, 256, 128, 200, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* grid of gvf_blocks */
         {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts */
+        {8, 2, 128, 128, 520, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* shared on wg.cu */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].D > 256) continue;
@@ -288,9 +289,10 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     g2->ops->free(g2);
     TEST_ASSERT(ok);
     /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
-       shared expert from 33 rows, blocks of 64, 128 or 192 rows; the cases above with 40+ rows
-       once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows only
-       (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks (DSI_CUDA_GVF_MOE_MIN=3) */
+       shared expert from 512 rows (step 23; 33 before), blocks of 64, 128 or 192 rows; the cases
+       above with 40+ rows once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows
+       only (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks
+       (DSI_CUDA_GVF_MOE_MIN=3) */
     const struct {
         const char *env;
         int64_t nmin, nmax;

@@ -211,6 +211,26 @@ __global__ void __launch_bounds__(CU_THREADS) k_gemm_reduce(
     if (warp == 0 && t < T) y[(t / n_out) * ldy + t % n_out] = rbf(acc + 0.0f, round);
 }
 
+/* The same sums for few chunks (nq <= RED_SMALL, tc.cu's pieces along K): a thread per output
+ * adds its nq values in chunk order itself (the same fp32 adds as chunk_sum_staged's, so the
+ * same bits), their loads all in flight; no shared-memory rounds. */
+#define RED_SMALL 32
+__global__ void __launch_bounds__(CU_THREADS) k_gemm_reduce_small(
+    const float *cv, int nq, int64_t n, int64_t n_out, float *y, int64_t ldy, bool round) {
+    cu_pdl_enter();
+    int64_t T = n * n_out, t = (int64_t)blockIdx.x * CU_THREADS + threadIdx.x;
+    if (t >= T) return;
+    float v[RED_SMALL];
+#pragma unroll
+    for (int q = 0; q < RED_SMALL; q++)
+        v[q] = q < nq ? __ldcg(cv + q * T + t) : 0.0f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < RED_SMALL; q++)
+        if (q < nq) acc += v[q];
+    y[(t / n_out) * ldy + t % n_out] = rbf(acc + 0.0f, round);
+}
+
 bool gemm_w_ok(const struct cu_w *w) {
     if (w->K % 32 || w->K <= 0 || (uintptr_t)w->data % 16 || w->row_bytes % 16) return false;
     switch (w->type) {
@@ -329,8 +349,13 @@ void launch_gemm_reduce(struct cu_ctx *c,
                         int64_t ldy,
                         bool round) {
     int pr = cu_prof_begin(c, "gemm.reduce");
-    cu_launch(c, k_gemm_reduce, (unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, cv, nq, n, n_out,
-              y, ldy, round);
+    if (nq <=
+        RED_SMALL) /* (step 23: tc.cu's 2-32 pieces took as long as its GEMM on k_gemm_reduce) */
+        cu_launch(c, k_gemm_reduce_small, (unsigned)cu_div_up(n * n_out, CU_THREADS), CU_THREADS, 0,
+                  cv, (int)nq, n, n_out, y, ldy, round);
+    else
+        cu_launch(c, k_gemm_reduce, (unsigned)cu_div_up(n * n_out, 32), CU_THREADS, 0, cv, nq, n,
+                  n_out, y, ldy, round);
     cu_prof_end(c, pr);
     cu_check(c, "gemm reduce");
 }

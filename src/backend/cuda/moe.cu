@@ -701,7 +701,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     while (snt > 1 && !gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt))
         snt /= 2;
     bool sgv = a->fast && !stc && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
-    bool swg = stc && c->wg && n > 32;
+    /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
+       64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
+    bool swg = stc && c->wg && n >= 512;
     int srx = swg   ? wg_pick_bn(c, (double)n)
               : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
