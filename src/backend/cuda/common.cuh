@@ -214,6 +214,12 @@ const float *cu_freq_dev(struct cu_ctx *c, const float *freq, int n);
 const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a);
 
 static inline int64_t cu_div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* `pieces` units in at most `want` (>= 1) even parts: the parts' count, *per units each (the
+ * last part may be shorter); split-K of gemm.cu and tc.cu. */
+static inline int64_t cu_split_even(int64_t want, int64_t pieces, int64_t *per) {
+    *per = cu_div_up(pieces, want < pieces ? want : pieces);
+    return cu_div_up(pieces, *per);
+}
 static inline size_t cu_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* ---- weight description passed to kernels by value ----------------------------------------- */

@@ -17,8 +17,6 @@
 #include "common.cuh"
 #include "gemm.cuh"
 
-#include <algorithm>
-
 /* ---- the generic kernel: one thread per output --------------------------------------------- */
 
 __global__ void k_gemm_generic(struct cu_w w,
@@ -260,11 +258,7 @@ gemm_split(const struct cu_ctx *c, const struct cu_w *w, int64_t n, int64_t n_ou
     int64_t nq = w->K / 32, np = cu_div_up(nq, 32), target = 2 * (int64_t)c->n_sms;
     *pps = np;
     if (blocks >= target || np <= 1 || nq * n * n_out * 4 > ((int64_t)64 << 20)) return 1;
-    int64_t split = std::min(cu_div_up(target, blocks), np);
-    *pps = cu_div_up(np, split);
-    split = cu_div_up(np, *pps);
-    if (split <= 1) *pps = np;
-    return split;
+    return cu_split_even(cu_div_up(target, blocks), np, pps);
 }
 
 /* keep: split-K without its reduce; *keep gets the chunk values (NULL: not split) */
@@ -349,8 +343,8 @@ void launch_gemm_reduce(struct cu_ctx *c,
                         int64_t ldy,
                         bool round) {
     int pr = cu_prof_begin(c, "gemm.reduce");
-    if (nq <=
-        RED_SMALL) /* (step 23: tc.cu's 2-32 pieces took as long as its GEMM on k_gemm_reduce) */
+    /* (step 23: tc.cu's 2-32 pieces took as long as its GEMM on the staged k_gemm_reduce) */
+    if (nq <= RED_SMALL)
         cu_launch(c, k_gemm_reduce_small, (unsigned)cu_div_up(n * n_out, CU_THREADS), CU_THREADS, 0,
                   cv, (int)nq, n, n_out, y, ldy, round);
     else

@@ -12,7 +12,8 @@
  *
  * Layout. A block of TC_T = 256 threads (8 warps: 4 along the weight rows x 2 along the
  * activation rows) computes TC_BM = 128 weight rows (the mma's M) x BN activation rows (the
- * mma's N) over all of K, TC_BK = 64 at a time: every thread loads its share of the next step's
+ * mma's N) over all of K (or a piece of it: launch_tc_gemm's split along K for small dense
+ * grids, step 23), TC_BK = 64 at a time: every thread loads its share of the next step's
  * weight bytes and activation floats into registers while the warps multiply the current
  * step's bf16 tiles (two shared-memory buffers, one barrier per step). For the up projection
  * the 128 rows are 64 columns of W1 and the same 64 of W3, placed so that a thread holds the
@@ -269,9 +270,8 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
        launch_gemm_reduce (deterministic; `fast` numerics: another order of the sums). */
     int64_t blocks = (int64_t)grid.x * grid.y, steps = w->K / TC_BK, target = 2 * (int64_t)c->n_sms;
     if (c->tc_split && g->groups == 1 && blocks < target && steps > 1) {
-        int64_t split = std::min<int64_t>(std::min(cu_div_up(target, blocks), steps), 32);
-        p.sps = cu_div_up(steps, split);
-        p.split = (int)cu_div_up(steps, p.sps);
+        p.split =
+            (int)cu_split_even(std::min<int64_t>(cu_div_up(target, blocks), 32), steps, &p.sps);
         if (p.split > 1) {
             p.cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p.split * n * g->n_out) * 4);
             if (!p.cv) return true; /* (the sticky error is set) */
