@@ -119,9 +119,11 @@ float *hpoison(int64_t n) {
     return h;
 }
 
-int gsync(const char *what) {
+int gsync(const char *what) { return gsync_on(g_gpu, what); }
+
+int gsync_on(struct dsi_backend *be, const char *what) {
     struct dsi_err e = {0};
-    int rc = g_gpu->ops->sync(g_gpu, &e);
+    int rc = be->ops->sync(be, &e);
     if (rc) fprintf(stderr, "\n  %s: %s\n", what, e.msg);
     return rc;
 }

@@ -48,6 +48,8 @@ void dfree(void *d);
 void *dpoison(size_t bytes);
 float *hpoison(int64_t n);
 int gsync(const char *what);
+/* The same on backend be. */
+int gsync_on(struct dsi_backend *be, const char *what);
 int same(const char *what, const void *got, const void *want, size_t bytes);
 int close_to(const char *what, const float *got, const float *want, int64_t n, double tol);
 uint16_t f16_bits(struct rng *r);

@@ -445,9 +445,10 @@ int test_cuda_rope(struct test_ctx *t) {
  * -------------------------------------------------------------------------------------------- */
 
 /* The last k rows of a GPU run of hc_pre or hc_head (n rows; its outputs fetched to y, post,
- * comb) again on their own: bitwise the same. Used where the run's mix went through k_hc_mix (n
- * >= DSI_CUDA_HC_MIX_MIN, 512 by default) and the k rows' through launch_gemm. */
-static int hc_tail_same(const struct dsi_hc_pre_args *pre,
+ * comb) again on their own on backend be: bitwise the same. k < n: the mix at fewer rows (another
+ * grid of k_hc_mix, or k_hc_pre_one); be another backend (k = n): the mix on another path. */
+static int hc_tail_same(struct dsi_backend *be,
+                        const struct dsi_hc_pre_args *pre,
                         const struct dsi_hc_head_args *head,
                         const float *y,
                         const float *post,
@@ -465,15 +466,15 @@ static int hc_tail_same(const struct dsi_hc_pre_args *pre,
         a.y = dy;
         a.post = dp;
         a.comb = dc;
-        g_gpu->ops->hc_pre(g_gpu, &a);
+        be->ops->hc_pre(be, &a);
     } else {
         struct dsi_hc_head_args a = *head;
         a.X += r0 * hc * D;
         a.n = k;
         a.y = dy;
-        g_gpu->ops->hc_head(g_gpu, &a);
+        be->ops->hc_head(be, &a);
     }
-    int ok = gsync("hc tail") == 0;
+    int ok = gsync_on(be, "hc tail") == 0;
     float *yt = hpoison(k * D), *pt = hpoison(k * hc), *ct = hpoison(k * hc * hc);
     dget(yt, dy, sizeof(float) * (size_t)(k * D));
     dget(pt, dp, sizeof(float) * (size_t)(k * hc));
@@ -594,14 +595,22 @@ static int hc_norm_same(struct rng *r,
     return ok;
 }
 
-/* n = 601: the mix on k_hc_mix (DSI_CUDA_HC_MIX_MIN 512) with a partial last block of 8 rows;
- * D = 200: 25 chunks of 32, a partial last piece of 16 chunks. */
+/* hc_pre takes k_hc_pre_one up to 32 rows, then k_hc_mix (hc_head: from 2 rows): n = 40 and 601
+ * have a partial last block of 8 and 25 rows, split along K; D = 200: 25 chunks of 32, the last
+ * piece of K one chunk. Each run again on backends with the mix on the other paths (bitwise):
+ * launch_gemm (DSI_CUDA_HC_MIX_MIN=0), k_hc_mix without the split (all of K in a block, the
+ * chunk values added there), the split's values added by hc_pre's finish (DSI_CUDA_HC_FUSE=1). */
 int test_cuda_hc(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 7);
-    const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 601};
+    struct dsi_backend *alt[3] = {cuda_backend_with("DSI_CUDA_HC_MIX_MIN=0"),
+                                  cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0"),
+                                  cuda_backend_with("DSI_CUDA_HC_FUSE=1")};
+    for (int i = 0; i < 3; i++)
+        TEST_ASSERT(alt[i] != NULL);
+    const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < 5; ni++)
             for (int rnd = 0; rnd < 2; rnd++) {
                 int64_t D = dims[di], n = ns[ni], hc = 4, len = hc * D, mix = (2 + hc) * hc;
                 struct wt fn, base, scale, hfn, hbase, hscale;
@@ -648,7 +657,9 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(close_to("hc_pre y", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
                 TEST_ASSERT(close_to("hc_pre post", pg, pc, n * hc, 1e-5));
                 TEST_ASSERT(close_to("hc_pre comb", cg, cc, n * hc * hc, 1e-5));
-                if (n > 17) TEST_ASSERT(hc_tail_same(&a, NULL, yg, pg, cg, 17));
+                if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, &a, NULL, yg, pg, cg, 17));
+                for (int i = 0; i < 3 && n > 32; i++)
+                    TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
                 TEST_ASSERT(hc_norm_same(&r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
                 /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
                 float *f = fnorm(&r, n * D, 1.0f);
@@ -690,7 +701,9 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(gsync("hc_head") == 0);
                 dget(yg, dy, sizeof(float) * (size_t)(n * D));
                 TEST_ASSERT(close_to("hc_head", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
-                if (n > 17) TEST_ASSERT(hc_tail_same(NULL, &ha, yg, NULL, NULL, 17));
+                if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, NULL, &ha, yg, NULL, NULL, 17));
+                for (int i = 0; i < 3 && n > 1; i++)
+                    TEST_ASSERT(hc_tail_same(alt[i], NULL, &ha, yg, NULL, NULL, n));
                 dfree(dX);
                 dfree(dy);
                 dfree(dp);
@@ -718,6 +731,8 @@ int test_cuda_hc(struct test_ctx *t) {
                 wt_free(&hbase);
                 wt_free(&hscale);
             }
+    for (int i = 0; i < 3; i++)
+        alt[i]->ops->free(alt[i]);
     return 0;
 }
 

@@ -95,21 +95,23 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
                              (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
-    bool norm_q;      /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
-                         separate act_quant launch, as before step 17) */
-    bool norm_rq;     /* rms_norm's RoPE / quantisation after the norm in the warp kernels
-                         (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
-    bool norm_blk1;   /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
-                         (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
-    int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
-                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
-                         all of them at decode shapes; 0: none) */
-    int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
-                         (DSI_CUDA_ATTN_FA; 0: off, the products of attn_tc.cu / attn.cu) */
-    bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
-    int hc_split;     /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
-    int hc_mix_min;   /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
-                         (DSI_CUDA_HC_MIX_MIN, default 512; 0: never, launch_gemm) */
+    bool norm_q;       /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
+                          separate act_quant launch, as before step 17) */
+    bool norm_rq;      /* rms_norm's RoPE / quantisation after the norm in the warp kernels
+                          (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
+    bool norm_blk1;    /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
+                          (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
+    int gvf_pre;       /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
+                          before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
+                          all of them at decode shapes; 0: none) */
+    int attn_fa_min;   /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
+                          (DSI_CUDA_ATTN_FA; 0: off, the products of attn_tc.cu / attn.cu) */
+    bool attn_fa_exp;  /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
+    int hc_split;      /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
+    int hc_mix_min;    /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
+                          (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */
+    bool hc_mix_split; /* k_hc_mix splits K below a row block per SM (DSI_CUDA_HC_MIX_SPLIT=0:
+                          never) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */
@@ -483,6 +485,21 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t n) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(b - a))
                  : "memory");
 #endif
+}
+
+/* 16 bytes global -> shared (dst: a shared-space address), asynchronously; zeros when !valid
+ * (src must be mapped anyway). Committed in groups (cu_cp_commit); cu_cp_wait<N> waits until at
+ * most N of this thread's groups are in flight. */
+__device__ __forceinline__ void cu_cp16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cu_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cu_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void cu_pdl_enter() {

@@ -520,7 +520,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* 16 with gvf_ks_min 2 (step 21; 8 until step 20, then 32) */
     c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 16;
     const char *hm = getenv("DSI_CUDA_HC_MIX_MIN");
-    c->hc_mix_min = hm && *hm ? atoi(hm) : 512;
+    c->hc_mix_min = hm && *hm ? atoi(hm) : 2; /* 512 until step 23 (the old k_hc_mix) */
+    const char *hx = getenv("DSI_CUDA_HC_MIX_SPLIT");
+    c->hc_mix_split = !(hx && *hx == '0');
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
     const char *hf = getenv("DSI_CUDA_HC_FUSE");
     c->hc_fuse = hf && *hf == '1';

@@ -261,7 +261,6 @@ gemm_split(const struct cu_ctx *c, const struct cu_w *w, int64_t n, int64_t n_ou
     return cu_split_even(cu_div_up(target, blocks), np, pps);
 }
 
-/* keep: split-K without its reduce; *keep gets the chunk values (NULL: not split) */
 template <int WT>
 static void launch_fast(struct cu_ctx *c,
                         const struct cu_w *w,
@@ -272,13 +271,11 @@ static void launch_fast(struct cu_ctx *c,
                         int64_t ldx,
                         float *y,
                         int64_t ldy,
-                        bool round,
-                        const float **keep = nullptr) {
+                        bool round) {
     int rx = gemm_rx(n);
     int64_t gx = cu_div_up(n_out, CU_WARPS * GEMM_RW), gy = cu_div_up(n, rx), nq = w->K / 32;
     int64_t pps, split = gemm_split(c, w, n, n_out, &pps);
     float *cv = NULL;
-    if (keep) *keep = NULL;
     if (split > 1) {
         cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_out) * 4);
         if (!cv) return;
@@ -311,27 +308,7 @@ static void launch_fast(struct cu_ctx *c,
 #undef GEMM_LAUNCH
     cu_prof_end(c, pm);
     if (!cu_check(c, "gemm")) return;
-    if (cv && keep)
-        *keep = cv;
-    else if (cv)
-        launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
-}
-
-const float *launch_gemm_chunks(struct cu_ctx *c,
-                                const struct cu_w *w,
-                                int64_t n_out,
-                                const float *x,
-                                int64_t n,
-                                int64_t ldx,
-                                int64_t *nq) {
-    int64_t pps;
-    if (n <= 0 || n_out <= 0 || n_out > w->rows || w->type != DSI_TYPE_F32 ||
-        !gemm_fast_ok(w, x, ldx) || gemm_split(c, w, n, n_out, &pps) <= 1)
-        return NULL;
-    const float *cv = NULL;
-    launch_fast<DSI_TYPE_F32>(c, w, 0, n_out, x, n, ldx, NULL, 0, false, &cv);
-    *nq = w->K / 32;
-    return cv;
+    if (cv) launch_gemm_reduce(c, cv, nq, n, n_out, y, ldy, round);
 }
 
 void launch_gemm_reduce(struct cu_ctx *c,

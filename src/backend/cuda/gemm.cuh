@@ -18,17 +18,6 @@ void launch_gemm_reduce(struct cu_ctx *c,
                         float *y,
                         int64_t ldy,
                         bool round);
-/* launch_gemm's split-K pass alone, for F32 weights (rows 0 .. n_out): the chunk values
- * cv[q][i n_out + o] (q < *nq = K / 32) in CU_SCR_GEMM, valid until the next GEMM; adding
- * cv[0][t] .. cv[nq - 1][t] in order into 0.0f, then + 0.0f, gives launch_gemm's y[t] bit for
- * bit. NULL: the call would not be split (nothing launched: run launch_gemm). */
-const float *launch_gemm_chunks(struct cu_ctx *c,
-                                const struct cu_w *w,
-                                int64_t n_out,
-                                const float *x,
-                                int64_t n,
-                                int64_t ldx,
-                                int64_t *nq);
 /* One call of the decode launchers: y[r][o] (+ r ldy) = x[r] (+ r ldx) . W[row0 + o] for r < n,
  * o < n_out, in `groups` groups (1: a plain call): group g multiplies rows row0 + g n_out.. by
  * x + g gxs into y + g gys, all in one launch; `round`: bf16-round the outputs. */

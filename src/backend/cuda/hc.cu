@@ -8,109 +8,206 @@
 #define HC_MAX   8 /* streams; mix rows (2 + hc) * hc <= 80 */
 #define HC_AHEAD 8 /* loads in flight per thread in the norm statistic */
 
-#define MIX_R     8  /* k_hc_mix: X rows per block */
-#define MIX_PC    16 /* k_hc_mix: 32-element chunks per piece of K */
-#define MIX_MAX   32 /* k_hc_mix: outputs at most (hc_pre: hc <= 4) */
-#define MIX_XS    36 /* k_hc_mix: floats per staged chunk (padded as gemm.cuh's XS_STRIDE) */
-#define MIX_AHEAD 4  /* k_hc_mix: staging loads in flight per thread */
+#define MIX_ROWS   32       /* k_hc_mix: X rows per block, one per lane */
+#define MIX_STEP   CU_WARPS /* k_hc_mix: chunks of 32 per step, one per warp */
+#define MIX_MAX    32       /* k_hc_mix: outputs at most (hc_pre: hc <= 4; hc_head) */
+#define MIX_CS     33       /* k_hc_mix: floats per output in a step's chunk values */
+#define MIX_OWN    (MIX_ROWS * MIX_MAX / CU_THREADS) /* outputs a thread adds or copies */
+#define MIX_CV_MAX ((int64_t)64 << 20) /* k_hc_mix: the split's chunk values, bytes at most */
 
-static_assert(CU_THREADS == 2 * MIX_PC * 8, "k_hc_mix stages a piece's rows two at a time");
-static_assert(MIX_R * MIX_MAX <= CU_THREADS, "k_hc_mix: one owner thread per (row, output)");
+static_assert(MIX_ROWS == 32, "k_hc_mix: a row per lane");
 
-/* The mix GEMM at many rows: y[r * n_mix + o] = fn[o] . X[r] (F32 fn, rows of len floats, len
- * % 32 == 0, 16-byte aligned; ldw: fn's row stride) for r < n, o < n_mix <= MIX_MAX. Each block
- * takes MIX_R rows and reads them once (launch_gemm reads X once per 16 outputs, fn per lane).
- * K goes in pieces of MIX_PC chunks of 32. Per piece the block stages the piece of its rows and
- * of the n_mix fn rows in shared memory (coalesced float4 loads; fn comes from L2 in every
- * block); then thread (row group g, output pair op, chunk c) holds fn chunks c of outputs 2 op
- * and 2 op + 1 in registers and computes chunk_dot (cpu_dot's chunk value) with chunk c of rows
- * g, g + ng, ... into cv. Thread t < MIX_R * n_mix owns output t (row t / n_mix, output t %
- * n_mix): it alone adds that output's chunk values to its acc, piece after piece, c = 0, 1, ...
- * within a piece: acc = 0, acc += chunk q for q = 0 .. len / 32 - 1, then acc + 0.0f, which
- * are cpu_dot's additions (and k_gemm's / k_gemm_reduce's: the same bits as launch_gemm). The
- * barriers: stage, sync, chunk values, sync, owners' adds (the next staging only writes the
- * staged pieces, read before the second sync; the next chunk values follow its first sync). */
-__global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(
-    const float *X, const float *fn, int64_t ldw, int n_mix, int64_t len, int64_t n, float *y) {
+/* One chunk of cpu_dot (chunk_dot's operations in its order) with b in shared memory, read as
+ * float4 as the products need them (all lanes of a warp at one address: a broadcast). */
+__device__ __forceinline__ float chunk_dot_sm(const float (&a)[32], const float *b) {
+    float l[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; j += 8) {
+        float4 u = *(const float4 *)(b + j), v = *(const float4 *)(b + j + 4);
+        l[0] += a[j] * u.x;
+        l[1] += a[j + 1] * u.y;
+        l[2] += a[j + 2] * u.z;
+        l[3] += a[j + 3] * u.w;
+        l[4] += a[j + 4] * v.x;
+        l[5] += a[j + 5] * v.y;
+        l[6] += a[j + 6] * v.z;
+        l[7] += a[j + 7] * v.w;
+    }
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* The mix GEMM (step 24): fn[o] . X[r] for rows r < n of len floats (F32 fn of row stride ldw,
+ * len % 32 == 0, X and fn 16-byte aligned) and outputs o < n_mix <= MIX_MAX, in cpu_dot's bits.
+ * A block takes MIX_ROWS rows, row r0 + lane in every warp, and chunks [qa, qb) of K (qa =
+ * blockIdx.y qpb), MIX_STEP at a time: chunk q0 + w in warp w. Each thread holds its row's chunk
+ * in registers (loaded a step ahead) and computes chunk_dot with the step's n_mix fn chunks of
+ * its warp, read from shared memory by all lanes at one address; they come in by cp.async a step
+ * ahead (two buffers), so fn is read from L2 once per block, and X once. (Step 14's kernel
+ * staged 8 rows and held fn in registers: shared-memory bound, 0.88 ms for 8192 rows.) A step's
+ * chunk values go to cs[chunk][o][row] (stride MIX_CS: conflict-free both ways), then
+ *   ORD (the block has all of K): thread t adds outputs f = t, t + CU_THREADS, ... (f = row *
+ *       n_mix + o) chunk by chunk: acc = 0, acc += chunk q for q = 0 .. nq - 1, then acc + 0.0f,
+ *       cpu_dot's additions (the same bits as launch_gemm), out = mraw [n][n_mix];
+ *   else (split along K) the values go out as they are, coalesced, to out = [nq][n * n_mix]
+ *       (launch_gemm_reduce's layout; it or hc_pre's finish adds them in the same order).
+ * Barriers per step: (1) after the step's fn copies have landed: cs is free again (the previous
+ * step's adds or copies are done); (2) after cs is written. The next step's fn copies, issued at
+ * the top of a step, overwrite the buffer of the step before, whose reads ended before its (2).
+ * Lanes past n compute on row n - 1 (no predicates) and write nothing. */
+template <bool ORD>
+__global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
+                                                          const float *fn,
+                                                          int64_t ldw,
+                                                          int n_mix,
+                                                          int64_t len,
+                                                          int64_t n,
+                                                          int64_t qpb,
+                                                          float *out) {
     cu_pdl_enter();
     extern __shared__ float4 mix_sm[];
-    float *xs = (float *)mix_sm;                           /* [MIX_R + n_mix][MIX_PC][MIX_XS]: */
-    float *ws = xs + MIX_R * MIX_PC * MIX_XS;              /* the rows' pieces, then fn's */
-    float *cv = ws + n_mix * MIX_PC * MIX_XS;              /* [MIX_R * n_mix][MIX_PC + 1] */
-    int tid = threadIdx.x, per = (n_mix + 1) / 2 * MIX_PC; /* threads per row group */
-    int ng = min(MIX_R, CU_THREADS / per), g = tid / per, op = (tid % per) / MIX_PC,
-        c = tid % MIX_PC;
-    /* staging: float4 e of the piece of staged rows s0 + 2 i, i < nst */
-    int e = tid % (MIX_PC * 8), s0 = tid / (MIX_PC * 8), nst = (MIX_R + n_mix + 1) / 2;
-    int64_t r0 = (int64_t)blockIdx.x * MIX_R, nq = len / 32;
-    float acc = 0.0f;
-    for (int64_t q0 = 0; q0 < nq; q0 += MIX_PC) {
-        int cnt = (int)(nq - q0 < MIX_PC ? nq - q0 : MIX_PC);
-#pragma unroll 1
-        for (int i0 = 0; i0 < nst; i0 += MIX_AHEAD) { /* MIX_AHEAD loads, then their stores */
-            float4 v[MIX_AHEAD];
+    float *ws = (float *)mix_sm;                /* [2][MIX_STEP][n_mix][32] */
+    float *cs = ws + 2 * MIX_STEP * n_mix * 32; /* [MIX_STEP][n_mix][MIX_CS] */
+    int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, nw4 = MIX_STEP * n_mix * 8;
+    int per = n_mix * MIX_CS;
+    int64_t r0 = (int64_t)blockIdx.x * MIX_ROWS, nq = len / 32, qa = (int64_t)blockIdx.y * qpb;
+    int64_t qb = min(nq, qa + qpb);
+    int nr = (int)min((int64_t)MIX_ROWS, n - r0), nf = nr * n_mix;
+    const float *xr = X + (r0 + min(lane, nr - 1)) * len;
+    /* this thread's outputs f = tid + i CU_THREADS: their place in cs (row, o from f once) */
+    int ci[MIX_OWN];
 #pragma unroll
-            for (int i = 0; i < MIX_AHEAD; i++) { /* zeros past n and past K */
-                int s = s0 + 2 * (i0 + i);
-                bool ok = e / 8 < cnt && (s < MIX_R ? r0 + s < n : s < MIX_R + n_mix);
-                const float *p = s < MIX_R ? X + (r0 + s) * len : fn + (s - MIX_R) * ldw;
-                v[i] = ok ? *(const float4 *)(p + q0 * 32 + e * 4)
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int i = 0; i < MIX_AHEAD; i++) {
-                int s = s0 + 2 * (i0 + i);
-                if (s < MIX_R + n_mix)
-                    *(float4 *)(xs + (s * MIX_PC + e / 8) * MIX_XS + e % 8 * 4) = v[i];
-            }
-        }
-        __syncthreads();
-        if (g < ng && c < cnt) {
-            int o0 = 2 * op, o1 = o0 + 1 < n_mix ? o0 + 1 : o0;
-            float w0[32], w1[32];
-            load_x_chunk(ws + (o0 * MIX_PC + c) * MIX_XS, true, w0);
-            load_x_chunk(ws + (o1 * MIX_PC + c) * MIX_XS, true, w1);
-            for (int rr = g; rr < MIX_R; rr += ng) {
-                float xf[32];
-                load_x_chunk(xs + (rr * MIX_PC + c) * MIX_XS, true, xf);
-                cv[(rr * n_mix + o0) * (MIX_PC + 1) + c] = chunk_dot(xf, w0);
-                if (o1 != o0) cv[(rr * n_mix + o1) * (MIX_PC + 1) + c] = chunk_dot(xf, w1);
-            }
-        }
-        __syncthreads();
-        if (tid < MIX_R * n_mix)
-            for (int j = 0; j < cnt; j++)
-                acc += cv[tid * (MIX_PC + 1) + j];
+    for (int i = 0; i < MIX_OWN; i++) {
+        int f = tid + i * CU_THREADS, rr = f / n_mix;
+        ci[i] = (f - rr * n_mix) * MIX_CS + rr;
     }
-    if (tid < MIX_R * n_mix && r0 + tid / n_mix < n) y[r0 * n_mix + tid] = acc + 0.0f;
+    /* fn chunks q0 .. q0 + MIX_STEP - 1 into buffer b (zeros past qb), as one cp.async group */
+    auto stage = [&](int64_t q0, int b) {
+        float *dst = ws + b * MIX_STEP * n_mix * 32;
+        for (int e = tid; e < nw4; e += CU_THREADS) {
+            int jo = e >> 3, j = jo / n_mix, o = jo - j * n_mix;
+            int64_t q = q0 + j;
+            cu_cp16((uint32_t)__cvta_generic_to_shared(dst + e * 4),
+                    fn + o * ldw + (q < qb ? q : qa) * 32 + (e & 7) * 4, q < qb);
+        }
+        cu_cp_commit();
+    };
+    auto load = [&](int64_t q, float(&v)[32]) { /* past qb: chunk qa (computed, never used) */
+                                                const float4 *p =
+                                                    (const float4 *)(xr + (q < qb ? q : qa) * 32);
+#pragma unroll
+                                                for (int k = 0; k < 8; k++) {
+                                                    float4 f = p[k];
+                                                    v[4 * k] = f.x;
+                                                    v[4 * k + 1] = f.y;
+                                                    v[4 * k + 2] = f.z;
+                                                    v[4 * k + 3] = f.w;
+                                                }
+    };
+    float xn[32], acc[MIX_OWN];
+#pragma unroll
+    for (int i = 0; i < MIX_OWN; i++)
+        acc[i] = 0.0f;
+    load(qa + w, xn);
+    stage(qa, 0);
+    int b = 0;
+    for (int64_t q0 = qa; q0 < qb; q0 += MIX_STEP, b ^= 1) {
+        float x[32];
+#pragma unroll
+        for (int k = 0; k < 32; k++)
+            x[k] = xn[k];
+        if (q0 + MIX_STEP < qb) { /* block-uniform */
+            load(q0 + MIX_STEP + w, xn);
+            stage(q0 + MIX_STEP, b ^ 1);
+            cu_cp_wait<1>();
+        } else {
+            cu_cp_wait<0>();
+        }
+        __syncthreads(); /* (1) */
+        if (q0 + w < qb) {
+            const float *wq = ws + (b * MIX_STEP + w) * n_mix * 32;
+            float *cq = cs + w * per + lane;
+            for (int o = 0; o < n_mix; o++)
+                cq[o * MIX_CS] = chunk_dot_sm(x, wq + o * 32);
+        }
+        __syncthreads(); /* (2) */
+        int cnt = (int)min((int64_t)MIX_STEP, qb - q0);
+        int64_t T = n * n_mix;
+#pragma unroll
+        for (int i = 0; i < MIX_OWN; i++) {
+            int f = tid + i * CU_THREADS;
+            if (f >= nf) break;
+            if (ORD)
+                for (int j = 0; j < cnt; j++)
+                    acc[i] += cs[j * per + ci[i]];
+            else
+                for (int j = 0; j < cnt; j++)
+                    out[(q0 + j) * T + r0 * n_mix + f] = cs[j * per + ci[i]];
+        }
+    }
+    if (ORD)
+#pragma unroll
+        for (int i = 0; i < MIX_OWN; i++) {
+            int f = tid + i * CU_THREADS;
+            if (f < nf) out[r0 * n_mix + f] = acc[i] + 0.0f;
+        }
 }
 
 static size_t mix_smem(int n_mix) {
-    return (size_t)(MIX_R + n_mix) * MIX_PC * MIX_XS * 4 + (size_t)MIX_R * n_mix * (MIX_PC + 1) * 4;
+    return (size_t)(2 * MIX_STEP * 32 + MIX_STEP * MIX_CS) * n_mix * 4;
 }
 
-/* mraw[r * n_mix + o] = fn[o] . X[r] (the caller checked fn's shape): k_hc_mix from
- * c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never) where it applies, else launch_gemm. Both
- * give cpu_dot's bits. */
-static void hc_mix(struct cu_ctx *c,
-                   const struct cu_w *fn,
-                   int n_mix,
-                   const float *X,
-                   int64_t n,
-                   int64_t len,
-                   float *mraw) {
-    static bool smem_raised = false;
+/* fn[o] . X[r] in cpu_dot's bits for r < n, o < n_mix (the caller checked fn's shape): into mraw
+ * ([n][n_mix]), or, where the mix is split along K and want_cv (hc_pre's finish adds them:
+ * c->hc_fuse), the chunk values [nq][n * n_mix] (returned, *nq_out their count; else NULL).
+ * k_hc_mix from c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never), else launch_gemm. It splits
+ * K where its row blocks are fewer than the SMs (c->hc_mix_split, DSI_CUDA_HC_MIX_SPLIT=0: never)
+ * into about two blocks per SM, the chunk values in CU_SCR_GEMM (at most MIX_CV_MAX bytes). */
+static const float *hc_mix(struct cu_ctx *c,
+                           const struct cu_w *fn,
+                           int n_mix,
+                           const float *X,
+                           int64_t n,
+                           int64_t len,
+                           float *mraw,
+                           bool want_cv,
+                           int64_t *nq_out) {
+    static bool raised[2] = {false, false};
     if (c->hc_mix_min <= 0 || n < c->hc_mix_min || n_mix > MIX_MAX || fn->type != DSI_TYPE_F32 ||
-        !gemm_fast_ok(fn, X, len)) {
+        !gemm_fast_ok(fn, X, len) || (uintptr_t)fn->data % 16 || fn->row_bytes % 16) {
         launch_gemm(c, fn, 0, n_mix, X, n, len, mraw, n_mix, false);
-        return;
+        return NULL;
     }
-    if (!smem_limit(c, k_hc_mix, mix_smem(MIX_MAX), &smem_raised, "hc mix")) return;
+    int64_t nq = len / 32, rt = cu_div_up(n, MIX_ROWS), qpb = nq, split = 1;
+    if (c->hc_mix_split && rt < c->n_sms && nq * n * n_mix * 4 <= MIX_CV_MAX) {
+        qpb = cu_div_up(cu_div_up(nq, cu_div_up(2 * (int64_t)c->n_sms, rt)), MIX_STEP) * MIX_STEP;
+        split = cu_div_up(nq, qpb);
+    }
+    float *cv = NULL;
+    if (split > 1 && !(cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_mix) * 4)))
+        return NULL;
+    dim3 grid((unsigned)rt, (unsigned)split);
+    size_t sm = mix_smem(n_mix);
+    if (cv ? !smem_limit(c, k_hc_mix<false>, mix_smem(MIX_MAX), &raised[0], "hc mix")
+           : !smem_limit(c, k_hc_mix<true>, mix_smem(MIX_MAX), &raised[1], "hc mix"))
+        return NULL;
     int pm = cu_prof_begin(c, "hc.mix");
-    cu_launch(c, k_hc_mix, (unsigned)cu_div_up(n, MIX_R), CU_THREADS, mix_smem(n_mix), X,
-              (const float *)fn->data, fn->row_bytes / 4, n_mix, len, n, mraw);
+    const float *w = (const float *)fn->data;
+    int64_t ldw = fn->row_bytes / 4;
+    if (cv)
+        cu_launch(c, k_hc_mix<false>, grid, CU_THREADS, sm, X, w, ldw, n_mix, len, n, qpb, cv);
+    else
+        cu_launch(c, k_hc_mix<true>, grid, CU_THREADS, sm, X, w, ldw, n_mix, len, n, qpb, mraw);
     cu_prof_end(c, pm);
-    cu_check(c, "hc mix");
+    if (!cu_check(c, "hc mix") || !cv) return NULL;
+    if (want_cv) {
+        *nq_out = nq;
+        return cv;
+    }
+    launch_gemm_reduce(c, cv, nq, n, n_mix, mraw, n_mix, false);
+    return NULL;
 }
 
 /* Barrier of the threads that do the small maths: warp 0 (hc * hc <= 32) or warps 0-1. */
@@ -188,7 +285,7 @@ __device__ __forceinline__ void hc_comb_warp(const float *mr,
  * per comb element, each computing its row or column sum in the CPU's order from shared memory: the
  * same operations as the CPU's loops, so the same results, without a single thread walking the
  * hc x hc matrix (in local memory) 2 * iters times. With cv (DSI_CUDA_HC_FUSE=1), the mix comes
- * as the split-K chunk values of launch_gemm_chunks, [nq][n * n_mix]: the block adds each
+ * as k_hc_mix's split-K chunk values, [nq][n * n_mix]: the block adds each
  * output's nq values in chunk order (chunk_sum_staged, as k_gemm_reduce: the same bits) instead
  * of a reduce launch reading them before. The finish runs on CU_THREADS threads. */
 __global__ void k_hc_pre_finish(const float *X,
@@ -580,13 +677,9 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         if (!normed) hc_norm_after(be, a);
         return;
     }
-    /* the mix: its split-K chunk values added by the finish (c->hc_fuse, below k_hc_mix's rows),
-       or mraw */
-    const float *cv = NULL;
+    /* the mix: mraw, or its split-K chunk values for the finish to add (c->hc_fuse) */
     int64_t nq = 0;
-    if (c->hc_fuse && (c->hc_mix_min <= 0 || a->n < c->hc_mix_min))
-        cv = launch_gemm_chunks(c, &fn, n_mix, a->X, a->n, len, &nq);
-    if (!cv) hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw);
+    const float *cv = hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw, c->hc_fuse, &nq);
     int pf = cu_prof_begin(c, "hc_pre.finish");
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
     int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
@@ -704,7 +797,8 @@ extern "C" void cuda_hc_head(struct dsi_backend *be, const struct dsi_hc_head_ar
                 (long long)fn.rows, (long long)fn.K, hc, (long long)len);
         return;
     }
-    hc_mix(c, &fn, hc, a->X, a->n, len, mraw);
+    int64_t nq = 0;
+    hc_mix(c, &fn, hc, a->X, a->n, len, mraw, false, &nq);
     cu_launch(c, k_hc_head_finish, (unsigned)a->n, 256, 0, a->X, mraw, hc, a->dim,
               cu_vec_of(a->base), cu_vec_of(a->scale), a->norm_eps, a->hc_eps, a->y, a->round_bf16);
     cu_check(c, "hc_head");

@@ -66,18 +66,6 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 __device__ __forceinline__ void wg_fence_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/* 16 bytes global -> shared, asynchronously (zeros when !valid; src must be mapped anyway). */
-__device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void wg_cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wg_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 /* The accumulators are written by wgmma in the background: pin them around the waits. */
 template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
 #pragma unroll
@@ -215,10 +203,10 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
             for (int v = 0; v < XC; v++) {
                 int idx = tid + v * WG_T, j = idx >> 3, c = idx & 7;
                 const uint16_t *src = xrow[j];
-                wg_cp16(B + wg_sw(j, c), src ? src + s * WG_BK + c * 8 : xs, src != nullptr);
+                cu_cp16(B + wg_sw(j, c), src ? src + s * WG_BK + c * 8 : xs, src != nullptr);
             }
         }
-        wg_cp_commit(); /* one group per step, empty past the end */
+        cu_cp_commit(); /* one group per step, empty past the end */
     };
     auto step = [&](int64_t s, struct tc_wraw &w) {
         uint32_t st = (uint32_t)(s % WG_ST) * STAGE;
@@ -230,7 +218,7 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
             for (int i = 0; i < 4; i++)
                 *(uint4 *)(A + wg_sw(srow, khalf * 4 + i)) = d[i];
         }
-        wg_cp_wait<1>(); /* this thread's activations of step s (s + 1's may be in flight) */
+        cu_cp_wait<1>(); /* this thread's activations of step s (s + 1's may be in flight) */
         wg_fence_smem();
         __syncthreads();
         load_x(s + 2); /* stage (s + 2) % 4: read by the wgmma of step s - 2, done (see above) */
