@@ -733,6 +733,37 @@ int test_cuda_hc(struct test_ctx *t) {
             }
     for (int i = 0; i < 3; i++)
         alt[i]->ops->free(alt[i]);
+    /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
+    const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
+    for (int c = 0; c < 3; c++) {
+        int64_t hc = pd[c][0], D = pd[c][1], n = 5, len = hc * D;
+        float *X = fnorm(&r, n * len, 1.0f), *f = fnorm(&r, n * D, 1.0f),
+              *post = fnorm(&r, n * hc, 1.0f), *comb = fnorm(&r, n * hc * hc, 0.5f);
+        float *Xc = hpoison(n * len), *Xg = hpoison(n * len);
+        float *dX = dput(X, sizeof(float) * (size_t)(n * len)),
+              *df = dput(f, sizeof(float) * (size_t)(n * D)),
+              *dp = dput(post, sizeof(float) * (size_t)(n * hc)),
+              *dc = dput(comb, sizeof(float) * (size_t)(n * hc * hc)),
+              *dXo = dpoison(sizeof(float) * (size_t)(n * len));
+        struct dsi_hc_post_args pa = {f, X, post, comb, Xc, n, hc, D, c == 1};
+        g_cpu->ops->hc_post(g_cpu, &pa);
+        pa = (struct dsi_hc_post_args){df, dX, dp, dc, dXo, n, hc, D, c == 1};
+        g_gpu->ops->hc_post(g_gpu, &pa);
+        TEST_ASSERT(gsync("hc_post") == 0);
+        dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
+        TEST_ASSERT(same("hc_post (other shapes)", Xg, Xc, sizeof(float) * (size_t)(n * len)));
+        dfree(dX);
+        dfree(df);
+        dfree(dp);
+        dfree(dc);
+        dfree(dXo);
+        free(X);
+        free(f);
+        free(post);
+        free(comb);
+        free(Xc);
+        free(Xg);
+    }
     return 0;
 }
 
@@ -1078,27 +1109,37 @@ int test_cuda_attn(struct test_ctx *t) {
         {64, 512, 128, 4, 512, true, true, 4, {0, 1000, 4095, 126}, {40, 40, 40, 9}, true},
         {64, 512, 128, 128, 512, false, true, 3, {0, 2000, 8000}, {60, 50, 30}, true},
         {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {100, 40}, true},
-        /* fast, 32-127 rows: the fused kernel (from 32), else the exact kernels */
+        /* fast, 32-127 rows: the fused kernel, split along the keys (4 splits) */
         {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {20, 15, 5}, true},
         {64, 512, 128, 4, 512, true, true, 3, {0, 1000, 4095}, {16, 16, 8}, true},
+        /* fast, 1-31 rows (decode): the fused kernel split along the keys into up to 20 parts
+           of 2 tiles; CSA, HCA (splits past a row's keys), window only, tiny heads */
+        {64, 512, 128, 4, 512, true, true, 2, {4095, 1000}, {1, 2}, true},
+        {64, 512, 128, 128, 512, false, true, 1, {8000}, {1}, true},
+        {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {1, 8}, true},
+        {4, 128, 16, 4, 4, true, true, 1, {200}, {3}, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         TEST_ASSERTF(run_attn(&r, &cases[i]), "attn case %zu", i);
     }
-    /* the `fast` cases once more on the second path: the fused kernel (attn_fa.cu) is the
-       default from 128 rows; DSI_CUDA_ATTN_FA=0 runs attn_tc.cu's products and the softmax */
-    struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_FA=0"), *keep = g_gpu;
-    TEST_ASSERT(g2 != NULL);
-    g_gpu = g2;
+    /* the `fast` cases once more on the other paths: the fused kernel (attn_fa.cu) is the
+       default from 1 row; DSI_CUDA_ATTN_FA=0 runs attn_tc.cu's products (from 128 rows) or the
+       exact kernels and the softmax; DSI_CUDA_ATTN_FA_SPLIT=0 the fused kernel unsplit */
+    const char *envs[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_SPLIT=0"};
     int ok = 1;
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
-        if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
-        ok = run_attn(&r, &cases[i]);
-        if (!ok) fprintf(stderr, "attn case %zu (DSI_CUDA_ATTN_FA=0) failed\n", i);
+    for (int e = 0; e < 2 && ok; e++) {
+        struct dsi_backend *g2 = cuda_backend_with(envs[e]), *keep = g_gpu;
+        TEST_ASSERT(g2 != NULL);
+        g_gpu = g2;
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+            if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
+            ok = run_attn(&r, &cases[i]);
+            if (!ok) fprintf(stderr, "attn case %zu (%s) failed\n", i, envs[e]);
+        }
+        g_gpu = keep;
+        g2->ops->free(g2);
     }
-    g_gpu = keep;
-    g2->ops->free(g2);
     TEST_ASSERT(ok);
     return 0;
 }

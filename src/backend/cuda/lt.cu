@@ -32,6 +32,7 @@
  * apart from the op scratch of its caller. */
 #include "gemm.cuh"
 
+#include <algorithm>
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 #include <stdlib.h>
@@ -117,7 +118,7 @@ __global__ void k_lt_prep(const float *__restrict__ x,
 }
 
 /* y[r][o] = the bf16 output as a float for r < n, o < m: d is [n][m] (a plain plan) or [m][n]
- * (a swapped one). */
+ * (a swapped one; a plain plan takes k_lt_widen8). */
 __global__ void
 k_lt_widen(const uint16_t *d, float *y, int64_t n, int64_t m, int64_t ldy, bool swap) {
     cu_pdl_enter();
@@ -125,6 +126,25 @@ k_lt_widen(const uint16_t *d, float *y, int64_t n, int64_t m, int64_t ldy, bool 
     if (i >= n * m) return;
     int64_t r = i / m, o = i % m;
     y[r * ldy + o] = __uint_as_float((uint32_t)d[swap ? o * n + r : i] << 16);
+}
+
+/* The plain plan's widening (d [n][m], m % 8 == 0, y 16-byte aligned, ldy % 4 == 0): grid
+ * (column blocks of 8 x 256, rows; rows past gridDim.y in turn), 8 values a thread: one 16-byte
+ * load, two 16-byte stores, no divisions (step 24: k_lt_widen's 64-bit division per value made
+ * it instruction-bound at wide outputs, e.g. wq_b's 32768 columns). */
+__global__ void k_lt_widen8(const uint16_t *d, float *y, int64_t n, int64_t m, int64_t ldy) {
+    cu_pdl_enter();
+    int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (o >= m) return;
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+        uint4 v = *(const uint4 *)(d + r * m + o);
+        float *yr = y + r * ldy + o;
+        *(float4 *)yr = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                                    __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+        *(float4 *)(yr + 4) =
+            make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+                        __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
+    }
 }
 
 static bool
@@ -252,8 +272,14 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
         cu_prof_end(c, pp);
         return true;
     }
-    cu_launch(c, k_lt_widen, dim3((unsigned)cu_div_up(n * m, CU_THREADS)), dim3(CU_THREADS), 0, d,
-              g->y, n, m, g->ldy, p->swap);
+    if (p->swap)
+        cu_launch(c, k_lt_widen, dim3((unsigned)cu_div_up(n * m, CU_THREADS)), dim3(CU_THREADS), 0,
+                  d, g->y, n, m, g->ldy, true);
+    else /* (launch_lt_gemm's conditions: m % 512 == 0, y aligned, ldy % 4 == 0) */
+        cu_launch(
+            c, k_lt_widen8,
+            dim3((unsigned)cu_div_up(m, 8 * CU_THREADS), (unsigned)std::min<int64_t>(n, 65535)),
+            dim3(CU_THREADS), 0, d, g->y, n, m, g->ldy);
     cu_check(c, "gemm.lt");
     cu_prof_end(c, pp);
     return true;
