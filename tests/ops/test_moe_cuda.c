@@ -292,13 +292,15 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        shared expert from 512 rows (step 23; 33 before), blocks of 64, 128 or 192 rows; the cases
        above with 40+ rows once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows
        only (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks
-       (DSI_CUDA_GVF_MOE_MIN=3) */
+       (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
+       projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
-                 {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2}};
+                 {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
+                 {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);

@@ -243,6 +243,8 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.maxk = maxk;
     p.r0 = 0;
     p.fexp = c->attn_fa_exp;
+    p.fa_o = p.fa_ml = NULL; /* (set by launch_attn_fa where it splits) */
+    p.fa_tps = 0;
     /* `fast` numerics: one fused kernel from c->attn_fa_min rows (attn_fa.cu) */
     if (a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(c, &p)) {
         launch_attn_fa(c, &p, n);

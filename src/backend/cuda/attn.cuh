@@ -22,6 +22,11 @@ struct attn_p {
     int64_t maxk;
     int r0;
     bool fexp; /* attn_fa.cu: the single-precision exp (c->attn_fa_exp) */
+    /* attn_fa.cu split along the keys (fa_o non-NULL; blockIdx.z = split, fa_tps tiles each):
+       each block's unnormalised output rows [split][row][H][hd] in fa_o and its running maximum
+       and sum [split][row][H][2] in fa_ml, merged by k_attn_fa_merge */
+    float *fa_o, *fa_ml;
+    int fa_tps;
 };
 
 __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {
@@ -50,9 +55,9 @@ bool attn_tc_ok(const struct attn_p *p);
 bool launch_attn_scores_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
 bool launch_attn_pv_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
 
-/* `fast` numerics: scores, softmax and p.v in one kernel per row (attn_fa.cu) for all rows
- * [0, rows) of the step (p->S unused), where attn_fa_ok (shapes, alignment, the device's shared
- * memory); the launch's false: an error (sticky). */
+/* `fast` numerics: scores, softmax and p.v in one kernel (attn_fa.cu; split along the keys below a
+ * block per SM, then a merge) for all rows [0, rows) of the step (p->S unused), where attn_fa_ok
+ * (shapes, alignment, the device's shared memory); the launch's false: an error (sticky). */
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p);
 bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows);
 

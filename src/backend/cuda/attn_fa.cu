@@ -1,4 +1,4 @@
-/* attn_fa.cu - the attention of `fast` numerics in one kernel per row (`DSI_CUDA_ATTN_FA`):
+/* attn_fa.cu - the attention of `fast` numerics in one kernel (`DSI_CUDA_ATTN_FA`, from 1 row):
  * scores, softmax with the sink and p.v over tiles of 16 keys with a running maximum
  * (FlashAttention's online softmax), so that the scores never leave the chip and each key is
  * read once per row (attn_tc.cu's products read it twice and the scores go through memory
@@ -14,12 +14,20 @@
  * the keys of its quarter of head_dim (ldmatrix.trans on the same tile). At the end, with the
  * sink: mx = max(m, sink), out = o exp(m - mx) / (l exp(m - mx) + exp(sink - mx)).
  *
+ * Below a block per SM (decode at 1-31 rows: one block a row) the keys are split (step 24,
+ * FlashDecoding's way): block z takes tiles [z tps, (z + 1) tps) of its row and writes its
+ * unnormalised output rows and its m and l to scratch; k_attn_fa_merge weighs the splits by
+ * exp(m_z - mx) and applies the sink as above. Before, those rows took attn.cu's three launches
+ * (scores, softmax, p.v): ~25 us a layer at batch 1.
+ *
  * Numerics: q and the keys are bf16 values in `fast` numerics (exact operands); the scores are
  * fp32 sums in another order than the CPU's; the probabilities are rounded to bf16 before the
  * normalisation rather than after it (the CPU's p = bf16(e / z)), so this is not the
  * `reference` rounding: the op test bounds the difference (1e-2 of the largest output). */
 #include "attn.cuh"
 #include "tc.cuh"
+
+#include <algorithm>
 
 #define FA_T  512
 #define FA_W  (FA_T / 32)
@@ -48,7 +56,7 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
     return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd).total <= c->smem_optin &&
            (uintptr_t)p->q % 16 == 0 && (uintptr_t)p->ring % 16 == 0 &&
-           (uintptr_t)p->entries % 16 == 0;
+           (uintptr_t)p->entries % 16 == 0 && (uintptr_t)p->out % 16 == 0;
 }
 
 /* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)
@@ -84,6 +92,9 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
         Ls[tid] = 0.0f;
     }
     int ntile = (nk + FA_KT - 1) / FA_KT;
+    /* this block's tiles [t0, t0 + nt) (split along the keys: blockIdx.z; else all) */
+    int t0 = p.fa_o ? (int)blockIdx.z * p.fa_tps : 0;
+    int nt = p.fa_o ? min(ntile - t0, p.fa_tps) : ntile;
     /* The key rows of a tile (window slot, selection, page table: dependent loads) are looked
      * up by lanes 0..15 of warp 0 two tiles ahead, kept in a register for a tile and written to
      * Kp before the barrier after which that tile's loads are issued: the chain's latency is
@@ -91,28 +102,30 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
     auto key_row = [&](int jj) {
         return jj < nk ? attn_key(p, r, w0, jj) : (const float *)nullptr;
     };
-    if (tid < 2 * FA_KT) Kp[tid] = key_row(tid);
+    if (tid < 2 * FA_KT) Kp[tid] = key_row(t0 * FA_KT + tid);
     const float *nrow = nullptr;
     float4 kr[NV];
     /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 */
-    auto load = [&](int tile) {
-        const float **kp = Kp + (tile & 1) * FA_KT;
+    auto load = [&](int lt) { /* lt: the tile's index in the block's range */
+                              const float **kp = Kp + (lt & 1) * FA_KT;
 #pragma unroll
-        for (int v = 0; v < NV; v++) {
-            int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
-            const float *kq = kp[j];
-            kr[v] = kq ? __ldg((const float4 *)kq + c) : make_float4(0, 0, 0, 0);
-        }
+                              for (int v = 0; v < NV; v++) {
+                                  int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+                                  const float *kq = kp[j];
+                                  kr[v] =
+                                      kq ? __ldg((const float4 *)kq + c) : make_float4(0, 0, 0, 0);
+                              }
     };
     float acc[NT][4];
     acc_zero(acc);
     __syncthreads(); /* Kp of tiles 0 and 1 */
-    if (ntile > 0) load(0);
-    for (int tile = 0; tile < ntile; tile++) {
-        uint16_t *K = Ks + (tile & 1) * FA_KT * LDK;
+    if (nt > 0) load(0);
+    for (int lt = 0; lt < nt; lt++) {
+        int tile = t0 + lt;
+        uint16_t *K = Ks + (lt & 1) * FA_KT * LDK;
         /* tile + 1's rows into the slot of tile - 1 (read by its loads, before barrier B of
            tile - 1, which every thread has passed) */
-        if (tile > 0 && tid < FA_KT) Kp[((tile + 1) & 1) * FA_KT + tid] = nrow;
+        if (lt > 0 && tid < FA_KT) Kp[((lt + 1) & 1) * FA_KT + tid] = nrow;
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
@@ -120,7 +133,7 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
                 make_uint2(bf16x2_rn(kr[v].x, kr[v].y), bf16x2_rn(kr[v].z, kr[v].w));
         }
         __syncthreads(); /* A: the tile's keys, tile + 1's rows (and, first, q, statistics) */
-        if (tile + 1 < ntile) load(tile + 1);
+        if (lt + 1 < nt) load(lt + 1);
         if (tid < FA_KT) nrow = key_row((tile + 2) * FA_KT + tid);
         /* partial scores: heads 16 wm.., keys 0..15, head_dim quarter wn */
         float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
@@ -192,7 +205,22 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
             }
         }
     }
-    __syncthreads();   /* the last tile's statistics */
+    __syncthreads(); /* the last tile's statistics */
+    if (p.fa_o) {    /* split: the partial rows and statistics as they are */
+        size_t prow = ((size_t)blockIdx.z * gridDim.x + r) * p.H;
+        if (tid < FA_HB && h0 + tid < p.H) {
+            p.fa_ml[(prow + h0 + tid) * 2] = Ms[tid];
+            p.fa_ml[(prow + h0 + tid) * 2 + 1] = Ls[tid];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int h = h0 + wm * 16 + g + (i >> 1) * 8, d = wn * DQ + j * 8 + 2 * t4 + (i & 1);
+                if (h < p.H) p.fa_o[(prow + h) * HD + d] = acc[j][i];
+            }
+        return;
+    }
     if (tid < FA_HB) { /* the sink: mx = max(m, sink); out = o f / (l f + exp(sink - mx)) */
         float sink = h0 + tid < p.H ? vec_get(p.sinks, h0 + tid) : 0.0f;
         float m = Ms[tid], mx = fmaxf(m, sink);
@@ -212,24 +240,95 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
         }
 }
 
-template <int HQ> static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows) {
+/* The splits' merge: grid (rows, heads), FA_MT threads. With the sink, mx = max(m_z, sink) over
+ * the splits z, w_z = exp(m_z - mx) (0 for a split without keys), out = sum_z o_z w_z / (sum_z
+ * l_z w_z + exp(sink - mx)), the unsplit kernel's end with the sums in split order. */
+#define FA_MT    128
+#define FA_S_MAX FA_MT /* splits at most (a weight per thread) */
+__global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int splits) {
+    cu_pdl_enter();
+    __shared__ float w_s[FA_S_MAX];
+    __shared__ float den_s;
+    int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, rows = gridDim.x;
+    auto ml = [&](int z, int i) { return p.fa_ml[(((size_t)z * rows + r) * p.H + h) * 2 + i]; };
+    if (tid < 32) { /* warp 0: the maximum, the weights, the denominator (in split order) */
+        float sink = vec_get(p.sinks, h), mx = sink;
+        for (int z = tid; z < splits; z += 32)
+            mx = fmaxf(mx, ml(z, 0));
+        mx = warp_max(mx);
+        for (int z = tid; z < splits; z += 32) {
+            float m = ml(z, 0);
+            w_s[z] = m == -INFINITY ? 0.0f : exp_ref(m - mx);
+        }
+        __syncwarp();
+        if (tid == 0) {
+            float den = 0.0f;
+            for (int z = 0; z < splits; z++)
+                den += ml(z, 1) * w_s[z];
+            den_s = den + exp_ref(sink - mx);
+        }
+    }
+    __syncthreads();
+    float inv = 1.0f / den_s;
+    for (int d = tid * 4; d < p.hd; d += FA_MT * 4) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int z = 0; z < splits; z++) {
+            float w = w_s[z];
+            float4 v = *(const float4 *)(p.fa_o + (((size_t)z * rows + r) * p.H + h) * p.hd + d);
+            o.x += v.x * w;
+            o.y += v.y * w;
+            o.z += v.z * w;
+            o.w += v.w * w;
+        }
+        float4 y =
+            make_float4(rbf(o.x * inv + 0.0f, p.round_bf16), rbf(o.y * inv + 0.0f, p.round_bf16),
+                        rbf(o.z * inv + 0.0f, p.round_bf16), rbf(o.w * inv + 0.0f, p.round_bf16));
+        *(float4 *)(p.out + ((int64_t)r * p.H + h) * p.hd + d) = y;
+    }
+}
+
+template <int HQ>
+static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows, int splits) {
     static bool done = false;
     size_t sm = fa_layout(128 * HQ).total;
     if (!smem_limit(c, k_attn_fa<HQ>, sm, &done, "attn (fused)")) return false;
-    dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, FA_HB));
+    dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, FA_HB), (unsigned)splits);
     cu_launch(c, k_attn_fa<HQ>, g, FA_T, sm, *p);
+    if (p->fa_o)
+        cu_launch(c, k_attn_fa_merge, dim3((unsigned)rows, (unsigned)p->H), FA_MT, 0, *p, splits);
     return cu_check(c, "attn (fused)");
 }
 
-bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows) {
-    switch (p->hd / 128) {
+bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
+    /* Split along the keys where the grid is under a block per SM (decode at few rows): about
+       one block per SM, at least 2 tiles a split (attention at 1-31 rows took three launches
+       of the exact / tensor-core kernels before, step 24) */
+    struct attn_p p = *p0;
+    int64_t tiles = cu_div_up(p.maxk, FA_KT), blocks = (int64_t)rows * cu_div_up(p.H, FA_HB);
+    int64_t splits = 1, tps = tiles;
+    p.fa_o = p.fa_ml = NULL;
+    p.fa_tps = 0;
+    if (c->attn_fa_split && blocks < c->n_sms && tiles >= 4) {
+        tps = std::max<int64_t>(2, cu_div_up(tiles, cu_div_up(c->n_sms, blocks)));
+        tps = std::max<int64_t>(tps, cu_div_up(tiles, FA_S_MAX));
+        splits = cu_div_up(tiles, tps);
+    }
+    if (splits > 1) {
+        size_t ob = (size_t)(splits * rows * p.H * p.hd) * 4;
+        char *s = (char *)cu_scratch(c, CU_SCR_OP, ob + (size_t)(splits * rows * p.H * 2) * 4);
+        if (!s) return false;
+        p.fa_o = (float *)s;
+        p.fa_ml = (float *)(s + ob);
+        p.fa_tps = (int)tps;
+    }
+    switch (p.hd / 128) {
     case 1:
-        return fa_go<1>(c, p, rows);
+        return fa_go<1>(c, &p, rows, (int)splits);
     case 2:
-        return fa_go<2>(c, p, rows);
+        return fa_go<2>(c, &p, rows, (int)splits);
     case 3:
-        return fa_go<3>(c, p, rows);
+        return fa_go<3>(c, &p, rows, (int)splits);
     default:
-        return fa_go<4>(c, p, rows);
+        return fa_go<4>(c, &p, rows, (int)splits);
     }
 }

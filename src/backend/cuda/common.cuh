@@ -95,23 +95,26 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
                              (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
-    bool norm_q;       /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
-                          separate act_quant launch, as before step 17) */
-    bool norm_rq;      /* rms_norm's RoPE / quantisation after the norm in the warp kernels
-                          (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
-    bool norm_blk1;    /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
-                          (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
-    int gvf_pre;       /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
-                          before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
-                          all of them at decode shapes; 0: none) */
-    int attn_fa_min;   /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
-                          (DSI_CUDA_ATTN_FA; 0: off, the products of attn_tc.cu / attn.cu) */
-    bool attn_fa_exp;  /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
-    int hc_split;      /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
-    int hc_mix_min;    /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
-                          (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */
-    bool hc_mix_split; /* k_hc_mix splits K below a row block per SM (DSI_CUDA_HC_MIX_SPLIT=0:
-                          never) */
+    bool norm_q;      /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
+                         separate act_quant launch, as before step 17) */
+    bool norm_rq;     /* rms_norm's RoPE / quantisation after the norm in the warp kernels
+                         (DSI_CUDA_NORM_RQ=1; default off: the rope and act_quant launches; step 19) */
+    bool norm_blk1;   /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
+                         (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
+    int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
+                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
+                         all of them at decode shapes; 0: none) */
+    int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
+                         (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
+                         attn.cu) */
+    bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
+    bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
+                           (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
+    int hc_split;       /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
+    int hc_mix_min;     /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
+                           (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */
+    bool hc_mix_split;  /* k_hc_mix splits K below a row block per SM (DSI_CUDA_HC_MIX_SPLIT=0:
+                           never) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */
@@ -128,6 +131,8 @@ struct cu_ctx {
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;
     struct cu_lt *lt;
+    bool moe_lt; /* the shared expert's down projection on lt.cu where it takes it
+                    (DSI_CUDA_MOE_LT=0: off) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[64];

@@ -539,9 +539,11 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:
        measured -5% at batch 32, 128 and 256, -7% at 48, prefill 8k -10%; from 1 row: +5% at
-       batch 8, +25% at 1) */
-    const char *fa = getenv("DSI_CUDA_ATTN_FA");
-    c->attn_fa_min = fa && *fa ? atoi(fa) : 32;
+       batch 8, +25% at 1, unsplit); below a block per SM it splits along the keys
+       (DSI_CUDA_ATTN_FA_SPLIT=0: never; step 24) */
+    const char *fa = getenv("DSI_CUDA_ATTN_FA"), *fs = getenv("DSI_CUDA_ATTN_FA_SPLIT");
+    c->attn_fa_min = fa && *fa ? atoi(fa) : 1;
+    c->attn_fa_split = !(fs && *fs == '0');
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");
@@ -551,6 +553,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *lm = getenv("DSI_CUDA_LT_MIN"), *ll = getenv("DSI_CUDA_LT_LAYOUT");
     c->lt_min = lm && *lm ? atoi(lm) : 128;
     c->lt = c->lt_min > 0 ? cu_lt_new(ll && *ll ? atoi(ll) : 1) : NULL;
+    const char *ml = getenv("DSI_CUDA_MOE_LT");
+    c->moe_lt = !(ml && *ml == '0');
     /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the
        previous kernel's end (common.cuh, cu_pdl_enter) */
     const char *pd = getenv("DSI_CUDA_PDL");

@@ -780,7 +780,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_down");
-    ok = swg   ? launch_wg_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+    /* lt.cu (cuBLASLt FP8) where it takes the call (c->moe_lt; from lt_min rows): h's rows are
+       act_quant's and the outputs bf16-rounded, as for the dense GEMMs it takes (step 24; step
+       23 had the gate and up there too, outside the MoE test's bound) */
+    struct cu_gemm_call sl = {&s2, 0, D, p.h + nk * I, n, I, p.out + nk * D, D, p.round,
+                              1,   0, 0, true}; /* struct cu_gemm_call's field order */
+    bool slt = c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
+    ok = slt   ? !c->sticky
+         : swg ? launch_wg_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
                : moe_down(c, &ps, s2.type, srx, gsd);
