@@ -1113,11 +1113,17 @@ int test_cuda_attn(struct test_ctx *t) {
         {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {20, 15, 5}, true},
         {64, 512, 128, 4, 512, true, true, 3, {0, 1000, 4095}, {16, 16, 8}, true},
         /* fast, 1-31 rows (decode): the fused kernel split along the keys into up to 20 parts
-           of 2 tiles; CSA, HCA (splits past a row's keys), window only, tiny heads */
+           of 2 tiles; CSA, HCA (splits past a row's keys), window only, tiny heads (2 tiles:
+           not split) */
         {64, 512, 128, 4, 512, true, true, 2, {4095, 1000}, {1, 2}, true},
         {64, 512, 128, 128, 512, false, true, 1, {8000}, {1}, true},
         {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {1, 8}, true},
         {4, 128, 16, 4, 4, true, true, 1, {200}, {3}, true},
+        /* the same with tiny heads and enough keys to split (so that the sanitizers' tiny runs
+           see the split and the merge): all entries, 4 splits; selection, a split past the
+           rows' keys */
+        {4, 128, 64, 8, 32, false, true, 1, {500}, {2}, true},
+        {4, 128, 64, 4, 32, true, true, 1, {40}, {3}, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].H > 4) continue;
