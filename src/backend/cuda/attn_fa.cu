@@ -32,7 +32,12 @@
 #define FA_T  512
 #define FA_W  (FA_T / 32)
 #define FA_HB 64 /* heads per block */
-#define FA_KT 16 /* keys per tile */
+#ifndef FA_KT
+#define FA_KT                                                                                      \
+    16 /* keys per tile: 16 or 32 (build-time; 32: step 24's prepared experiment, fewer            \
+          dependent steps per row, 112 bytes of spills at head_dim 512) */
+#endif
+#define FA_KK (FA_KT / 8) /* keys per thread in the softmax step; n8 tiles of scores */
 #define FA_LP (FA_KT + 8)
 #define FA_LS (FA_KT + 1)
 
@@ -44,11 +49,11 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
     fa_smem_layout l;
     size_t ldk = (size_t)hd + 8;
     l.q = 0;                                     /* Q bf16 [64][hd + 8] */
-    l.k = l.q + (size_t)FA_HB * ldk * 2;         /* K bf16 [2][16][hd + 8] */
-    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2;    /* partial scores [4][64][17] */
-    l.pr = l.sp + (size_t)4 * FA_HB * FA_LS * 4; /* P bf16 [64][24] */
+    l.k = l.q + (size_t)FA_HB * ldk * 2;         /* K bf16 [2][FA_KT][hd + 8] */
+    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2;    /* partial scores [4][64][FA_KT + 1] */
+    l.pr = l.sp + (size_t)4 * FA_HB * FA_LS * 4; /* P bf16 [64][FA_KT + 8] */
     l.st = l.pr + (size_t)FA_HB * FA_LP * 2;     /* m, l, factor [3][64] */
-    l.kp = l.st + (size_t)3 * FA_HB * 4;         /* key rows [2][16] */
+    l.kp = l.st + (size_t)3 * FA_HB * 4;         /* key rows [2][FA_KT] */
     l.total = l.kp + (size_t)2 * FA_KT * 8;
     return l;
 }
@@ -66,7 +71,8 @@ __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf
 /* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. */
 template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct attn_p p) {
     cu_pdl_enter();
-    constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8, NV = HD / 128;
+    constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8,
+                  NV = FA_KT * HD / 4 / FA_T; /* float4 of a tile's keys per thread */
     extern __shared__ uint4 fa_smem[];
     const fa_smem_layout L = fa_layout(HD);
     char *base = (char *)fa_smem;
@@ -136,40 +142,56 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
         if (lt + 1 < nt) load(lt + 1);
         if (tid < FA_KT) nrow = key_row((tile + 2) * FA_KT + tid);
         /* partial scores: heads 16 wm.., keys 0..15, head_dim quarter wn */
-        float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+        float s[FA_KK][4];
+#pragma unroll
+        for (int j = 0; j < FA_KK; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DQ / 16; kk++) {
             int k0 = wn * DQ + kk * 16;
-            uint32_t a[4], b[4];
+            uint32_t a[4];
             ldsm_x4(smem_u32(Qs + (wm * 16 + (lane & 15)) * LDK + k0 + (lane >> 4) * 8), a);
-            ldsm_x4(
-                smem_u32(K + ((lane & 7) + ((lane >> 4) << 3)) * LDK + k0 + ((lane >> 3) & 1) * 8),
-                b);
-            mma_bf16(s[0], a, b[0], b[1]);
-            mma_bf16(s[1], a, b[2], b[3]);
+#pragma unroll
+            for (int kb = 0; kb < FA_KT / 16; kb++) { /* keys 16 kb .. 16 kb + 15 */
+                uint32_t b[4];
+                ldsm_x4(smem_u32(K + (16 * kb + (lane & 7) + ((lane >> 4) << 3)) * LDK + k0 +
+                                 ((lane >> 3) & 1) * 8),
+                        b);
+                mma_bf16(s[2 * kb], a, b[0], b[1]);
+                mma_bf16(s[2 * kb + 1], a, b[2], b[3]);
+            }
         }
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < FA_KK; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 Sp[wn][wm * 16 + g + (i >> 1) * 8][j * 8 + 2 * t4 + (i & 1)] = s[j][i];
         __syncthreads(); /* B: the partial scores */
-        {                /* softmax step: 8 threads a head, 2 keys each */
-            int h = tid >> 3, k = (tid & 7) * 2, jj = tile * FA_KT + k;
-            float v0 = (Sp[0][h][k] + Sp[1][h][k] + Sp[2][h][k] + Sp[3][h][k]) * p.scale;
-            float v1 =
-                (Sp[0][h][k + 1] + Sp[1][h][k + 1] + Sp[2][h][k + 1] + Sp[3][h][k + 1]) * p.scale;
-            if (jj >= nk) v0 = -INFINITY;
-            if (jj + 1 >= nk) v1 = -INFINITY;
-            float tm = fmaxf(v0, v1);
+        {                /* softmax step: 8 threads a head, FA_KK keys each */
+            int h = tid >> 3, k = (tid & 7) * FA_KK, jj = tile * FA_KT + k;
+            float v[FA_KK], e[FA_KK];
+#pragma unroll
+            for (int i = 0; i < FA_KK; i++) {
+                v[i] = (Sp[0][h][k + i] + Sp[1][h][k + i] + Sp[2][h][k + i] + Sp[3][h][k + i]) *
+                       p.scale;
+                if (jj + i >= nk) v[i] = -INFINITY;
+            }
+            float tm = v[0];
+#pragma unroll
+            for (int i = 1; i < FA_KK; i++)
+                tm = fmaxf(tm, v[i]);
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1)
                 tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
-            float mo = Ms[h], mn = fmaxf(mo, tm); /* mn finite: key jj = tile * 16 < nk */
-            float e0 = jj < nk ? bf16_round(fa_exp(v0 - mn, p.fexp)) : 0.0f;
-            float e1 = jj + 1 < nk ? bf16_round(fa_exp(v1 - mn, p.fexp)) : 0.0f;
-            *(uint32_t *)(Ps + h * FA_LP + k) = bf16x2_rn(e0, e1);
-            float sum = e0 + e1;
+            float mo = Ms[h], mn = fmaxf(mo, tm); /* mn finite: key tile * FA_KT < nk */
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < FA_KK; i += 2) {
+                e[i] = jj + i < nk ? bf16_round(fa_exp(v[i] - mn, p.fexp)) : 0.0f;
+                e[i + 1] = jj + i + 1 < nk ? bf16_round(fa_exp(v[i + 1] - mn, p.fexp)) : 0.0f;
+                *(uint32_t *)(Ps + h * FA_LP + k + i) = bf16x2_rn(e[i], e[i + 1]);
+                sum = i == 0 ? e[i] + e[i + 1] : sum + (e[i] + e[i + 1]);
+            }
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -184,24 +206,27 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
         __syncthreads(); /* C: P and the factors */
         {
             float fa = Fs[wm * 16 + g], fb = Fs[wm * 16 + g + 8];
-            uint32_t a[4];
-            ldsm_x4(smem_u32(Ps + (wm * 16 + (lane & 15)) * FA_LP + (lane >> 4) * 8), a);
 #pragma unroll
-            for (int j = 0; j < NT; j += 2) {
+            for (int j = 0; j < NT; j++) {
                 acc[j][0] *= fa;
                 acc[j][1] *= fa;
                 acc[j][2] *= fb;
                 acc[j][3] *= fb;
-                acc[j + 1][0] *= fa;
-                acc[j + 1][1] *= fa;
-                acc[j + 1][2] *= fb;
-                acc[j + 1][3] *= fb;
-                uint32_t b[4];
-                ldsm_x4_t(smem_u32(K + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDK + wn * DQ +
-                                   j * 8 + (lane >> 4) * 8),
-                          b);
-                mma_bf16(acc[j], a, b[0], b[1]);
-                mma_bf16(acc[j + 1], a, b[2], b[3]);
+            }
+#pragma unroll
+            for (int kb = 0; kb < FA_KT / 16; kb++) { /* keys 16 kb .. 16 kb + 15 */
+                uint32_t a[4];
+                ldsm_x4(smem_u32(Ps + (wm * 16 + (lane & 15)) * FA_LP + 16 * kb + (lane >> 4) * 8),
+                        a);
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    uint32_t b[4];
+                    ldsm_x4_t(smem_u32(K + (16 * kb + (lane & 7) + ((lane >> 3) & 1) * 8) * LDK +
+                                       wn * DQ + j * 8 + (lane >> 4) * 8),
+                              b);
+                    mma_bf16(acc[j], a, b[0], b[1]);
+                    mma_bf16(acc[j + 1], a, b[2], b[3]);
+                }
             }
         }
     }
