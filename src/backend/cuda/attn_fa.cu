@@ -32,10 +32,10 @@
 #define FA_T  512
 #define FA_W  (FA_T / 32)
 #define FA_HB 64 /* heads per block */
+/* keys per tile: 16 or 32 (build-time; 32 is step 24's prepared experiment: fewer dependent
+   steps per row, 112 bytes of spills at head_dim 512) */
 #ifndef FA_KT
-#define FA_KT                                                                                      \
-    16 /* keys per tile: 16 or 32 (build-time; 32: step 24's prepared experiment, fewer            \
-          dependent steps per row, 112 bytes of spills at head_dim 512) */
+#define FA_KT 16
 #endif
 #define FA_KK (FA_KT / 8) /* keys per thread in the softmax step; n8 tiles of scores */
 #define FA_LP (FA_KT + 8)
