@@ -86,12 +86,26 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
     int r = blockIdx.x, h0 = blockIdx.y * FA_HB;
     int64_t w0;
     int nk = attn_nkeys(p, r, &w0);
-    /* q rows -> bf16 (zeros past the last head) */
-    for (int e = tid; e < FA_HB * (HD / 4); e += FA_T) {
-        int h = e / (HD / 4), c = e % (HD / 4);
-        float4 f = h0 + h < p.H ? ((const float4 *)(p.q + ((int64_t)r * p.H + h0 + h) * HD))[c]
-                                : make_float4(0, 0, 0, 0);
-        *(uint2 *)(Qs + h * LDK + 4 * c) = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+    /* q rows -> bf16 (zeros past the last head), QB loads in flight per thread: the loads go
+       first (heads past the last read the last head's row), then the stores (step 24: one
+       load then its store per step made 16 dependent round trips per block at head_dim 512) */
+    constexpr int QN = FA_HB * (HD / 4) / FA_T, QB = QN % 8 == 0 ? 8 : QN % 4 == 0 ? 4 : QN;
+    static_assert(QN * FA_T == FA_HB * (HD / 4) && QN % QB == 0, "q staging");
+#pragma unroll
+    for (int i0 = 0; i0 < QN; i0 += QB) {
+        float4 f[QB];
+#pragma unroll
+        for (int i = 0; i < QB; i++) {
+            int e = tid + (i0 + i) * FA_T, h = e / (HD / 4), c = e % (HD / 4);
+            int hh = h0 + h < p.H ? h0 + h : p.H - 1;
+            f[i] = ((const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD))[c];
+        }
+#pragma unroll
+        for (int i = 0; i < QB; i++) {
+            int e = tid + (i0 + i) * FA_T, h = e / (HD / 4), c = e % (HD / 4);
+            float4 v = h0 + h < p.H ? f[i] : make_float4(0, 0, 0, 0);
+            *(uint2 *)(Qs + h * LDK + 4 * c) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+        }
     }
     if (tid < FA_HB) {
         Ms[tid] = -INFINITY;
