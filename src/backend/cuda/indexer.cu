@@ -9,6 +9,7 @@
 
 #define IDX_TK 128 /* keys per score block (one thread each) */
 #define IDX_TN 64  /* keys per tensor-core score block */
+#define IDX_SB 8   /* k_idx_scores_tc's staging: float4 loads in flight per thread */
 
 struct idx_p {
     struct cu_step st;
@@ -106,21 +107,48 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
     if (i0 >= nv) return;
     int nt = nv - i0 < IDX_TN ? (int)(nv - i0) : IDX_TN;
     int v4 = hd / 4, slot = p.st.slot[r];
+    /* q and the keys in rounds of IDX_SB float4 per thread, the loads of a round first (step 24:
+       a load then its store per step, the keys' behind a branch and a page-table lookup, made
+       ~48 dependent round trips per block): past the end a round reads its first float4 again,
+       a key past the visible ones the tile's first key, stored as zeros */
     const float4 *q4 = (const float4 *)(p.q + (int64_t)r * p.H * hd);
-    for (int e = tid; e < p.H * v4; e += blockDim.x) {
-        float4 f = q4[e];
-        *(uint2 *)(Qs + (e / v4) * ld + 4 * (e % v4)) =
-            make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+    int nq4 = p.H * v4, bd = blockDim.x;
+    for (int e0 = tid; e0 < nq4; e0 += IDX_SB * bd) {
+        float4 f[IDX_SB];
+#pragma unroll
+        for (int u = 0; u < IDX_SB; u++)
+            f[u] = q4[e0 + u * bd < nq4 ? e0 + u * bd : e0];
+#pragma unroll
+        for (int u = 0; u < IDX_SB; u++) {
+            int e = e0 + u * bd;
+            if (e < nq4)
+                *(uint2 *)(Qs + (e / v4) * ld + 4 * (e % v4)) =
+                    make_uint2(bf16x2_rn(f[u].x, f[u].y), bf16x2_rn(f[u].z, f[u].w));
+        }
     }
-    for (int e = tid; e < p.H; e += blockDim.x)
+    for (int e = tid; e < p.H; e += bd)
         ws[e] = p.w[(int64_t)r * p.H + e] * p.w_scale;
-    for (int e = tid; e < IDX_TN * v4; e += blockDim.x) {
-        int j = e / v4, c = e % v4;
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* zeros past the visible keys */
-        if (j < nt)
-            f = ((const float4 *)(p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens,
-                                                 slot, i0 + j, p.ratio, hd)))[c];
-        *(uint2 *)(Ks + j * ld + 4 * c) = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
+    for (int e0 = tid; e0 < IDX_TN * v4; e0 += IDX_SB * bd) {
+        const float *kr[IDX_SB];
+#pragma unroll
+        for (int u = 0; u < IDX_SB; u++) { /* the page-table lookups, all in flight */
+            int j = (e0 + u * bd) / v4;
+            kr[u] = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
+                                   i0 + (j < nt ? j : 0), p.ratio, hd);
+        }
+        float4 f[IDX_SB];
+#pragma unroll
+        for (int u = 0; u < IDX_SB; u++) {
+            int e = e0 + u * bd;
+            f[u] = ((const float4 *)kr[u])[e < IDX_TN * v4 ? e % v4 : 0];
+        }
+#pragma unroll
+        for (int u = 0; u < IDX_SB; u++) {
+            int e = e0 + u * bd, j = e / v4, c = e % v4;
+            if (e >= IDX_TN * v4) break;
+            float4 v = j < nt ? f[u] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(uint2 *)(Ks + j * ld + 4 * c) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+        }
     }
     __syncthreads();
     float acc[8][4];
