@@ -17,28 +17,6 @@
 
 static_assert(MIX_ROWS == 32, "k_hc_mix: a row per lane");
 
-/* One chunk of cpu_dot (chunk_dot's operations in its order) with b in shared memory, read as
- * float4 as the products need them (all lanes of a warp at one address: a broadcast). */
-__device__ __forceinline__ float chunk_dot_sm(const float (&a)[32], const float *b) {
-    float l[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        l[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 32; j += 8) {
-        float4 u = *(const float4 *)(b + j), v = *(const float4 *)(b + j + 4);
-        l[0] += a[j] * u.x;
-        l[1] += a[j + 1] * u.y;
-        l[2] += a[j + 2] * u.z;
-        l[3] += a[j + 3] * u.w;
-        l[4] += a[j + 4] * v.x;
-        l[5] += a[j + 5] * v.y;
-        l[6] += a[j + 6] * v.z;
-        l[7] += a[j + 7] * v.w;
-    }
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
-
 /* The mix GEMM (step 24): fn[o] . X[r] for rows r < n of len floats (F32 fn of row stride ldw,
  * len % 32 == 0, X and fn 16-byte aligned) and outputs o < n_mix <= MIX_MAX, in cpu_dot's bits.
  * A block takes MIX_ROWS rows, row r0 + lane in every warp, and chunks [qa, qb) of K (qa =
@@ -94,17 +72,9 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
         }
         cu_cp_commit();
     };
-    auto load = [&](int64_t q, float(&v)[32]) { /* past qb: chunk qa (computed, never used) */
-                                                const float4 *p =
-                                                    (const float4 *)(xr + (q < qb ? q : qa) * 32);
-#pragma unroll
-                                                for (int k = 0; k < 8; k++) {
-                                                    float4 f = p[k];
-                                                    v[4 * k] = f.x;
-                                                    v[4 * k + 1] = f.y;
-                                                    v[4 * k + 2] = f.z;
-                                                    v[4 * k + 3] = f.w;
-                                                }
+    /* this thread's row's chunk q (past qb: chunk qa, computed and never used) */
+    auto load = [&](int64_t q, float(&v)[32]) {
+        load_x_chunk(xr + (q < qb ? q : qa) * 32, true, v);
     };
     float xn[32], acc[MIX_OWN];
 #pragma unroll
@@ -130,8 +100,12 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
             const float *wq = ws + (b * MIX_STEP + w) * n_mix * 32;
             float *cq = cs + w * per + lane;
 #pragma unroll 4 /* (step 24: the prefill's mix -7%) */
-            for (int o = 0; o < n_mix; o++)
-                cq[o * MIX_CS] = chunk_dot_sm(x, wq + o * 32);
+            for (int o = 0; o < n_mix;
+                 o++) { /* fn's chunk from shared memory (all lanes at one address: a broadcast) */
+                float wf[32];
+                load_x_chunk(wq + o * 32, true, wf);
+                cq[o * MIX_CS] = chunk_dot(x, wf);
+            }
         }
         __syncthreads(); /* (2) */
         int cnt = (int)min((int64_t)MIX_STEP, qb - q0);
