@@ -99,9 +99,10 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
         if (q0 + w < qb) {
             const float *wq = ws + (b * MIX_STEP + w) * n_mix * 32;
             float *cq = cs + w * per + lane;
-#pragma unroll 4 /* (step 24: the prefill's mix -7%) */
-            for (int o = 0; o < n_mix;
-                 o++) { /* fn's chunk from shared memory (all lanes at one address: a broadcast) */
+            /* fn's chunks from shared memory, all lanes at one address (a broadcast); unrolled
+               by 4 (step 24: the prefill's mix -7%) */
+#pragma unroll 4
+            for (int o = 0; o < n_mix; o++) {
                 float wf[32];
                 load_x_chunk(wq + o * 32, true, wf);
                 cq[o * MIX_CS] = chunk_dot(x, wf);
