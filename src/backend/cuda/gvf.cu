@@ -355,10 +355,9 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
             }
 #pragma unroll
             for (int j = 0; j < SB; j++) {
-                int i = i0 + j * GVF_T;
-                if (i >= n_it) break;
-                int r = i / kun;
-                int64_t k = (int64_t)(i - r * kun) * U;
+                if (i0 + j * GVF_T >= n_it) break;
+                int r = rj[j]; /* (the item itself: clamped only past n_it) */
+                int64_t k = kj[j];
                 float4 fv = k < K ? f[j] : make_float4(0, 0, 0, 0);
                 int64_t q = k / G, rem = k - q * G;
                 uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
