@@ -261,6 +261,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {256, 6, 256, 128, 200, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},  /* grid of gvf_blocks */
         {8, 2, 256, 128, 9, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},       /* FP8 experts */
         {8, 2, 128, 128, 520, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* shared on wg.cu */
+        {8, 3, 128, 128, 600, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 225: blocks of 256 */
+        {8, 3, 256, 128, 700, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},     /* 262, FP8 experts */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].D > 256) continue;
@@ -289,9 +291,13 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     g2->ops->free(g2);
     TEST_ASSERT(ok);
     /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
-       shared expert from 512 rows (step 23; 33 before), blocks of 64, 128 or 192 rows; the cases
-       above with 40+ rows once more on tc.cu's (DSI_CUDA_WG=0) and on wg.cu's blocks of 64 rows
-       only (DSI_CUDA_WG_BN=64); the 1-2 row cases on moe_gv.cu's exact walks
+       shared expert from 512 rows (step 23; 33 before), blocks of 64, 128 or 256 rows, the
+       routed tiles of equal rows (expert 0, in every row, takes 2-3 tiles in the cases of 82+
+       rows per expert), each block's wgmma as wide as its tile's rows rounded up to 32 (step
+       25); the cases above with 40+ rows once more on tc.cu's (DSI_CUDA_WG=0), on wg.cu's
+       blocks of 64 rows only (DSI_CUDA_WG_BN=64) and on its full-width blocks of 64, 128 or 192
+       rows with the tiles of step 24 (DSI_CUDA_WG_DYN=0); the 1-2 row cases on moe_gv.cu's exact
+       walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
     const struct {
@@ -299,6 +305,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

@@ -535,6 +535,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg = !(wg && *wg == '0');
     const char *wb = getenv("DSI_CUDA_WG_BN");
     c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
+    /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */
+    const char *wd = getenv("DSI_CUDA_WG_DYN");
+    c->wg_dyn = !(wd && *wd == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

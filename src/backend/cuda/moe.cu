@@ -266,11 +266,18 @@ __device__ __forceinline__ void block_scan2(int &a, int &b, int *ta, int *tb) {
 }
 
 /* One block of 1024 threads. perm[pos] = slot, sorted by expert; tiles[t] = (expert, first pos,
- * rows); *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). The
+ * rows): an expert's rows in tiles of RX and the rest, or (bal) in the same number of tiles of
+ * equal rows; *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). The
  * experts' offsets by a block scan (thread t: experts t * per .. t * per + per - 1); one thread
  * walking E experts took ~15 us at E = 256. */
-__global__ void __launch_bounds__(1024) k_moe_group(
-    const int32_t *idx, int64_t nk, int E, int RX, int32_t *perm, int4 *tiles, int32_t *n_tiles) {
+__global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx,
+                                                    int64_t nk,
+                                                    int E,
+                                                    int RX,
+                                                    bool bal,
+                                                    int32_t *perm,
+                                                    int4 *tiles,
+                                                    int32_t *n_tiles) {
     cu_pdl_enter();
     __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], toff[MOE_MAX_E];
     for (int e = threadIdx.x; e < E; e += blockDim.x)
@@ -296,9 +303,15 @@ __global__ void __launch_bounds__(1024) k_moe_group(
     }
     if (threadIdx.x == 0) *n_tiles = tot_t;
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int t = 0; t * RX < cnt[e]; t++)
-            tiles[toff[e] + t] = make_int4(e, off[e] + t * RX, min(RX, cnt[e] - t * RX), 0);
+    /* tiles of RX rows and the rest, or (bal) ceil(cnt / RX) tiles of equal rows (+-1) */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = cnt[e], nt = (c + RX - 1) / RX;
+        for (int t = 0; t < nt; t++) {
+            int r0 = bal ? (int)((int64_t)t * c / nt) : t * RX,
+                r1 = bal ? (int)((int64_t)(t + 1) * c / nt) : min(c, r0 + RX);
+            tiles[toff[e] + t] = make_int4(e, off[e] + r0, r1 - r0, 0);
+        }
+    }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         cnt[e] = 0; /* reuse as cursors */
@@ -689,7 +702,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
     /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg) */
     bool wg = tc && c->wg && (double)nk / E > 32;
-    int rx = wg   ? wg_pick_bn(c, (double)nk / E)
+    /* (wg.cu's tiles of equal rows, each block's wgmma as wide as its tile's rows: c->wg_dyn) */
+    bool wdyn = c->wg_dyn;
+    int rx = wg   ? wg_pick_bn(c, (double)nk / E, wdyn)
              : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt
                   : pick_rx((double)nk / E);
@@ -704,7 +719,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
        64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
     bool swg = stc && c->wg && n >= 512;
-    int srx = swg   ? wg_pick_bn(c, (double)n)
+    int srx = swg   ? wg_pick_bn(c, (double)n, wdyn)
               : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
                     : pick_rx((double)n);
@@ -743,13 +758,13 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (p.x16) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
     cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);
-    cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, (int32_t *)(s + o_perm),
+    cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
               (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = wg   ? launch_wg_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
+    bool ok = wg   ? launch_wg_moe(c, &p, true, rx, wdyn, (unsigned)max_tiles) && !c->sticky
               : tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
               : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
                    : moe_up(c, &p, r1.type, rx, gu);
@@ -762,7 +777,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w2 = s2;
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    ok = swg   ? launch_wg_moe(c, &ps, true, srx, gsu.y) && !c->sticky
+    ok = swg   ? launch_wg_moe(c, &ps, true, srx, wdyn, gsu.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
                : moe_up(c, &ps, s1.type, srx, gsu);
@@ -772,7 +787,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = wg   ? launch_wg_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
+    ok = wg   ? launch_wg_moe(c, &p, false, rx, wdyn, (unsigned)max_tiles) && !c->sticky
          : tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
          : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
               : moe_down(c, &p, r2.type, rx, gd);
@@ -787,7 +802,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                               1,   0, 0, true}; /* struct cu_gemm_call's field order */
     bool slt = c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
     ok = slt   ? !c->sticky
-         : swg ? launch_wg_moe(c, &ps, false, srx, gsd.y) && !c->sticky
+         : swg ? launch_wg_moe(c, &ps, false, srx, wdyn, gsd.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
                : moe_down(c, &ps, s2.type, srx, gsd);

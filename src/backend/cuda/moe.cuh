@@ -61,10 +61,12 @@ int tc_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
 
 /* The same on wgmma (wg.cu, sm_90a) for tiles of 64 or 128 rows: the block width for a mean
- * of `rows` rows per tile (64; 128 or 192 if DSI_CUDA_WG_BN allows), and the launch (as
- * launch_tc_moe; p->x16 and p->h16 hold the bf16 copies of x and h). */
-int wg_pick_bn(const struct cu_ctx *c, double rows);
-bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, unsigned tiles);
+ * of `rows` rows per tile (64; 128 or 192 (dyn: 256) if DSI_CUDA_WG_BN allows), and the launch
+ * (as launch_tc_moe; p->x16 and p->h16 hold the bf16 copies of x and h; dyn: each block's wgmma
+ * width its tile's rows rounded up to 32, c->wg_dyn). */
+int wg_pick_bn(const struct cu_ctx *c, double rows, bool dyn);
+bool launch_wg_moe(
+    struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool dyn, unsigned tiles);
 /* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations. */
 void launch_wg_bf16(struct cu_ctx *c,
                     const float *x,

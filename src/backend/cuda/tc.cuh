@@ -233,11 +233,11 @@ __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid,
  * is the shared-memory layout and the tensor-core instructions. */
 
 /* The block's activation rows (threads < BN write them): xrow[j] (NULL: none) and, for the MoE,
- * opos[j] (the h / out position of row j; -1: none); K. The rows come from xs (T: float, or
- * uint16_t for bf16 copies) with row stride lds: dense: the activation rows (group z at xs + z
- * gxs; p's row0 and y move to group blockIdx.z too); MoE up: x ([n, D]); down: h ([nk + n, I]).
- * false: no tile here (the same for the whole block, which returns). The caller synchronises
- * before reading xrow / opos. */
+ * opos[j] (the h / out position of row j; -1: none) and *nrows (the tile's rows); K. The rows come
+ * from xs (T: float, or uint16_t for bf16 copies) with row stride lds: dense: the activation rows
+ * (group z at xs + z gxs; p's row0 and y move to group blockIdx.z too); MoE up: x ([n, D]); down: h
+ * ([nk + n, I]). false: no tile here (the same for the whole block, which returns). The caller
+ * synchronises before reading xrow / opos. */
 template <int MODE, int BN, typename T>
 __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
                                               const T *xs,
@@ -246,7 +246,8 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
                                               const T **xrow,
                                               int64_t *opos,
                                               int *e,
-                                              int64_t *K) {
+                                              int64_t *K,
+                                              int *nrows = nullptr) {
     int tid = threadIdx.x, rows = 0;
     int64_t pos0 = 0, nk = p.m.n * p.m.topk;
     *e = -1;
@@ -259,6 +260,7 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
     } else {
         if (!moe_tile(p.m, BN, e, &pos0, &rows)) return false;
         *K = MODE == TC_UP ? p.m.D : p.m.I;
+        if (nrows) *nrows = rows;
     }
     if (tid < BN) {
         const T *xr = nullptr;

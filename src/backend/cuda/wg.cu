@@ -73,84 +73,86 @@ template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* d += A (64 x 16, descriptor da) * B (BN x 16, descriptor db)^T, fp32 accumulators. */
-__device__ __forceinline__ void wg_mma_n64(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(1));
-}
+/* d += A (64 x 16, descriptor da) * B (N x 16, descriptor db)^T, fp32 accumulators: N / 2 of
+ * them per thread, the first N / 2 of d (so a block of BN rows can run a narrower N on the same
+ * registers: the fragment layout of column 8 j + 2 t + i % 2 is the same for every N). The
+ * operand lists come from the macros below: WG_S<m> names registers 16 m .. 16 m + 15, WG_O16
+ * binds 16 accumulators. */
+#define WG_S0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_S1 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_S2 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define WG_S3 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_S4 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define WG_S5 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define WG_S6                                                                                      \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "             \
+    "%110, %111"
+#define WG_S7                                                                                      \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "               \
+    "%125, %126, %127"
+#define WG_O4(b)  "+f"(d[(b)]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3])
+#define WG_O16(b) WG_O4(b), WG_O4((b) + 4), WG_O4((b) + 8), WG_O4((b) + 12)
+/* N (a string), the accumulator registers, then the numbers of the operands after them */
+#define WG_MMA(NS, REGS, DA, DB, P, ...)                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" NS "k16.f32.bf16.bf16 {" REGS "}, " DA        \
+                 ", " DB ", p, 1, 1, 0, 0;\n}\n"                                                   \
+                 : __VA_ARGS__                                                                     \
+                 : "l"(da), "l"(db), "r"(1))
 
-__device__ __forceinline__ void wg_mma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(1));
-}
-
-__device__ __forceinline__ void wg_mma_n192(float (&d)[96], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-        "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-        : "l"(da), "l"(db), "r"(1));
-}
-
-template <int BN>
-__device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
-    if constexpr (BN == 64)
-        wg_mma_n64(d, da, db);
-    else if constexpr (BN == 128)
-        wg_mma_n128(d, da, db);
+template <int N, int NR>
+__device__ __forceinline__ void wg_mma_k16(float (&d)[NR], uint64_t da, uint64_t db) {
+    static_assert(N % 32 == 0 && N >= 32 && N <= 256 && N / 2 <= NR, "wgmma width");
+    if constexpr (N == 32)
+        WG_MMA("32", WG_S0, "%16", "%17", "%18", WG_O16(0));
+    else if constexpr (N == 64)
+        WG_MMA("64", WG_S0 ", " WG_S1, "%32", "%33", "%34", WG_O16(0), WG_O16(16));
+    else if constexpr (N == 96)
+        WG_MMA("96", WG_S0 ", " WG_S1 ", " WG_S2, "%48", "%49", "%50", WG_O16(0), WG_O16(16),
+               WG_O16(32));
+    else if constexpr (N == 128)
+        WG_MMA("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64", "%65", "%66", WG_O16(0),
+               WG_O16(16), WG_O16(32), WG_O16(48));
+    else if constexpr (N == 160)
+        WG_MMA("160", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4, "%80", "%81", "%82",
+               WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64));
+    else if constexpr (N == 192)
+        WG_MMA("192", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5, "%96", "%97",
+               "%98", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64), WG_O16(80));
+    else if constexpr (N == 224)
+        WG_MMA("224", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5 ", " WG_S6,
+               "%112", "%113", "%114", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64),
+               WG_O16(80), WG_O16(96));
     else
-        wg_mma_n192(d, da, db);
+        WG_MMA("256",
+               WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5 ", " WG_S6 ", " WG_S7,
+               "%128", "%129", "%130", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64),
+               WG_O16(80), WG_O16(96), WG_O16(112));
+}
+
+/* One step's WG_BK / 16 wgmma of width 32 M, where M = nsel (1 .. BN / 32; uniform in the block:
+ * the tile's rows rounded up to 32), from M = BN / 32 down, fenced and committed as one group
+ * inside each branch: with the commit after the branches join, ptxas ends each branch's group
+ * at its last wgmma and adds an empty one at the join (a dummy HGMMA with its own group end), so
+ * that waiting for all but one group would wait for the step's own wgmma (SASS, step 25). */
+template <int BN, int M = BN / 32>
+__device__ __forceinline__ void
+wg_mma_step(float (&d)[BN / 2], int nsel, uint32_t a0, uint32_t b0) {
+    if (nsel >= M || M == 1) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 16; kk++)
+            wg_mma_k16<32 * M>(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32));
+        wg_commit();
+    } else if constexpr (M > 1) {
+        wg_mma_step<BN, M - 1>(d, nsel, a0, b0);
+    }
 }
 #endif
 
-template <int MODE, int WT, int BN>
+/* DYN (MoE): the tile's rows rounded up to 32 (nv) set the wgmma width, the activation rows
+ * staged and the epilogue's columns, so that a tile of few rows in a block of BN costs less. */
+template <int MODE, int WT, int BN, bool DYN>
 __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
 #ifdef WG_HAVE
     cu_pdl_enter();
@@ -164,11 +166,13 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
     __shared__ int64_t opos[BN]; /* MoE: h / out position of the row; -1: none */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
 
-    int e;
+    int e, rows = BN;
     int64_t K;
     const uint16_t *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
     int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
-    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K)) return;
+    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K, &rows)) return;
+    /* the block's activation rows computed: all BN, or (DYN) the tile's rounded up to 32 */
+    const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
     /* this thread's weight row: A row srow, K half khalf of each step */
     int srow = tid >> 1, khalf = tid & 1;
     const uint8_t *wrow, *wsrow;
@@ -203,6 +207,7 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
             for (int v = 0; v < XC; v++) {
                 int idx = tid + v * WG_T, j = idx >> 3, c = idx & 7;
                 const uint16_t *src = xrow[j];
+                if (DYN && j >= nv) continue; /* rows no wgmma reads */
                 cu_cp16(B + wg_sw(j, c), src ? src + s * WG_BK + c * 8 : xs, src != nullptr);
             }
         }
@@ -224,11 +229,7 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
         load_x(s + 2); /* stage (s + 2) % 4: read by the wgmma of step s - 2, done (see above) */
         if (s + PF < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (s + PF) * WG_BK + khalf * 32, w);
         uint32_t a0 = base + st + (uint32_t)wgi * 64 * 128, b0 = base + st + WG_BM * 128;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 16; kk++)
-            wg_mma<BN>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32));
-        wg_commit();
+        wg_mma_step<BN>(acc, nv >> 5, a0, b0);
         wg_wait<1>();
     };
 #pragma unroll
@@ -247,7 +248,8 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
     /* epilogue: acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation row 8 j + 2 t + i % 2) */
     int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++)
+    for (int j = 0; j < BN / 8; j++) {
+        if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int jr = j * 8 + 2 * t4 + (i & 1);
@@ -262,28 +264,35 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
                              acc[4 * j + i]);
             }
         }
+    }
 #endif
 }
 
 /* ---- launchers --------------------------------------------------------------------------- */
 
-template <int MODE, int WT, int BN>
+template <int MODE, int WT, int BN, bool DYN = false>
 static bool wg_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
     static bool smem_done = false;
     size_t sm = wg_smem_bytes(BN);
-    if (!smem_limit(c, k_wg<MODE, WT, BN>, sm, &smem_done, "wgmma gemm")) return false;
-    cu_launch(c, k_wg<MODE, WT, BN>, grid, WG_T, sm, *p);
+    if (!smem_limit(c, k_wg<MODE, WT, BN, DYN>, sm, &smem_done, "wgmma gemm")) return false;
+    cu_launch(c, k_wg<MODE, WT, BN, DYN>, grid, WG_T, sm, *p);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma)" : "moe (wgmma)");
 }
 
+/* Blocks of 64 or 128 rows; the MoE's also 192, or with dyn (its tiles' widths) 64, 128, 256. */
 template <int MODE, int WT>
-static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
-    if (bn <= 64) return wg_launch<MODE, WT, 64>(c, p, grid);
+static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid) {
     if constexpr (MODE == TC_DENSE)
-        return wg_launch<MODE, WT, 128>(c, p, grid);
+        return bn <= 64 ? wg_launch<MODE, WT, 64>(c, p, grid)
+                        : wg_launch<MODE, WT, 128>(c, p, grid);
+    else if (dyn)
+        return bn <= 64    ? wg_launch<MODE, WT, 64, true>(c, p, grid)
+               : bn <= 128 ? wg_launch<MODE, WT, 128, true>(c, p, grid)
+                           : wg_launch<MODE, WT, 256, true>(c, p, grid);
     else
-        return bn <= 128 ? wg_launch<MODE, WT, 128>(c, p, grid)
-                         : wg_launch<MODE, WT, 192>(c, p, grid);
+        return bn <= 64    ? wg_launch<MODE, WT, 64>(c, p, grid)
+               : bn <= 128 ? wg_launch<MODE, WT, 128>(c, p, grid)
+                           : wg_launch<MODE, WT, 192>(c, p, grid);
 }
 
 /* The bf16 copy: one thread per pair, rows in grid.y (strided past 65535). */
@@ -311,10 +320,12 @@ void launch_wg_bf16(struct cu_ctx *c,
     cu_check(c, "bf16 copy");
 }
 
-/* Activation rows per block for a mean of `rows` per tile: 64, or 128 / 192 from 65 / 129 rows
- * where c->wg_bn (DSI_CUDA_WG_BN) allows. */
-int wg_pick_bn(const struct cu_ctx *c, double rows) {
-    return rows > 128 && c->wg_bn >= 192 ? 192 : rows > 64 && c->wg_bn >= 128 ? 128 : 64;
+/* Activation rows per block for a mean of `rows` per tile: 64, or 128 / 192 (dyn: 256) from 65
+ * / 129 rows where c->wg_bn (DSI_CUDA_WG_BN) allows. */
+int wg_pick_bn(const struct cu_ctx *c, double rows, bool dyn) {
+    return rows > 128 && c->wg_bn >= 192  ? (dyn ? 256 : 192)
+           : rows > 64 && c->wg_bn >= 128 ? 128
+                                          : 64;
 }
 
 bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
@@ -327,19 +338,22 @@ bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
     q.x16 = x16;
     q.ld16 = width;
     launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width);
-    return p->w.type == DSI_TYPE_F8_E4M3 ? wg_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, grid)
-                                         : wg_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &q, bn, grid);
+    return p->w.type == DSI_TYPE_F8_E4M3
+               ? wg_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid)
+               : wg_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &q, bn, false, grid);
 }
 
-bool launch_wg_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, unsigned tiles) {
+bool launch_wg_moe(
+    struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool dyn, unsigned tiles) {
     struct tc_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;
     int type = up ? mp->w1.type : mp->w2.type;
     dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WG_BM)), tiles);
+    bool f4 = type == DSI_TYPE_FP4_E2M1;
     if (up)
-        return type == DSI_TYPE_FP4_E2M1 ? wg_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, grid)
-                                         : wg_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, grid);
-    return type == DSI_TYPE_FP4_E2M1 ? wg_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, grid)
-                                     : wg_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, grid);
+        return f4 ? wg_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+                  : wg_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+    return f4 ? wg_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+              : wg_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
 }
