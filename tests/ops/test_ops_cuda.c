@@ -599,14 +599,17 @@ static int hc_norm_same(struct rng *r,
  * have a partial last block of 8 and 25 rows, split along K; D = 200: 25 chunks of 32, the last
  * piece of K one chunk. Each run again on backends with the mix on the other paths (bitwise):
  * launch_gemm (DSI_CUDA_HC_MIX_MIN=0), k_hc_mix without the split (all of K in a block, the
- * chunk values added there), the split's values added by hc_pre's finish (DSI_CUDA_HC_FUSE=1). */
+ * chunk values added there), the split's values added by hc_pre's finish (DSI_CUDA_HC_FUSE=1),
+ * k_hc_mix with one row per lane where it takes two by default (from 33 rows; step 25:
+ * DSI_CUDA_HC_MIX_RPL=1). */
 int test_cuda_hc(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 7);
-    struct dsi_backend *alt[3] = {cuda_backend_with("DSI_CUDA_HC_MIX_MIN=0"),
-                                  cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0"),
-                                  cuda_backend_with("DSI_CUDA_HC_FUSE=1")};
-    for (int i = 0; i < 3; i++)
+    enum { NALT = 4 };
+    struct dsi_backend *alt[NALT] = {
+        cuda_backend_with("DSI_CUDA_HC_MIX_MIN=0"), cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0"),
+        cuda_backend_with("DSI_CUDA_HC_FUSE=1"), cuda_backend_with("DSI_CUDA_HC_MIX_RPL=1")};
+    for (int i = 0; i < NALT; i++)
         TEST_ASSERT(alt[i] != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
@@ -658,7 +661,7 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(close_to("hc_pre post", pg, pc, n * hc, 1e-5));
                 TEST_ASSERT(close_to("hc_pre comb", cg, cc, n * hc * hc, 1e-5));
                 if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, &a, NULL, yg, pg, cg, 17));
-                for (int i = 0; i < 3 && n > 32; i++)
+                for (int i = 0; i < NALT && n > 32; i++)
                     TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
                 TEST_ASSERT(hc_norm_same(&r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
                 /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
@@ -702,7 +705,7 @@ int test_cuda_hc(struct test_ctx *t) {
                 dget(yg, dy, sizeof(float) * (size_t)(n * D));
                 TEST_ASSERT(close_to("hc_head", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
                 if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, NULL, &ha, yg, NULL, NULL, 17));
-                for (int i = 0; i < 3 && n > 1; i++)
+                for (int i = 0; i < NALT && n > 1; i++)
                     TEST_ASSERT(hc_tail_same(alt[i], NULL, &ha, yg, NULL, NULL, n));
                 dfree(dX);
                 dfree(dy);
@@ -731,7 +734,7 @@ int test_cuda_hc(struct test_ctx *t) {
                 wt_free(&hbase);
                 wt_free(&hscale);
             }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < NALT; i++)
         alt[i]->ops->free(alt[i]);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};

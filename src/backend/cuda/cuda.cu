@@ -523,6 +523,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->hc_mix_min = hm && *hm ? atoi(hm) : 2; /* 512 until step 23 (the old k_hc_mix) */
     const char *hx = getenv("DSI_CUDA_HC_MIX_SPLIT");
     c->hc_mix_split = !(hx && *hx == '0');
+    /* two rows per lane (step 25, compiled only: the next device run measures it against
+       DSI_CUDA_HC_MIX_RPL=1, step 24's kernel) */
+    const char *hr = getenv("DSI_CUDA_HC_MIX_RPL");
+    c->hc_mix_rpl = hr && *hr ? atoi(hr) : 2;
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
     const char *hf = getenv("DSI_CUDA_HC_FUSE");
     c->hc_fuse = hf && *hf == '1';

@@ -8,24 +8,29 @@
 #define HC_MAX   8 /* streams; mix rows (2 + hc) * hc <= 80 */
 #define HC_AHEAD 8 /* loads in flight per thread in the norm statistic */
 
-#define MIX_ROWS   32       /* k_hc_mix: X rows per block, one per lane */
-#define MIX_STEP   CU_WARPS /* k_hc_mix: chunks of 32 per step, one per warp */
-#define MIX_MAX    32       /* k_hc_mix: outputs at most (hc_pre: hc <= 4; hc_head) */
-#define MIX_CS     33       /* k_hc_mix: floats per output in a step's chunk values */
-#define MIX_OWN    (MIX_ROWS * MIX_MAX / CU_THREADS) /* outputs a thread adds or copies */
+#define MIX_STEP   CU_WARPS            /* k_hc_mix: chunks of 32 per step, one per warp */
+#define MIX_MAX    32                  /* k_hc_mix: outputs at most (hc_pre: hc <= 4; hc_head) */
 #define MIX_CV_MAX ((int64_t)64 << 20) /* k_hc_mix: the split's chunk values, bytes at most */
-
-static_assert(MIX_ROWS == 32, "k_hc_mix: a row per lane");
+/* k_hc_mix with RPL rows per lane: X rows per block, floats per output in a step's chunk values
+ * (odd: conflict-free), outputs a thread adds or copies */
+#define MIX_ROWS(RPL) (32 * (RPL))
+#define MIX_CS(RPL)   (32 * (RPL) + 1)
+#define MIX_OWN(RPL)  (MIX_ROWS(RPL) * MIX_MAX / CU_THREADS)
 
 /* The mix GEMM (step 24): fn[o] . X[r] for rows r < n of len floats (F32 fn of row stride ldw,
  * len % 32 == 0, X and fn 16-byte aligned) and outputs o < n_mix <= MIX_MAX, in cpu_dot's bits.
- * A block takes MIX_ROWS rows, row r0 + lane in every warp, and chunks [qa, qb) of K (qa =
- * blockIdx.y qpb), MIX_STEP at a time: chunk q0 + w in warp w. Each thread holds its row's chunk
- * in registers (loaded a step ahead) and computes chunk_dot with the step's n_mix fn chunks of
- * its warp, read from shared memory by all lanes at one address; they come in by cp.async a step
- * ahead (two buffers), so fn is read from L2 once per block, and X once. (Step 14's kernel
- * staged 8 rows and held fn in registers: shared-memory bound, 0.88 ms for 8192 rows.) A step's
- * chunk values go to cs[chunk][o][row] (stride MIX_CS: conflict-free both ways), then
+ * A block takes MIX_ROWS(RPL) rows, rows r0 + lane + 32 u (u < RPL) in every warp, and chunks
+ * [qa, qb) of K (qa = blockIdx.y qpb), MIX_STEP at a time: chunk q0 + w in warp w. Each thread
+ * holds its rows' chunks in registers (loaded a step ahead) and computes chunk_dot with the
+ * step's n_mix fn chunks of its warp, read from shared memory by all lanes at one address; they
+ * come in by cp.async a step ahead (two buffers), so fn is read from L2 once per block, and X
+ * once. (Step 14's kernel staged 8 rows and held fn in registers: shared-memory bound, 0.88 ms
+ * for 8192 rows.) A broadcast LDS.128 still delivers 512 bytes to the registers, 4 of the
+ * SM's 128-byte cycles, for 4 multiplies and 4 adds per lane: with one row per lane (RPL 1) the
+ * 16 warps of two blocks need twice the shared-memory cycles of their fp32 issue (step 24's 2.2x
+ * off the issue bound, read off the SASS in step 25); RPL 2 uses each fn value for two rows
+ * (one block of 8 warps per SM: the registers). A step's chunk values go to cs[chunk][o][row]
+ * (stride MIX_CS: conflict-free both ways), then
  *   ORD (the block has all of K): thread t adds outputs f = t, t + CU_THREADS, ... (f = row *
  *       n_mix + o) chunk by chunk: acc = 0, acc += chunk q for q = 0 .. nq - 1, then acc + 0.0f,
  *       cpu_dot's additions (the same bits as launch_gemm), out = mraw [n][n_mix];
@@ -35,31 +40,35 @@ static_assert(MIX_ROWS == 32, "k_hc_mix: a row per lane");
  * step's adds or copies are done); (2) after cs is written. The next step's fn copies, issued at
  * the top of a step, overwrite the buffer of the step before, whose reads ended before its (2).
  * Lanes past n compute on row n - 1 (no predicates) and write nothing. */
-template <bool ORD>
-__global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
-                                                          const float *fn,
-                                                          int64_t ldw,
-                                                          int n_mix,
-                                                          int64_t len,
-                                                          int64_t n,
-                                                          int64_t qpb,
-                                                          float *out) {
+template <bool ORD, int RPL>
+__global__ void __launch_bounds__(CU_THREADS, RPL == 1 ? 2 : 1) k_hc_mix(const float *X,
+                                                                         const float *fn,
+                                                                         int64_t ldw,
+                                                                         int n_mix,
+                                                                         int64_t len,
+                                                                         int64_t n,
+                                                                         int64_t qpb,
+                                                                         float *out) {
     cu_pdl_enter();
     extern __shared__ float4 mix_sm[];
     float *ws = (float *)mix_sm;                /* [2][MIX_STEP][n_mix][32] */
     float *cs = ws + 2 * MIX_STEP * n_mix * 32; /* [MIX_STEP][n_mix][MIX_CS] */
+    constexpr int ROWS = MIX_ROWS(RPL), CS = MIX_CS(RPL), OWN = MIX_OWN(RPL);
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, nw4 = MIX_STEP * n_mix * 8;
-    int per = n_mix * MIX_CS;
-    int64_t r0 = (int64_t)blockIdx.x * MIX_ROWS, nq = len / 32, qa = (int64_t)blockIdx.y * qpb;
+    int per = n_mix * CS;
+    int64_t r0 = (int64_t)blockIdx.x * ROWS, nq = len / 32, qa = (int64_t)blockIdx.y * qpb;
     int64_t qb = min(nq, qa + qpb);
-    int nr = (int)min((int64_t)MIX_ROWS, n - r0), nf = nr * n_mix;
-    const float *xr = X + (r0 + min(lane, nr - 1)) * len;
-    /* this thread's outputs f = tid + i CU_THREADS: their place in cs (row, o from f once) */
-    int ci[MIX_OWN];
+    int nr = (int)min((int64_t)ROWS, n - r0), nf = nr * n_mix;
+    const float *xr[RPL];
 #pragma unroll
-    for (int i = 0; i < MIX_OWN; i++) {
+    for (int u = 0; u < RPL; u++)
+        xr[u] = X + (r0 + min(lane + 32 * u, nr - 1)) * len;
+    /* this thread's outputs f = tid + i CU_THREADS: their place in cs (row, o from f once) */
+    int ci[OWN];
+#pragma unroll
+    for (int i = 0; i < OWN; i++) {
         int f = tid + i * CU_THREADS, rr = f / n_mix;
-        ci[i] = (f - rr * n_mix) * MIX_CS + rr;
+        ci[i] = (f - rr * n_mix) * CS + rr;
     }
     /* fn chunks q0 .. q0 + MIX_STEP - 1 into buffer b (zeros past qb), as one cp.async group */
     auto stage = [&](int64_t q0, int b) {
@@ -72,22 +81,26 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
         }
         cu_cp_commit();
     };
-    /* this thread's row's chunk q (past qb: chunk qa, computed and never used) */
-    auto load = [&](int64_t q, float(&v)[32]) {
-        load_x_chunk(xr + (q < qb ? q : qa) * 32, true, v);
-    };
-    float xn[32], acc[MIX_OWN];
+    /* this thread's rows' chunk q (past qb: chunk qa, computed and never used) */
+    auto load = [&](int64_t q, float(&v)[RPL][32]) {
 #pragma unroll
-    for (int i = 0; i < MIX_OWN; i++)
+        for (int u = 0; u < RPL; u++)
+            load_x_chunk(xr[u] + (q < qb ? q : qa) * 32, true, v[u]);
+    };
+    float xn[RPL][32], acc[OWN];
+#pragma unroll
+    for (int i = 0; i < OWN; i++)
         acc[i] = 0.0f;
     load(qa + w, xn);
     stage(qa, 0);
     int b = 0;
     for (int64_t q0 = qa; q0 < qb; q0 += MIX_STEP, b ^= 1) {
-        float x[32];
+        float x[RPL][32];
 #pragma unroll
-        for (int k = 0; k < 32; k++)
-            x[k] = xn[k];
+        for (int u = 0; u < RPL; u++)
+#pragma unroll
+            for (int k = 0; k < 32; k++)
+                x[u][k] = xn[u][k];
         if (q0 + MIX_STEP < qb) { /* block-uniform */
             load(q0 + MIX_STEP + w, xn);
             stage(q0 + MIX_STEP, b ^ 1);
@@ -99,20 +112,22 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
         if (q0 + w < qb) {
             const float *wq = ws + (b * MIX_STEP + w) * n_mix * 32;
             float *cq = cs + w * per + lane;
-            /* fn's chunks from shared memory, all lanes at one address (a broadcast); unrolled
-               by 4 (step 24: the prefill's mix -7%) */
+            /* fn's chunks from shared memory, all lanes at one address (a broadcast), each for
+               the thread's RPL rows; unrolled by 4 (step 24: the prefill's mix -7%) */
 #pragma unroll 4
             for (int o = 0; o < n_mix; o++) {
                 float wf[32];
                 load_x_chunk(wq + o * 32, true, wf);
-                cq[o * MIX_CS] = chunk_dot(x, wf);
+#pragma unroll
+                for (int u = 0; u < RPL; u++)
+                    cq[o * CS + 32 * u] = chunk_dot(x[u], wf);
             }
         }
         __syncthreads(); /* (2) */
         int cnt = (int)min((int64_t)MIX_STEP, qb - q0);
         int64_t T = n * n_mix;
 #pragma unroll
-        for (int i = 0; i < MIX_OWN; i++) {
+        for (int i = 0; i < OWN; i++) {
             int f = tid + i * CU_THREADS;
             if (f >= nf) break;
             if (ORD)
@@ -125,22 +140,43 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_hc_mix(const float *X,
     }
     if (ORD)
 #pragma unroll
-        for (int i = 0; i < MIX_OWN; i++) {
+        for (int i = 0; i < OWN; i++) {
             int f = tid + i * CU_THREADS;
             if (f < nf) out[r0 * n_mix + f] = acc[i] + 0.0f;
         }
 }
 
-static size_t mix_smem(int n_mix) {
-    return (size_t)(2 * MIX_STEP * 32 + MIX_STEP * MIX_CS) * n_mix * 4;
+static size_t mix_smem(int n_mix, int rpl) {
+    return (size_t)(2 * MIX_STEP * 32 + MIX_STEP * MIX_CS(rpl)) * n_mix * 4;
+}
+
+/* k_hc_mix<ORD, RPL>'s launch (smem: its dynamic shared memory; raised once per instance). */
+template <bool ORD, int RPL>
+static bool mix_launch(struct cu_ctx *c,
+                       dim3 grid,
+                       size_t smem,
+                       const float *X,
+                       const float *w,
+                       int64_t ldw,
+                       int n_mix,
+                       int64_t len,
+                       int64_t n,
+                       int64_t qpb,
+                       float *out) {
+    static bool raised = false;
+    if (!smem_limit(c, k_hc_mix<ORD, RPL>, mix_smem(MIX_MAX, RPL), &raised, "hc mix")) return false;
+    cu_launch(c, k_hc_mix<ORD, RPL>, grid, CU_THREADS, smem, X, w, ldw, n_mix, len, n, qpb, out);
+    return true;
 }
 
 /* fn[o] . X[r] in cpu_dot's bits for r < n, o < n_mix (the caller checked fn's shape): into mraw
  * ([n][n_mix]), or, where the mix is split along K and want_cv (hc_pre's finish adds them:
  * c->hc_fuse), the chunk values [nq][n * n_mix] (returned, *nq_out their count; else NULL).
- * k_hc_mix from c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never), else launch_gemm. It splits
- * K where its row blocks are fewer than the SMs (c->hc_mix_split, DSI_CUDA_HC_MIX_SPLIT=0: never)
- * into about two blocks per SM, the chunk values in CU_SCR_GEMM (at most MIX_CV_MAX bytes). */
+ * k_hc_mix from c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never), else launch_gemm; two rows
+ * per lane from 33 rows (c->hc_mix_rpl, DSI_CUDA_HC_MIX_RPL=1: never). It splits K where its row
+ * blocks are fewer than the SMs (c->hc_mix_split, DSI_CUDA_HC_MIX_SPLIT=0: never) into about two
+ * blocks per SM (one of two rows per lane, whose blocks fill an SM alone), the chunk values in
+ * CU_SCR_GEMM (at most MIX_CV_MAX bytes). */
 static const float *hc_mix(struct cu_ctx *c,
                            const struct cu_w *fn,
                            int n_mix,
@@ -150,32 +186,31 @@ static const float *hc_mix(struct cu_ctx *c,
                            float *mraw,
                            bool want_cv,
                            int64_t *nq_out) {
-    static bool raised[2] = {false, false};
     if (c->hc_mix_min <= 0 || n < c->hc_mix_min || n_mix > MIX_MAX || fn->type != DSI_TYPE_F32 ||
         !gemm_fast_ok(fn, X, len) || (uintptr_t)fn->data % 16 || fn->row_bytes % 16) {
         launch_gemm(c, fn, 0, n_mix, X, n, len, mraw, n_mix, false);
         return NULL;
     }
-    int64_t nq = len / 32, rt = cu_div_up(n, MIX_ROWS), qpb = nq, split = 1;
+    int rpl = c->hc_mix_rpl >= 2 && n > 32 ? 2 : 1, bps = rpl == 1 ? 2 : 1;
+    int64_t nq = len / 32, rt = cu_div_up(n, MIX_ROWS(rpl)), qpb = nq, split = 1;
     if (c->hc_mix_split && rt < c->n_sms && nq * n * n_mix * 4 <= MIX_CV_MAX) {
-        qpb = cu_div_up(cu_div_up(nq, cu_div_up(2 * (int64_t)c->n_sms, rt)), MIX_STEP) * MIX_STEP;
+        qpb = cu_div_up(cu_div_up(nq, cu_div_up(bps * (int64_t)c->n_sms, rt)), MIX_STEP) * MIX_STEP;
         split = cu_div_up(nq, qpb);
     }
     float *cv = NULL;
     if (split > 1 && !(cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * n * n_mix) * 4)))
         return NULL;
     dim3 grid((unsigned)rt, (unsigned)split);
-    size_t sm = mix_smem(n_mix);
-    if (cv ? !smem_limit(c, k_hc_mix<false>, mix_smem(MIX_MAX), &raised[0], "hc mix")
-           : !smem_limit(c, k_hc_mix<true>, mix_smem(MIX_MAX), &raised[1], "hc mix"))
-        return NULL;
-    int pm = cu_prof_begin(c, "hc.mix");
+    size_t sm = mix_smem(n_mix, rpl);
     const float *w = (const float *)fn->data;
     int64_t ldw = fn->row_bytes / 4;
-    if (cv)
-        cu_launch(c, k_hc_mix<false>, grid, CU_THREADS, sm, X, w, ldw, n_mix, len, n, qpb, cv);
-    else
-        cu_launch(c, k_hc_mix<true>, grid, CU_THREADS, sm, X, w, ldw, n_mix, len, n, qpb, mraw);
+    float *out = cv ? cv : mraw;
+    int pm = cu_prof_begin(c, "hc.mix");
+    bool ok = cv ? rpl == 2 ? mix_launch<false, 2>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
+                            : mix_launch<false, 1>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
+              : rpl == 2 ? mix_launch<true, 2>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
+                         : mix_launch<true, 1>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out);
+    if (!ok) return NULL;
     cu_prof_end(c, pm);
     if (!cu_check(c, "hc mix") || !cv) return NULL;
     if (want_cv) {
