@@ -103,23 +103,32 @@ int test_cuda_hadamard_q4(struct test_ctx *t) {
 int test_cuda_small_ops(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 4);
-    /* embed: BF16 table [1000, 4096], 4 copies */
-    struct wt tab;
-    wt_make(&tab, &r, DSI_TYPE_BF16, 1000, 4096, 1.0f);
-    int32_t tok[7] = {0, 999, 5, 5, 17, 500, 3};
-    int64_t n = 7, cp = 4, D = 4096, no = n * cp * D;
-    float *oc = hpoison(no), *og = hpoison(no);
-    int32_t *dtok = dput(tok, sizeof(tok));
-    float *dout = dpoison(sizeof(float) * (size_t)no);
-    struct dsi_embed_args ea = {&tab.h, tok, n, cp, oc};
-    g_cpu->ops->embed(g_cpu, &ea);
-    ea.table = &tab.d;
-    ea.tokens = dtok;
-    ea.out = dout;
-    g_gpu->ops->embed(g_gpu, &ea);
-    TEST_ASSERT(gsync("embed") == 0);
-    dget(og, dout, sizeof(float) * (size_t)no);
-    TEST_ASSERT(same("embed", og, oc, sizeof(float) * (size_t)no));
+    /* embed: BF16 tables [1000, 4096], 4 copies (k_embed_bf16) and [1000, 100], 2 copies (the
+       generic kernel: D % 8 != 0) */
+    const int64_t edim[2][2] = {{4096, 4}, {100, 2}};
+    for (int ei = 0; ei < 2; ei++) {
+        struct wt tab;
+        wt_make(&tab, &r, DSI_TYPE_BF16, 1000, edim[ei][0], 1.0f);
+        int32_t tok[7] = {0, 999, 5, 5, 17, 500, 3};
+        int64_t n = 7, cp = edim[ei][1], D = edim[ei][0], no = n * cp * D;
+        float *oc = hpoison(no), *og = hpoison(no);
+        int32_t *dtok = dput(tok, sizeof(tok));
+        float *dout = dpoison(sizeof(float) * (size_t)no);
+        struct dsi_embed_args ea = {&tab.h, tok, n, cp, oc};
+        g_cpu->ops->embed(g_cpu, &ea);
+        ea.table = &tab.d;
+        ea.tokens = dtok;
+        ea.out = dout;
+        g_gpu->ops->embed(g_gpu, &ea);
+        TEST_ASSERT(gsync("embed") == 0);
+        dget(og, dout, sizeof(float) * (size_t)no);
+        TEST_ASSERT(same("embed", og, oc, sizeof(float) * (size_t)no));
+        dfree(dtok);
+        dfree(dout);
+        free(oc);
+        free(og);
+        wt_free(&tab);
+    }
     /* add with strides, both roundings */
     for (int rnd = 0; rnd < 2; rnd++) {
         int64_t m = 9, dim = 4096, lda = 4100, ldb = 8192, ldy = 4096;
@@ -173,14 +182,9 @@ int test_cuda_small_ops(struct test_ctx *t) {
     dfree(dsrc);
     dfree(ddst);
     dfree(didx);
-    dfree(dtok);
-    dfree(dout);
     free(src);
     free(gc);
     free(gg);
-    free(oc);
-    free(og);
-    wt_free(&tab);
     return 0;
 }
 
