@@ -296,8 +296,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        rows per expert), each block's wgmma as wide as its tile's rows rounded up to 32 (step
        25); the cases above with 40+ rows once more on tc.cu's (DSI_CUDA_WG=0), on wg.cu's
        blocks of 64 rows only (DSI_CUDA_WG_BN=64) and on its full-width blocks of 64, 128 or 192
-       rows with the tiles of step 24 (DSI_CUDA_WG_DYN=0); the 1-2 row cases on moe_gv.cu's exact
-       walks
+       rows with the tiles of step 24 (DSI_CUDA_WG_DYN=0), and on wgr.cu's kernels with the
+       weights in registers (DSI_CUDA_WG_RS=1, with and without DYN; step 25, off by default);
+       the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
     const struct {
@@ -306,6 +307,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_RS=1", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_RS=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

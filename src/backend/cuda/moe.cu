@@ -667,6 +667,12 @@ static bool moe_shapes_ok(
            w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) && gemm_w_ok(w2);
 }
 
+/* wg.cu's MoE launch, or wgr.cu's (rs: the weights in registers, on the permuted copies) */
+static bool wg_moe(
+    struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool rs, bool dyn, unsigned tiles) {
+    return rs ? launch_wgr_moe(c, p, up, bn, dyn, tiles) : launch_wg_moe(c, p, up, bn, dyn, tiles);
+}
+
 extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     int64_t n = a->n, D = a->dim, I = a->inter, nk = n * a->topk;
@@ -704,8 +710,11 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool wg = tc && c->wg && (double)nk / E > 32;
     /* (wg.cu's tiles of equal rows, each block's wgmma as wide as its tile's rows: c->wg_dyn) */
     bool wdyn = c->wg_dyn;
-    int rx = wg   ? wg_pick_bn(c, (double)nk / E, wdyn)
-             : tc ? tc_pick_bn(c, (double)nk / E)
+    /* (the weights in registers, wgr.cu: c->wg_rs; routed and shared together, as they share
+       the activations' copies) */
+    bool rs = c->wg_rs && wgr_ok(D, I);
+    int rx = wg   ? rs ? wgr_pick_bn((double)nk / E) : wg_pick_bn(c, (double)nk / E, wdyn)
+               : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt
                   : pick_rx((double)nk / E);
     /* the shared expert: implicit tiles over all rows */
@@ -719,8 +728,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
        64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
     bool swg = stc && c->wg && n >= 512;
-    int srx = swg   ? wg_pick_bn(c, (double)n, wdyn)
-              : stc ? tc_pick_bn(c, (double)n)
+    int srx = swg   ? rs ? wgr_pick_bn((double)n) : wg_pick_bn(c, (double)n, wdyn)
+                : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
                     : pick_rx((double)n);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
@@ -755,7 +764,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.out = (float *)(s + o_out);
     p.x16 = wg || swg ? (const uint16_t *)(s + o_x16) : NULL;
     p.h16 = wg || swg ? (const uint16_t *)(s + o_h16) : NULL;
-    if (p.x16) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
+    if (p.x16 && rs)
+        launch_wgr_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
+    else if (p.x16)
+        launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
     /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
     cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
@@ -764,7 +776,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = wg   ? launch_wg_moe(c, &p, true, rx, wdyn, (unsigned)max_tiles) && !c->sticky
+    bool ok = wg   ? wg_moe(c, &p, true, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
               : tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
               : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
                    : moe_up(c, &p, r1.type, rx, gu);
@@ -777,17 +789,20 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w2 = s2;
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    ok = swg   ? launch_wg_moe(c, &ps, true, srx, wdyn, gsu.y) && !c->sticky
+    ok = swg   ? wg_moe(c, &ps, true, srx, rs, wdyn, gsu.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
                : moe_up(c, &ps, s1.type, srx, gsu);
     cu_prof_end(c, pp);
     if (!ok) return;
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
-    if (p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
+    if (p.h16 && rs)
+        launch_wgr_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
+    else if (p.h16)
+        launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = wg   ? launch_wg_moe(c, &p, false, rx, wdyn, (unsigned)max_tiles) && !c->sticky
+    ok = wg   ? wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
          : tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
          : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
               : moe_down(c, &p, r2.type, rx, gd);
@@ -802,7 +817,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                               1,   0, 0, true}; /* struct cu_gemm_call's field order */
     bool slt = c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
     ok = slt   ? !c->sticky
-         : swg ? launch_wg_moe(c, &ps, false, srx, wdyn, gsd.y) && !c->sticky
+         : swg ? wg_moe(c, &ps, false, srx, rs, wdyn, gsd.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
                : moe_down(c, &ps, s2.type, srx, gsd);

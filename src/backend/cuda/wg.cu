@@ -25,6 +25,7 @@
 #include "gemm.cuh"
 #include "moe.cuh"
 #include "tc.cuh"
+#include "wg.cuh"
 
 #include <algorithm>
 
@@ -36,100 +37,7 @@
 /* Stage bytes and the dynamic shared memory (plus 1 KB to align the stages to the atoms). */
 static size_t wg_smem_bytes(int BN) { return (size_t)WG_ST * (WG_BM + BN) * 128 + 1024; }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_HAVE 1
-#endif
-
-/* Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte swizzled tile. */
-__device__ __forceinline__ uint32_t wg_sw(int r, int c) {
-    return (uint32_t)r * 128u + ((uint32_t)(c ^ (r & 7)) << 4);
-}
-
-/* Shared-memory matrix descriptor of a K-major 128-byte swizzled tile at saddr (1 KB atoms:
- * stride byte offset 1024 between 8-row groups; the leading offset is unused in this mode). */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) |
-           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-
 #ifdef WG_HAVE
-__device__ __forceinline__ void wg_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* Shared memory written by ordinary stores, read next by wgmma (the async proxy). */
-__device__ __forceinline__ void wg_fence_smem() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-/* The accumulators are written by wgmma in the background: pin them around the waits. */
-template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
-#pragma unroll
-    for (int i = 0; i < NR; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/* d += A (64 x 16, descriptor da) * B (N x 16, descriptor db)^T, fp32 accumulators: N / 2 of
- * them per thread, the first N / 2 of d (so a block of BN rows can run a narrower N on the same
- * registers: the fragment layout of column 8 j + 2 t + i % 2 is the same for every N). The
- * operand lists come from the macros below: WG_S<m> names registers 16 m .. 16 m + 15, WG_O16
- * binds 16 accumulators. */
-#define WG_S0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define WG_S1 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define WG_S2 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define WG_S3 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define WG_S4 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
-#define WG_S5 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define WG_S6                                                                                      \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "             \
-    "%110, %111"
-#define WG_S7                                                                                      \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "               \
-    "%125, %126, %127"
-#define WG_O4(b)  "+f"(d[(b)]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3])
-#define WG_O16(b) WG_O4(b), WG_O4((b) + 4), WG_O4((b) + 8), WG_O4((b) + 12)
-/* N (a string), the accumulator registers, then the numbers of the operands after them */
-#define WG_MMA(NS, REGS, DA, DB, P, ...)                                                           \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n" NS "k16.f32.bf16.bf16 {" REGS "}, " DA        \
-                 ", " DB ", p, 1, 1, 0, 0;\n}\n"                                                   \
-                 : __VA_ARGS__                                                                     \
-                 : "l"(da), "l"(db), "r"(1))
-
-template <int N, int NR>
-__device__ __forceinline__ void wg_mma_k16(float (&d)[NR], uint64_t da, uint64_t db) {
-    static_assert(N % 32 == 0 && N >= 32 && N <= 256 && N / 2 <= NR, "wgmma width");
-    if constexpr (N == 32)
-        WG_MMA("32", WG_S0, "%16", "%17", "%18", WG_O16(0));
-    else if constexpr (N == 64)
-        WG_MMA("64", WG_S0 ", " WG_S1, "%32", "%33", "%34", WG_O16(0), WG_O16(16));
-    else if constexpr (N == 96)
-        WG_MMA("96", WG_S0 ", " WG_S1 ", " WG_S2, "%48", "%49", "%50", WG_O16(0), WG_O16(16),
-               WG_O16(32));
-    else if constexpr (N == 128)
-        WG_MMA("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64", "%65", "%66", WG_O16(0),
-               WG_O16(16), WG_O16(32), WG_O16(48));
-    else if constexpr (N == 160)
-        WG_MMA("160", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4, "%80", "%81", "%82",
-               WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64));
-    else if constexpr (N == 192)
-        WG_MMA("192", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5, "%96", "%97",
-               "%98", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64), WG_O16(80));
-    else if constexpr (N == 224)
-        WG_MMA("224", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5 ", " WG_S6,
-               "%112", "%113", "%114", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64),
-               WG_O16(80), WG_O16(96));
-    else
-        WG_MMA("256",
-               WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5 ", " WG_S6 ", " WG_S7,
-               "%128", "%129", "%130", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64),
-               WG_O16(80), WG_O16(96), WG_O16(112));
-}
-
 /* One step's WG_BK / 16 wgmma of width 32 M, where M = nsel (1 .. BN / 32; uniform in the block:
  * the tile's rows rounded up to 32), from M = BN / 32 down, fenced and committed as one group
  * inside each branch: with the commit after the branches join, ptxas ends each branch's group

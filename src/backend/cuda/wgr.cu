@@ -1,0 +1,267 @@
+/* wgr.cu - the MoE expert GEMMs of wg.cu (up + SwiGLU, down; routed and shared experts, FP4 / FP8
+ * weights, `fast` numerics) with the weights in registers: wgmma's A operand straight from the
+ * decode, so no weight tile goes through shared memory (wg.cu stores each decoded step there, with
+ * a proxy fence and a barrier per 64 k). Same numerics as wg.cu (weights decoded exactly to bf16,
+ * activations rounded to bf16, fp32 sums in the tensor cores' order): not bitwise; the op tests
+ * bound the difference. c->wg_rs (DSI_CUDA_WG_RS=1) turns it on; step 25 wrote it without a GPU.
+ *
+ * The K order. A lane (g, t) of a warp supplies the A fragment's rows g and g + 8, slots 2t, 2t+1,
+ * 2t+8, 2t+9 of every k16 slice. Within each group of 128 k (a step), lane t takes the 32
+ * consecutive elements [32 t, 32 t + 32) of its two rows (one 16-byte load per row for FP4, two
+ * for FP8, with one scale each: the FP4 scale block is exactly those 32), decodes them with
+ * tc_decode_w, and slice i (0..7) of the step uses elements 32 t + 4 i + {0, 1} in slots 2t, 2t+1
+ * and 32 t + 4 i + {2, 3} in slots 2t+8, 2t+9. The activations must sit in the same order: the
+ * bf16 copies of x and h (launch_wgr_bf16) are written permuted within each 128-group, slot s of
+ * slice i holding element 32 ((s % 8) / 2) + 4 i + 2 (s / 8) + s % 2; a dot product does not care
+ * in which order its terms meet, as long as both operands agree.
+ *
+ * A block of WR_T = 256 threads (2 warpgroups) computes WR_BM = 128 weight rows x BN activation
+ * rows (64, 128 or 192) over all of K, 128 k a step. The activation tile of a step is BN rows of
+ * 256 bytes in two 128-byte swizzled sub-tiles (k 0-63, 64-127 of the permuted order; slice i at
+ * sub-tile i / 4, byte (i % 4) 32), copied by cp.async WR_AH = 2 steps ahead into WR_ST = 4
+ * stages; the weights come WR_PF = 2 steps ahead into registers. A step issues its 8 slices as two
+ * groups of 4 wgmma (slices 0-3 from the decoded d[0..1], 4-7 from d[2..3]) and waits after each
+ * for the group before (wait_group 1), so a group's A registers are free again when the next step
+ * decodes into them. After the barrier of step s both warpgroups have waited for every group of
+ * step s - 2, so stage (s + 2) % 4 = (s - 2) % 4 can be refilled.
+ *
+ * MoE up: as wg.cu, the thread's row g is column c of W1 and row g + 8 the same column of W3 (c =
+ * 64 blockIdx.x + 32 warpgroup + 8 warp + g), so its accumulators hold the gate and the up value
+ * of the same (column, activation row). Down: rows g, g + 8 of W2's 128-row block. DYN: the
+ * tile's rows rounded up to 32 set the wgmma width (wg.cu's). */
+#include "gemm.cuh"
+#include "moe.cuh"
+#include "tc.cuh"
+#include "wg.cuh"
+
+#include <algorithm>
+
+#define WR_BM 128
+#define WR_BK 128 /* k per step: one group of the permuted K order */
+#define WR_T  256
+#define WR_ST 4 /* activation stages */
+#define WR_AH 2 /* activation copies this many steps ahead (at most WR_ST - 2) */
+#define WR_PF 2 /* weight loads this many steps ahead */
+
+static_assert(WR_AH <= WR_ST - 2, "a stage is refilled only after the wgmma that read it");
+
+/* Dynamic shared memory: the stages (BN rows of 256 bytes each), plus 1 KB to align them. */
+static size_t wr_smem_bytes(int BN) { return (size_t)WR_ST * BN * 256 + 1024; }
+
+#ifdef WG_HAVE
+/* One group of 4 slices (A: their fragments; b0: the sub-tile of the group, slice ii at byte ii
+ * 32) of width 32 M, M = nsel down from BN / 32, fenced and committed inside each branch (wg.cu's
+ * wg_mma_step says why). */
+template <int BN, int M = BN / 32>
+__device__ __forceinline__ void
+wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0) {
+    if (nsel >= M || M == 1) {
+        wg_fence();
+#pragma unroll
+        for (int ii = 0; ii < 4; ii++)
+            wg_mma_rs_k16<32 * M>(d, a[ii], wg_desc(b0 + ii * 32));
+        wg_commit();
+    } else if constexpr (M > 1) {
+        wr_mma_group<BN, M - 1>(d, nsel, a, b0);
+    }
+}
+#endif
+
+template <int MODE, int WT, int BN, bool DYN>
+__global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
+#ifdef WG_HAVE
+    cu_pdl_enter();
+    constexpr int XC = BN * 16 / WR_T;     /* 16-byte activation chunks per thread and step */
+    constexpr uint32_t STAGE = BN * 256u;  /* bytes per stage */
+    constexpr uint32_t SUB = BN * 128u;    /* bytes per sub-tile (64 k) */
+    extern __shared__ uint4 wr_smem[];
+    uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
+    __shared__ const uint16_t *xrow[BN];
+    __shared__ int64_t opos[BN]; /* h / out position of the row; -1: none */
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
+    int g = lane >> 2, t4 = lane & 3;
+
+    int e, rows = BN;
+    int64_t K;
+    const uint16_t *xs = MODE == TC_UP ? p.m.x16 : p.m.h16;
+    int64_t lds = MODE == TC_UP ? p.m.D : p.m.I;
+    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K, &rows)) return;
+    const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
+    /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
+    const uint8_t *wrow[2], *wsrow[2];
+    int sh1[2], sb1[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int64_t r = -1;
+        if (MODE == TC_UP) {
+            int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g;
+            if (col < p.m.I) r = col;
+        } else {
+            int64_t o = (int64_t)blockIdx.x * WR_BM + wgi * 64 + w4 * 16 + g + 8 * h;
+            if (o < p.m.D) r = o;
+        }
+        tc_wsrc<MODE>(p, e, MODE == TC_UP ? h : 0, r, &wrow[h], &wsrow[h], &sh1[h], &sb1[h]);
+    }
+    __syncthreads();
+
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = 0.0f;
+    struct tc_wraw wr[WR_PF][2];
+    int64_t steps = K / WR_BK;
+    /* activations of step s into stage s % WR_ST: chunk c (0..15) of row j to sub-tile c / 8
+       (one cp.async group per step, empty past the end) */
+    auto load_x = [&](int64_t s) {
+        if (s < steps) {
+            uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
+#pragma unroll
+            for (int v = 0; v < XC; v++) {
+                int idx = tid + v * WR_T, j = idx >> 4, c = idx & 15;
+                if (DYN && j >= nv) continue; /* rows no wgmma reads */
+                const uint16_t *src = xrow[j];
+                cu_cp16(B + (uint32_t)(c >> 3) * SUB + wg_sw(j, c & 7),
+                        src ? src + s * WR_BK + c * 8 : xs, src != nullptr);
+            }
+        }
+        cu_cp_commit();
+    };
+    auto load_w = [&](int64_t s, struct tc_wraw(&w)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            tc_load_w<WT>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WR_BK + t4 * 32, w[h]);
+    };
+    auto step = [&](int64_t s, struct tc_wraw(&w)[2]) {
+        uint4 d0[4], d1[4]; /* rows g and g + 8: elements 32 t4 + 8 q .. + 7 in d[q] */
+        tc_decode_w<WT>(w[0], wrow[0] != nullptr, d0);
+        tc_decode_w<WT>(w[1], wrow[1] != nullptr, d1);
+        cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones may be in flight) */
+        wg_fence_smem();
+        __syncthreads();
+        load_x(s + WR_AH);
+        if (s + WR_PF < steps) load_w(s + WR_PF, w);
+        uint32_t b0 = base + (uint32_t)(s % WR_ST) * STAGE;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            uint32_t a[4][4];
+#pragma unroll
+            for (int ii = 0; ii < 4; ii++) {
+                int i = 4 * half + ii; /* slice: elements 4 i .. 4 i + 3 = d[i / 2]'s half */
+                const uint4 &r0 = d0[i >> 1], &r1 = d1[i >> 1];
+                bool lo = (i & 1) == 0;
+                a[ii][0] = lo ? r0.x : r0.z;
+                a[ii][1] = lo ? r1.x : r1.z;
+                a[ii][2] = lo ? r0.y : r0.w;
+                a[ii][3] = lo ? r1.y : r1.w;
+            }
+            wr_mma_group<BN>(acc, nv >> 5, a, b0 + (uint32_t)half * SUB);
+            wg_wait<1>();
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < WR_PF; u++)
+        if (u < steps) load_w(u, wr[u]);
+#pragma unroll
+    for (int u = 0; u < WR_AH; u++)
+        load_x(u);
+    for (int64_t s = 0; s < steps; s += WR_PF) {
+#pragma unroll
+        for (int u = 0; u < WR_PF; u++)
+            if (s + u < steps) step(s + u, wr[u]);
+    }
+    wg_wait<0>();
+    wg_pin(acc);
+
+    /* epilogue (wg.cu's): acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation row 8 j +
+       2 t4 + i % 2) */
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int jr = j * 8 + 2 * t4 + (i & 1);
+            if (MODE == TC_UP) {
+                if (i >= 2) continue; /* i and i + 2: the gate and the up value */
+                tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g,
+                          acc[4 * j + i], acc[4 * j + i + 2]);
+            } else {
+                tc_put<MODE>(p, opos, jr, 0,
+                             (int64_t)blockIdx.x * WR_BM + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
+                             acc[4 * j + i]);
+            }
+        }
+    }
+#endif
+}
+
+/* ---- launchers --------------------------------------------------------------------------- */
+
+template <int MODE, int WT, int BN>
+static bool wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid) {
+    static bool smem_done[2] = {false, false};
+    size_t sm = wr_smem_bytes(BN);
+    if (dyn) {
+        if (!smem_limit(c, k_wgr<MODE, WT, BN, true>, sm, &smem_done[1], "wgmma moe")) return false;
+        cu_launch(c, k_wgr<MODE, WT, BN, true>, grid, WR_T, sm, *p);
+    } else {
+        if (!smem_limit(c, k_wgr<MODE, WT, BN, false>, sm, &smem_done[0], "wgmma moe"))
+            return false;
+        cu_launch(c, k_wgr<MODE, WT, BN, false>, grid, WR_T, sm, *p);
+    }
+    return cu_check(c, "moe (wgmma, weights in registers)");
+}
+
+template <int MODE, int WT>
+static bool wr_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid) {
+    return bn <= 64    ? wr_launch<MODE, WT, 64>(c, p, dyn, grid)
+           : bn <= 128 ? wr_launch<MODE, WT, 128>(c, p, dyn, grid)
+                       : wr_launch<MODE, WT, 192>(c, p, dyn, grid);
+}
+
+/* The permuted bf16 copy: a thread per destination pair q of a row (slots 2 m, 2 m + 1 of slice
+ * i = (q % 64) / 8, m = q % 8: elements 32 (m % 4) + 4 i + 2 (m / 4) and the next of the group),
+ * rows in grid.y (strided past 65535). */
+__global__ void
+k_wgr_bf16(const float *x, int64_t rows, int64_t cols, int64_t ldx, uint16_t *y, int64_t ldy) {
+    cu_pdl_enter();
+    int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q * 2 >= cols) return;
+    int qq = (int)(q & 63), i = qq >> 3, m = qq & 7;
+    int64_t src = (q >> 6) * WR_BK + 32 * (m & 3) + 4 * i + 2 * (m >> 2);
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        float2 v = *(const float2 *)(x + r * ldx + src);
+        *(uint32_t *)(y + r * ldy + q * 2) = bf16x2_rn(v.x, v.y);
+    }
+}
+
+void launch_wgr_bf16(struct cu_ctx *c,
+                     const float *x,
+                     int64_t rows,
+                     int64_t cols,
+                     int64_t ldx,
+                     uint16_t *y,
+                     int64_t ldy) {
+    if (rows <= 0) return;
+    dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
+    cu_launch(c, k_wgr_bf16, grid, 256, 0, x, rows, cols, ldx, y, ldy);
+    cu_check(c, "bf16 copy (permuted)");
+}
+
+bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
+
+int wgr_pick_bn(double rows) { return rows > 128 ? 192 : rows > 64 ? 128 : 64; }
+
+bool launch_wgr_moe(
+    struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool dyn, unsigned tiles) {
+    struct tc_p p;
+    memset(&p, 0, sizeof(p));
+    p.m = *mp;
+    int type = up ? mp->w1.type : mp->w2.type;
+    dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WR_BM)), tiles);
+    bool f4 = type == DSI_TYPE_FP4_E2M1;
+    if (up)
+        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+}
