@@ -5,7 +5,8 @@
  * cores' order): not bitwise; the op tests bound the difference.
  *
  * A block of WG_T = 256 threads (2 warpgroups) computes WG_BM = 128 weight rows x BN activation
- * rows (64, 128 or 192; dense: 64 or 128) over all of K, WG_BK = 64 at a time, in shared memory in
+ * rows (64, 128 or 192; DYN: 64, 128 or 256, the wgmma as wide as the tile's rows rounded up to
+ * 32; dense: 64 or 128) over all of K, WG_BK = 64 at a time, in shared memory in
  * the 128-byte swizzled K-major layout that wgmma reads (a row of 64 bf16 is 128 bytes; its 16-byte
  * chunk c sits at chunk c ^ (row % 8); 8-row atoms of 1 KB). The activations come from a bf16 copy
  * of the rows (launch_wg_bf16: exact for the rows `fast` numerics feeds), copied straight into

@@ -107,9 +107,9 @@ __device__ __forceinline__ void wg_mma_k16(float (&d)[NR], uint64_t da, uint64_t
  * the lower col in the low half). The registers must keep their values until the wgmma that
  * reads them is complete (wgmma.wait_group). */
 #define WG_MMA_RS(NS, REGS, AR, DB, P, ...)                                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                   \
-                 "wgmma.mma_async.sync.aligned.m64n" NS "k16.f32.bf16.bf16 {" REGS "}, {" AR      \
-                 "}, " DB ", p, 1, 1, 0;\n}\n"                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" NS "k16.f32.bf16.bf16 {" REGS "}, {" AR       \
+                 "}, " DB ", p, 1, 1, 0;\n}\n"                                                     \
                  : __VA_ARGS__                                                                     \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
 
@@ -122,11 +122,11 @@ __device__ __forceinline__ void wg_mma_rs_k16(float (&d)[NR], const uint32_t (&a
         WG_MMA_RS("64", WG_S0 ", " WG_S1, "%32, %33, %34, %35", "%36", "%37", WG_O16(0),
                   WG_O16(16));
     else if constexpr (N == 96)
-        WG_MMA_RS("96", WG_S0 ", " WG_S1 ", " WG_S2, "%48, %49, %50, %51", "%52", "%53",
-                  WG_O16(0), WG_O16(16), WG_O16(32));
+        WG_MMA_RS("96", WG_S0 ", " WG_S1 ", " WG_S2, "%48, %49, %50, %51", "%52", "%53", WG_O16(0),
+                  WG_O16(16), WG_O16(32));
     else if constexpr (N == 128)
-        WG_MMA_RS("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64, %65, %66, %67", "%68",
-                  "%69", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48));
+        WG_MMA_RS("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64, %65, %66, %67", "%68", "%69",
+                  WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48));
     else if constexpr (N == 160)
         WG_MMA_RS("160", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4, "%80, %81, %82, %83",
                   "%84", "%85", WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48), WG_O16(64));
@@ -140,7 +140,8 @@ __device__ __forceinline__ void wg_mma_rs_k16(float (&d)[NR], const uint32_t (&a
                   WG_O16(48), WG_O16(64), WG_O16(80), WG_O16(96));
     else
         WG_MMA_RS("256",
-                  WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5 ", " WG_S6 ", " WG_S7,
+                  WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3 ", " WG_S4 ", " WG_S5 ", " WG_S6
+                        ", " WG_S7,
                   "%128, %129, %130, %131", "%132", "%133", WG_O16(0), WG_O16(16), WG_O16(32),
                   WG_O16(48), WG_O16(64), WG_O16(80), WG_O16(96), WG_O16(112));
 }

@@ -71,9 +71,9 @@ template <int MODE, int WT, int BN, bool DYN>
 __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
 #ifdef WG_HAVE
     cu_pdl_enter();
-    constexpr int XC = BN * 16 / WR_T;     /* 16-byte activation chunks per thread and step */
-    constexpr uint32_t STAGE = BN * 256u;  /* bytes per stage */
-    constexpr uint32_t SUB = BN * 128u;    /* bytes per sub-tile (64 k) */
+    constexpr int XC = BN * 16 / WR_T;    /* 16-byte activation chunks per thread and step */
+    constexpr uint32_t STAGE = BN * 256u; /* bytes per stage */
+    constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
     extern __shared__ uint4 wr_smem[];
     uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
     __shared__ const uint16_t *xrow[BN];
