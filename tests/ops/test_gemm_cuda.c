@@ -170,18 +170,25 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     }
     wt_scales_wide(false);
     /* cuBLASLt off: the FP8 cases of 128 rows and more on tc.cu, and from 512 rows on wg.cu's
-       wgmma kernels (DSI_CUDA_WG=1, the default) */
-    struct dsi_backend *wg = cuda_backend_with("DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0"), *keep = g_gpu;
-    TEST_ASSERT(wg != NULL);
-    g_gpu = wg;
+       wgmma kernels (DSI_CUDA_WG=1, the default), then on wgr.cu's with the weights in
+       registers (DSI_CUDA_WG_RS=1; step 25) */
+    const char *wgenv[2] = {"DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0",
+                            "DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0,DSI_CUDA_WG_RS=1"};
+    struct dsi_backend *keep = g_gpu;
     int ok = 1;
-    for (int i = 0; i < n && ok; i++) {
-        if (cases[i].n < 128 || (tiny_only() && cases[i].rows * cases[i].K > (1 << 20))) continue;
-        ok = run_gemm_mode(&r, &cases[i], true);
-        if (!ok) fprintf(stderr, "[gemm fast wgmma case %d] ", i);
+    for (int b = 0; b < 2 && ok; b++) {
+        struct dsi_backend *wg = cuda_backend_with(wgenv[b]);
+        TEST_ASSERT(wg != NULL);
+        g_gpu = wg;
+        for (int i = 0; i < n && ok; i++) {
+            if (cases[i].n < 128 || (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)))
+                continue;
+            ok = run_gemm_mode(&r, &cases[i], true);
+            if (!ok) fprintf(stderr, "[gemm fast wgmma case %d with %s] ", i, wgenv[b]);
+        }
+        g_gpu = keep;
+        wg->ops->free(wg);
     }
-    g_gpu = keep;
-    wg->ops->free(wg);
     TEST_ASSERT(ok);
     /* tc.cu without its split along K (DSI_CUDA_TC_SPLIT=0): the cases of 64-511 rows */
     struct dsi_backend *ns = cuda_backend_with("DSI_CUDA_TC_SPLIT=0,DSI_CUDA_LT_MIN=0");
@@ -323,6 +330,20 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         TEST_ASSERTF(run_gemm_g(&r, &cases[i].c, &cases[i].g, true), "gemm grouped fast case %d",
                      i);
     }
+    /* the cases from 512 rows once more on wgr.cu's kernels (DSI_CUDA_WG_RS=1; step 25) */
+    struct dsi_backend *rs = cuda_backend_with("DSI_CUDA_WG_RS=1"), *keep = g_gpu;
+    TEST_ASSERT(rs != NULL);
+    g_gpu = rs;
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        if (cases[i].c.n < 512 || (tiny_only() && cases[i].c.rows * cases[i].c.K > (1 << 20)))
+            continue;
+        ok = run_gemm_g(&r, &cases[i].c, &cases[i].g, true);
+        if (!ok) fprintf(stderr, "[gemm grouped fast case %d with DSI_CUDA_WG_RS=1] ", i);
+    }
+    g_gpu = keep;
+    rs->ops->free(rs);
+    TEST_ASSERT(ok);
     return 0;
 }
 

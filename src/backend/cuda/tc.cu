@@ -260,7 +260,8 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
        measured slower with its bf16 copy, step 16), groups side by side in a row */
     if (c->wg && bn >= 128 && (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx)) {
         int pw = cu_prof_begin(c, "gemm.wg");
-        bool ok = launch_wg_gemm(c, &p, bn, grid);
+        /* (wgr.cu's kernels with the weights in registers where c->wg_rs and the shapes allow) */
+        bool ok = (c->wg_rs && launch_wgr_gemm(c, &p, bn, grid)) || launch_wg_gemm(c, &p, bn, grid);
         cu_prof_end(c, pw);
         return ok || c->sticky;
     }

@@ -337,8 +337,16 @@ tc_put_up(const struct tc_p &p, const int64_t *opos, int j, int64_t col, float g
     p.m.h[pos * p.m.I + col] = rbf(silu * uv * wi, p.m.round);
 }
 
+/* wg.cu: the bf16 copy of a dense call's rows (permuted: in wgr.cu's K order) in CU_SCR_GEMM, q =
+ * *p with x16 / ld16 set to it; false: no scratch (the sticky error is set). */
+bool wg_dense_copy(
+    struct cu_ctx *c, const struct tc_p *p, dim3 grid, bool permuted, struct tc_p *q);
 /* wg.cu: a dense GEMM of tc.cu's parameters on wgmma (its rows copied to bf16 first), tiles of bn
  * (64, 128) rows, grid (weight rows / 128, rows / bn, groups). */
 bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
+/* wgr.cu: the same with the weights in registers (c->wg_rs), on a permuted bf16 copy of the
+ * rows; false (nothing launched) where K or the groups' column stride is not a multiple of 128.
+ * */
+bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
 
 #endif

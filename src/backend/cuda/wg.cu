@@ -237,16 +237,26 @@ int wg_pick_bn(const struct cu_ctx *c, double rows, bool dyn) {
                                           : 64;
 }
 
-bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
-    /* the bf16 copy of the rows: the columns every group reads, [0, (groups - 1) gx + K) (the
-       caller checked that this is within a row) */
+bool wg_dense_copy(
+    struct cu_ctx *c, const struct tc_p *p, dim3 grid, bool permuted, struct tc_p *q) {
+    /* the columns every group reads, [0, (groups - 1) gx + K) (the caller checked that this is
+       within a row) */
     int64_t width = (int64_t)(grid.z - 1) * p->gx + p->w.K;
     uint16_t *x16 = (uint16_t *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p->n * width) * 2);
     if (!x16) return false;
-    struct tc_p q = *p;
-    q.x16 = x16;
-    q.ld16 = width;
-    launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width);
+    *q = *p;
+    q->x16 = x16;
+    q->ld16 = width;
+    if (permuted)
+        launch_wgr_bf16(c, p->x, p->n, width, p->ldx, x16, width);
+    else
+        launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width);
+    return true;
+}
+
+bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
+    struct tc_p q;
+    if (!wg_dense_copy(c, p, grid, false, &q)) return false;
     return p->w.type == DSI_TYPE_F8_E4M3
                ? wg_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid)
                : wg_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &q, bn, false, grid);

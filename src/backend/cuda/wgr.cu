@@ -1,7 +1,8 @@
-/* wgr.cu - the MoE expert GEMMs of wg.cu (up + SwiGLU, down; routed and shared experts, FP4 / FP8
- * weights, `fast` numerics) with the weights in registers: wgmma's A operand straight from the
- * decode, so no weight tile goes through shared memory (wg.cu stores each decoded step there, with
- * a proxy fence and a barrier per 64 k). Same numerics as wg.cu (weights decoded exactly to bf16,
+/* wgr.cu - wg.cu's block GEMMs (the MoE's up + SwiGLU and down, routed and shared experts, FP4 /
+ * FP8 weights; dense GEMMs on FP8 / BF16 weights from 512 rows, groups side by side; `fast`
+ * numerics) with the weights in registers: wgmma's A operand straight from the decode, so no
+ * weight tile goes through shared memory (wg.cu stores each decoded step there, with a proxy
+ * fence and a barrier per 64 k). Same numerics as wg.cu (weights decoded exactly to bf16,
  * activations rounded to bf16, fp32 sums in the tensor cores' order): not bitwise; the op tests
  * bound the difference. c->wg_rs (DSI_CUDA_WG_RS=1) turns it on; step 25 wrote it without a GPU.
  *
@@ -16,19 +17,19 @@
  * in which order its terms meet, as long as both operands agree.
  *
  * A block of WR_T = 256 threads (2 warpgroups) computes WR_BM = 128 weight rows x BN activation
- * rows (64, 128 or 192) over all of K, 128 k a step. The activation tile of a step is BN rows of
- * 256 bytes in two 128-byte swizzled sub-tiles (k 0-63, 64-127 of the permuted order; slice i at
- * sub-tile i / 4, byte (i % 4) 32), copied by cp.async WR_AH = 2 steps ahead into WR_ST = 4
- * stages; the weights come WR_PF = 2 steps ahead into registers. A step issues its 8 slices as two
- * groups of 4 wgmma (slices 0-3 from the decoded d[0..1], 4-7 from d[2..3]) and waits after each
- * for the group before (wait_group 1), so a group's A registers are free again when the next step
- * decodes into them. After the barrier of step s both warpgroups have waited for every group of
- * step s - 2, so stage (s + 2) % 4 = (s - 2) % 4 can be refilled.
+ * rows (64, 128 or 192; dense 64 or 128) over all of K, 128 k a step. The activation tile of a step
+ * is BN rows of 256 bytes in two 128-byte swizzled sub-tiles (k 0-63, 64-127 of the permuted order;
+ * slice i at sub-tile i / 4, byte (i % 4) 32), copied by cp.async WR_AH = 2 steps ahead into WR_ST
+ * = 4 stages; the weights come WR_PF = 2 steps ahead into registers. A step issues its 8 slices as
+ * two groups of 4 wgmma (slices 0-3 from the decoded d[0..1], 4-7 from d[2..3]) and waits after
+ * each for the group before (wait_group 1), so a group's A registers are free again when the next
+ * step decodes into them. After the barrier of step s both warpgroups have waited for every group
+ * of step s - 2, so stage (s + 2) % 4 = (s - 2) % 4 can be refilled.
  *
  * MoE up: as wg.cu, the thread's row g is column c of W1 and row g + 8 the same column of W3 (c =
  * 64 blockIdx.x + 32 warpgroup + 8 warp + g), so its accumulators hold the gate and the up value
- * of the same (column, activation row). Down: rows g, g + 8 of W2's 128-row block. DYN: the
- * tile's rows rounded up to 32 set the wgmma width (wg.cu's). */
+ * of the same (column, activation row). Down (and dense): rows g, g + 8 of the weight's 128-row
+ * block. DYN: the tile's rows rounded up to 32 set the wgmma width (wg.cu's). */
 #include "gemm.cuh"
 #include "moe.cuh"
 #include "tc.cuh"
@@ -83,8 +84,8 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
 
     int e, rows = BN;
     int64_t K;
-    const uint16_t *xs = MODE == TC_UP ? p.m.x16 : p.m.h16;
-    int64_t lds = MODE == TC_UP ? p.m.D : p.m.I;
+    const uint16_t *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
+    int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
     if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K, &rows)) return;
     const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
             if (col < p.m.I) r = col;
         } else {
             int64_t o = (int64_t)blockIdx.x * WR_BM + wgi * 64 + w4 * 16 + g + 8 * h;
-            if (o < p.m.D) r = o;
+            if (o < (MODE == TC_DENSE ? p.n_out : p.m.D)) r = MODE == TC_DENSE ? p.row0 + o : o;
         }
         tc_wsrc<MODE>(p, e, MODE == TC_UP ? h : 0, r, &wrow[h], &wsrow[h], &sh1[h], &sb1[h]);
     }
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
                 tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g,
                           acc[4 * j + i], acc[4 * j + i + 2]);
             } else {
-                tc_put<MODE>(p, opos, jr, 0,
+                tc_put<MODE>(p, opos, jr, (int64_t)blockIdx.y * BN + jr,
                              (int64_t)blockIdx.x * WR_BM + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
                              acc[4 * j + i]);
             }
@@ -196,26 +197,35 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
 
 /* ---- launchers --------------------------------------------------------------------------- */
 
+/* k_wgr<MODE, WT, BN, D>'s launch (its dynamic shared memory raised once per instance) */
+template <int MODE, int WT, int BN, bool D>
+static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
+    static bool smem_done = false;
+    size_t sm = wr_smem_bytes(BN);
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D>, sm, &smem_done, "wgmma, weights in registers"))
+        return false;
+    cu_launch(c, k_wgr<MODE, WT, BN, D>, grid, WR_T, sm, *p);
+    return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
+                                        : "moe (wgmma, weights in registers)");
+}
+
+/* dyn: the MoE's DYN kernels (dense: never) */
 template <int MODE, int WT, int BN>
 static bool wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid) {
-    static bool smem_done[2] = {false, false};
-    size_t sm = wr_smem_bytes(BN);
-    if (dyn) {
-        if (!smem_limit(c, k_wgr<MODE, WT, BN, true>, sm, &smem_done[1], "wgmma moe")) return false;
-        cu_launch(c, k_wgr<MODE, WT, BN, true>, grid, WR_T, sm, *p);
-    } else {
-        if (!smem_limit(c, k_wgr<MODE, WT, BN, false>, sm, &smem_done[0], "wgmma moe"))
-            return false;
-        cu_launch(c, k_wgr<MODE, WT, BN, false>, grid, WR_T, sm, *p);
-    }
-    return cu_check(c, "moe (wgmma, weights in registers)");
+    if constexpr (MODE != TC_DENSE)
+        if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid);
+    return wr_launch1<MODE, WT, BN, false>(c, p, grid);
 }
 
 template <int MODE, int WT>
 static bool wr_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid) {
-    return bn <= 64    ? wr_launch<MODE, WT, 64>(c, p, dyn, grid)
-           : bn <= 128 ? wr_launch<MODE, WT, 128>(c, p, dyn, grid)
-                       : wr_launch<MODE, WT, 192>(c, p, dyn, grid);
+    if constexpr (MODE == TC_DENSE)
+        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid)
+                        : wr_launch<MODE, WT, 128>(c, p, false, grid);
+    else
+        return bn <= 64    ? wr_launch<MODE, WT, 64>(c, p, dyn, grid)
+               : bn <= 128 ? wr_launch<MODE, WT, 128>(c, p, dyn, grid)
+                           : wr_launch<MODE, WT, 192>(c, p, dyn, grid);
 }
 
 /* The permuted bf16 copy: a thread per destination pair q of a row (slots 2 m, 2 m + 1 of slice
@@ -248,6 +258,17 @@ void launch_wgr_bf16(struct cu_ctx *c,
 }
 
 bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
+
+bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
+    /* the permuted copy: the groups' K ranges start at multiples of 128, so each is in whole
+       permutation groups */
+    if (p->w.K % WR_BK || (grid.z > 1 && p->gx % WR_BK)) return false;
+    struct tc_p q;
+    if (!wg_dense_copy(c, p, grid, true, &q)) return true; /* (the sticky error is set) */
+    return p->w.type == DSI_TYPE_F8_E4M3
+               ? wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid)
+               : wr_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &q, bn, false, grid);
+}
 
 int wgr_pick_bn(double rows) { return rows > 128 ? 192 : rows > 64 ? 128 : 64; }
 
