@@ -315,8 +315,11 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         /* 33-63 rows: gvf.cu, launches of 32 rows */
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 40, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
         {{DSI_TYPE_BF16, 256, 128, 48, 0, 32, 1100, 300, false}, {8, 128, 36}},
-        /* fast numerics from DSI_CUDA_TC_DENSE rows: one tc.cu launch (grid.z = groups) */
+        /* fast numerics from DSI_CUDA_TC_DENSE rows: one tc.cu launch (grid.z = groups; split
+           along K where the grid is small and the groups' outputs side by side: the first and
+           the 128-row case of the real shape, step 25) */
         {{DSI_TYPE_F8_E4M3, 512, 256, 70, 0, 64, 2048, 520, true}, {8, 256, 64}},
+        {{DSI_TYPE_F8_E4M3, 8192, 4096, 128, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
         {{DSI_TYPE_BF16, 256, 128, 65, 0, 32, 1100, 300, false}, {8, 128, 36}},
         {{DSI_TYPE_F8_E4M3, 8192, 4096, 72, 0, 1024, 32768, 8192, true}, {8, 4096, 1024}},
         /* from 512 rows: one wg.cu launch on the groups' bf16 copy */
@@ -330,19 +333,28 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         TEST_ASSERTF(run_gemm_g(&r, &cases[i].c, &cases[i].g, true), "gemm grouped fast case %d",
                      i);
     }
-    /* the cases from 512 rows once more on wgr.cu's kernels (DSI_CUDA_WG_RS=1; step 25) */
-    struct dsi_backend *rs = cuda_backend_with("DSI_CUDA_WG_RS=1"), *keep = g_gpu;
-    TEST_ASSERT(rs != NULL);
-    g_gpu = rs;
+    /* the cases from 512 rows once more on wgr.cu's kernels (DSI_CUDA_WG_RS=1), those of 64-511
+       rows with the groups never split along K (DSI_CUDA_TC_SPLIT_GROUPED=0; both step 25) */
+    const struct {
+        const char *env;
+        int64_t nmin, nmax;
+    } other[] = {{"DSI_CUDA_WG_RS=1", 512, INT64_MAX}, {"DSI_CUDA_TC_SPLIT_GROUPED=0", 64, 511}};
+    struct dsi_backend *keep = g_gpu;
     int ok = 1;
-    for (int i = 0; i < n && ok; i++) {
-        if (cases[i].c.n < 512 || (tiny_only() && cases[i].c.rows * cases[i].c.K > (1 << 20)))
-            continue;
-        ok = run_gemm_g(&r, &cases[i].c, &cases[i].g, true);
-        if (!ok) fprintf(stderr, "[gemm grouped fast case %d with DSI_CUDA_WG_RS=1] ", i);
+    for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
+        struct dsi_backend *g2 = cuda_backend_with(other[b].env);
+        TEST_ASSERT(g2 != NULL);
+        g_gpu = g2;
+        for (int i = 0; i < n && ok; i++) {
+            if (cases[i].c.n < other[b].nmin || cases[i].c.n > other[b].nmax ||
+                (tiny_only() && cases[i].c.rows * cases[i].c.K > (1 << 20)))
+                continue;
+            ok = run_gemm_g(&r, &cases[i].c, &cases[i].g, true);
+            if (!ok) fprintf(stderr, "[gemm grouped fast case %d with %s] ", i, other[b].env);
+        }
+        g_gpu = keep;
+        g2->ops->free(g2);
     }
-    g_gpu = keep;
-    rs->ops->free(rs);
     TEST_ASSERT(ok);
     return 0;
 }

@@ -84,6 +84,8 @@ struct cu_ctx {
     int tc_dense_min;
     bool tc_split; /* tc.cu: dense grids under 2 blocks per SM split along K (DSI_CUDA_TC_SPLIT=0:
                       off; step 23) */
+    bool tc_split_grouped; /* ... grouped ones too, their outputs side by side
+                              (DSI_CUDA_TC_SPLIT_GROUPED=0: off; step 25) */
     double tc_moe_min;
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
                              DSI_CUDA_GVF; 0: off) */

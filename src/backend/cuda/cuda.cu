@@ -477,6 +477,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->tc_dense_min = td && *td ? atoi(td) : 64;
     const char *tsp = getenv("DSI_CUDA_TC_SPLIT");
     c->tc_split = !(tsp && *tsp == '0');
+    /* (step 25, compiled only: the next device run measures it against
+       DSI_CUDA_TC_SPLIT_GROUPED=0) */
+    const char *tsg = getenv("DSI_CUDA_TC_SPLIT_GROUPED");
+    c->tc_split_grouped = !(tsg && *tsg == '0');
     /* routed experts on tc.cu from 8 rows per expert, below on gvf.cu (measured faster there
        since gvf.cu's bf16-pair decode: batch 128 -26%, 256 -5%; docs/cuda.md, step 15) */
     c->tc_moe_min = tm && *tm ? atof(tm) : 8.0;

@@ -93,12 +93,12 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
     float4 xr[XV];
     int64_t steps = K / TC_BK;
     int kb = 0;                            /* the first k of the block's piece of K (K < 2^31) */
-    if (MODE == TC_DENSE && p.split > 1) { /* piece blockIdx.z: its fp32 sums into cv */
-        int64_t s0 = (int64_t)blockIdx.z * p.sps;
+    if (MODE == TC_DENSE && p.split > 1) { /* its piece's fp32 sums into cv (group g's columns) */
+        int64_t g = blockIdx.z / p.split, pc = blockIdx.z - g * p.split, s0 = pc * p.sps;
         steps = steps - s0 < p.sps ? steps - s0 : p.sps;
         kb = (int)(s0 * TC_BK);
-        p.y = p.cv + (int64_t)blockIdx.z * p.n * p.n_out;
-        p.ldy = p.n_out;
+        p.y = p.cv + pc * p.n * p.cvw + g * p.n_out;
+        p.ldy = p.cvw;
         p.round = false;
     }
     auto load_x = [&](int64_t s) {
@@ -268,15 +268,23 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     /* A grid under 2 blocks per SM (decode batches of 64-511 rows on narrow weights: the
        compressors', the indexer's, the router's; each block a chain of K / TC_BK dependent
        steps) is split along K: pieces of sps steps, their fp32 sums added in piece order by
-       launch_gemm_reduce (deterministic; `fast` numerics: another order of the sums). */
-    int64_t blocks = (int64_t)grid.x * grid.y, steps = w->K / TC_BK, target = 2 * (int64_t)c->n_sms;
-    if (c->tc_split && g->groups == 1 && blocks < target && steps > 1) {
-        p.split =
-            (int)cu_split_even(std::min<int64_t>(cu_div_up(target, blocks), 32), steps, &p.sps);
+       launch_gemm_reduce (deterministic; `fast` numerics: another order of the sums). Grouped
+       calls too where the groups' outputs sit side by side (gys = n_out: the output projection,
+       8 groups of 128 weight-row blocks: 64-256 blocks of 64 steps; step 25), the reduce then
+       over the groups' columns at once; their pieces at most as many as keep the grid within
+       one wave of 2 blocks per SM (at batch 256 its 256 blocks are not split: two waves of half
+       the steps would take as long). */
+    int64_t blocks = (int64_t)grid.x * grid.y * g->groups, steps = w->K / TC_BK,
+            target = 2 * (int64_t)c->n_sms, cvw = g->n_out * g->groups;
+    bool side = g->groups == 1 || (g->gys == g->n_out && c->tc_split_grouped);
+    if (c->tc_split && side && blocks < target && steps > 1 && (int64_t)g->groups * 32 <= 65535) {
+        int64_t want = g->groups == 1 ? cu_div_up(target, blocks) : target / blocks;
+        p.split = (int)cu_split_even(std::min<int64_t>(want, 32), steps, &p.sps);
         if (p.split > 1) {
-            p.cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p.split * n * g->n_out) * 4);
+            p.cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p.split * n * cvw) * 4);
             if (!p.cv) return true; /* (the sticky error is set) */
-            grid.z = (unsigned)p.split;
+            p.cvw = cvw;
+            grid.z = (unsigned)(p.split * g->groups);
         }
     }
     /* (the grouped output projection apart in the profile: the largest tc.cu call at decode) */
@@ -285,8 +293,7 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
                   ? tc_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &p, bn, grid)
                   : tc_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &p, bn, grid);
     cu_prof_end(c, pp);
-    if (ok && p.split > 1)
-        launch_gemm_reduce(c, p.cv, p.split, n, g->n_out, g->y, g->ldy, g->round);
+    if (ok && p.split > 1) launch_gemm_reduce(c, p.cv, p.split, n, cvw, g->y, g->ldy, g->round);
     return ok || c->sticky;
 }
 

@@ -123,10 +123,12 @@ struct tc_p {
     int64_t gx, gy;      /* dense groups (blockIdx.z): rows row0 + z n_out, x + z gx, y + z gy */
     const uint16_t *x16; /* wg.cu, dense: the bf16 copy of the rows of x (row stride ld16) */
     int64_t ld16;
-    /* tc.cu, dense with one group: split > 1 pieces along K (blockIdx.z), sps steps of TC_BK
-       each, whose fp32 sums go to cv ([split][n][n_out]) for launch_gemm_reduce */
+    /* tc.cu, dense: split > 1 pieces along K (group blockIdx.z / split, piece blockIdx.z %
+       split), sps steps of TC_BK each, whose fp32 sums go to cv ([split][n][cvw]: group g's
+       n_out columns at g n_out; groups whose outputs sit side by side, gy = n_out) for
+       launch_gemm_reduce */
     int split;
-    int64_t sps;
+    int64_t sps, cvw;
     float *cv;
 };
 
@@ -253,7 +255,7 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
     *e = -1;
     if (MODE == TC_DENSE) {
         *K = p.w.K;
-        int64_t z = p.split > 1 ? 0 : blockIdx.z; /* blockIdx.z: the group, or the K piece */
+        int64_t z = p.split > 1 ? blockIdx.z / p.split : blockIdx.z; /* the group */
         p.row0 += z * p.n_out;
         xs += z * gxs;
         p.y += z * p.gy;
