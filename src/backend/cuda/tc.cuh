@@ -347,8 +347,9 @@ bool wg_dense_copy(
  * (64, 128) rows, grid (weight rows / 128, rows / bn, groups). */
 bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
 /* wgr.cu: the same with the weights in registers (c->wg_rs), on a permuted bf16 copy of the
- * rows; false (nothing launched) where K or the groups' column stride is not a multiple of 128.
- * */
+ * rows, FP8 weights; false (nothing launched) for other weights (BF16 ones would feed wgmma the
+ * loads' own registers: ptxas then fences each one, C7519) or where K or the groups' column
+ * stride is not a multiple of 128. */
 bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
 
 #endif

@@ -1,5 +1,5 @@
 /* wgr.cu - wg.cu's block GEMMs (the MoE's up + SwiGLU and down, routed and shared experts, FP4 /
- * FP8 weights; dense GEMMs on FP8 / BF16 weights from 512 rows, groups side by side; `fast`
+ * FP8 weights; dense GEMMs on FP8 weights from 512 rows, groups side by side; `fast`
  * numerics) with the weights in registers: wgmma's A operand straight from the decode, so no
  * weight tile goes through shared memory (wg.cu stores each decoded step there, with a proxy
  * fence and a barrier per 64 k). Same numerics as wg.cu (weights decoded exactly to bf16,
@@ -262,12 +262,11 @@ bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
 bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
     /* the permuted copy: the groups' K ranges start at multiples of 128, so each is in whole
        permutation groups */
-    if (p->w.K % WR_BK || (grid.z > 1 && p->gx % WR_BK)) return false;
+    if (p->w.type != DSI_TYPE_F8_E4M3 || p->w.K % WR_BK || (grid.z > 1 && p->gx % WR_BK))
+        return false;
     struct tc_p q;
     if (!wg_dense_copy(c, p, grid, true, &q)) return true; /* (the sticky error is set) */
-    return p->w.type == DSI_TYPE_F8_E4M3
-               ? wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid)
-               : wr_launch_bn<TC_DENSE, DSI_TYPE_BF16>(c, &q, bn, false, grid);
+    return wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid);
 }
 
 int wgr_pick_bn(double rows) { return rows > 128 ? 192 : rows > 64 ? 128 : 64; }
