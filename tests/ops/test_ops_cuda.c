@@ -78,7 +78,16 @@ int test_cuda_hadamard_q4(struct test_ctx *t) {
     struct rng r = rng_of(t, 3);
     struct {
         int64_t n, groups, dim, ldx;
-    } cs[] = {{3, 64, 128, 8192}, {5, 1, 128, 128}, {2, 4, 128, 600}, {9, 2, 64, 128}};
+    } cs[] = {/* one warp per group (step 25): dims 128-1024 on 16-byte aligned rows */
+              {3, 64, 128, 8192},
+              {5, 1, 128, 128},
+              {2, 4, 128, 600},
+              {4, 3, 256, 800},
+              {2, 2, 512, 1024},
+              {2, 1, 1024, 1024},
+              /* a block per group: other dims, rows not on 16 bytes */
+              {9, 2, 64, 128},
+              {3, 1, 128, 130}};
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t nx = cs[c].n * cs[c].ldx;
         float *x = fnorm(&r, nx, 0.7f), *xg = malloc(sizeof(float) * (size_t)nx);

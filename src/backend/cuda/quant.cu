@@ -86,6 +86,77 @@ __global__ void k_hadamard_q4(float *x, int64_t n_groups, int dim, int64_t ldx) 
     }
 }
 
+/* The same with one warp per (row, group) for dims of 32 V (V = 4, 8, 16, 32; 16-byte aligned
+ * rows): lane l holds elements V l .. V l + V - 1 in registers; the butterflies of h < V inside
+ * the lane, those of h = V m with the lane l ^ m by shuffles (the lower element of a pair takes
+ * a + b, the upper a - b, a and b as the block kernel's), then each 32-block's FP4 round trip
+ * with its absolute maximum over the 32 / V lanes that hold it. The same operations per element
+ * as k_hadamard_q4, so the same bits. Its block of 128 threads per (row, group), with a barrier
+ * per stage and a 64-bit division per block, took 517 us for the 8k prefill's 524288 groups of
+ * 128 (step 24's profile; ~140 us of bytes); step 25. 8 groups per block of 256 threads. */
+template <int V>
+__global__ void __launch_bounds__(256) k_hadamard_q4_warp(float *x,
+                                                          int64_t rows, /* n * n_groups */
+                                                          int64_t n_groups,
+                                                          int64_t ldx) {
+    cu_pdl_enter();
+    int64_t rg = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (rg >= rows) return;
+    int lane = threadIdx.x & 31;
+    int64_t r = rg / n_groups, g = rg - r * n_groups;
+    float4 *xp = (float4 *)(x + r * ldx + g * (32 * V) + lane * V);
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) {
+        float4 f = xp[i];
+        v[4 * i] = bf16_round(f.x);
+        v[4 * i + 1] = bf16_round(f.y);
+        v[4 * i + 2] = bf16_round(f.z);
+        v[4 * i + 3] = bf16_round(f.w);
+    }
+#pragma unroll
+    for (int h = 1; h < V; h *= 2)
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            if (!(i & h)) {
+                float a = v[i], b = v[i + h];
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2)
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            float o = __shfl_xor_sync(0xffffffffu, v[i], m);
+            v[i] = (lane & m) ? o - v[i] : v[i] + o;
+        }
+    float s = 1.0f / sqrtf((float)(32 * V)), amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        v[i] = bf16_round(v[i] * s);
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int m = 1; m < 32 / V; m *= 2)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    float sc = ue8m0_scale(amax, 6.0f, FP4_FLOOR);
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        float t = v[i] / sc;
+        t = t > 6.0f ? 6.0f : t < -6.0f ? -6.0f : t;
+        v[i] = round_grid(t, 1, 0) * sc;
+    }
+#pragma unroll
+    for (int i = 0; i < V / 4; i++)
+        xp[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+}
+
+template <int V> static void hadamard_warp(struct cu_ctx *c, const struct dsi_hadamard_q4_args *a) {
+    int64_t rows = a->n * a->n_groups;
+    cu_launch(c, k_hadamard_q4_warp<V>, (unsigned)cu_div_up(rows, 8), 256, 0, a->x, rows,
+              a->n_groups, a->ldx);
+}
+
 extern "C" void cuda_hadamard_q4(struct dsi_backend *be, const struct dsi_hadamard_q4_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->n_groups <= 0) return;
@@ -94,8 +165,16 @@ extern "C" void cuda_hadamard_q4(struct dsi_backend *be, const struct dsi_hadama
         cu_fail(c, DSI_ERR_UNSUPPORTED, "hadamard_q4: dim %d (want a power of two, 32..8192)", dim);
         return;
     }
-    int64_t blocks = a->n * a->n_groups;
-    cu_launch(c, k_hadamard_q4, (unsigned)blocks, 128, (size_t)dim * 4, a->x, a->n_groups, dim,
-              a->ldx);
+    bool vec = a->ldx % 4 == 0 && (uintptr_t)a->x % 16 == 0;
+    if (vec && dim >= 128 && dim <= 1024) {
+        if (dim == 128) hadamard_warp<4>(c, a);
+        if (dim == 256) hadamard_warp<8>(c, a);
+        if (dim == 512) hadamard_warp<16>(c, a);
+        if (dim == 1024) hadamard_warp<32>(c, a);
+    } else {
+        int64_t blocks = a->n * a->n_groups;
+        cu_launch(c, k_hadamard_q4, (unsigned)blocks, 128, (size_t)dim * 4, a->x, a->n_groups, dim,
+                  a->ldx);
+    }
     cu_check(c, "hadamard_q4");
 }
