@@ -28,7 +28,8 @@ int test_cuda_act_quant(struct test_ctx *t) {
     } cs[] = {{5, 4096, 4096, 4096, 128, false},
               {7, 448, 512, 512, 64, true},
               {1, 1024, 1024, 2048, 0, false},
-              {33, 2048, 2048, 2048, 128, true}};
+              {33, 2048, 2048, 2048, 128, true},
+              {3, 256, 258, 256, 128, false}}; /* blocks of 128 off 16 bytes: k_act_quant */
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t nx = cs[c].n * cs[c].ldx, ny = cs[c].inplace ? nx : cs[c].n * cs[c].ldy;
         float *x = fnorm(&r, nx, 1.0f);

@@ -1,6 +1,7 @@
 /* quant.cu - the [QAT] simulations: activation FP8 round trip (act_quant) and the indexer's
  * Hadamard + FP4 round trip, bit for bit as cpu/quant.c. */
 #include "common.cuh"
+#include "norm.cuh"
 
 #define FP4_FLOOR 0x1.8p-124f /* 6 * 2^-126 */
 
@@ -31,6 +32,22 @@ k_act_quant(const float *x, float *y, int64_t n, int64_t nb, int block, int64_t 
     }
 }
 
+/* Blocks of 128 on 16-byte aligned rows: one warp per (row, block), a float4 per lane (one load,
+ * one store; k_act_quant's lanes load 4 scalars twice). The same per-element operations
+ * (q8_warp_block), so the same bits; in place safe (every lane has loaded before the maximum's
+ * shuffles end). Step 25. */
+__global__ void __launch_bounds__(CU_THREADS)
+    k_act_quant128(const float *x, float *y, int64_t n, int nb, int64_t ldx, int64_t ldy) {
+    cu_pdl_enter();
+    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wid >= n * nb) return;
+    int64_t r = wid / nb;
+    int b = (int)(wid - r * nb);
+    float4 v = *((const float4 *)(x + r * ldx + b * 128) + lane);
+    q8_warp_block(v, (float4 *)(y + r * ldy + b * 128) + lane);
+}
+
 void launch_act_quant(struct cu_ctx *c,
                       const float *x,
                       float *y,
@@ -46,8 +63,13 @@ void launch_act_quant(struct cu_ctx *c,
         return;
     }
     int64_t nb = dim / block, warps = n * nb;
-    cu_launch(c, k_act_quant, (unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, x, y, n, nb,
-              block, ldx, ldy);
+    if (block == 128 && ldx % 4 == 0 && ldy % 4 == 0 && (uintptr_t)x % 16 == 0 &&
+        (uintptr_t)y % 16 == 0 && nb <= INT32_MAX)
+        cu_launch(c, k_act_quant128, (unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, x, y, n,
+                  (int)nb, ldx, ldy);
+    else
+        cu_launch(c, k_act_quant, (unsigned)cu_div_up(warps, CU_WARPS), CU_THREADS, 0, x, y, n, nb,
+                  block, ldx, ldy);
     cu_check(c, "act_quant");
 }
 
