@@ -1331,5 +1331,15 @@ int test_cuda_indexer(struct test_ctx *t) {
     TEST_ASSERT(run_indexer(&r, 32, 64, 8, 4, s3, l3, true));
     TEST_ASSERT(run_indexer(&r, 4, 128, 4, 5, s1, l1, true));
     if (!tiny_only()) TEST_ASSERT(run_indexer(&r, 64, 128, 512, 5, s2, l2, true));
+    /* the tensor-core scores with 3 key tiles per block (by default as many as 8 from enough
+       rows; these cases have too few for more than 1; step 25) */
+    struct dsi_backend *g3 = cuda_backend_with("DSI_CUDA_IDX_TPB=3"), *keep = g_gpu;
+    TEST_ASSERT(g3 != NULL);
+    g_gpu = g3;
+    int ok = run_indexer(&r, 32, 64, 8, 4, s3, l3, true) &&
+             (tiny_only() || run_indexer(&r, 64, 128, 512, 5, s2, l2, true));
+    g_gpu = keep;
+    g3->ops->free(g3);
+    TEST_ASSERT(ok);
     return 0;
 }

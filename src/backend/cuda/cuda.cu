@@ -562,6 +562,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");
     c->tc_idx = !(ti && *ti == '0');
+    /* (step 25, compiled only: several key tiles per block by default) */
+    const char *it = getenv("DSI_CUDA_IDX_TPB");
+    c->idx_tpb = it && *it ? atoi(it) : 0;
     /* dense FP8 GEMMs of `fast` numerics from 128 rows through cuBLASLt (lt.cu); the handle is
        made here, never in a step; without it the GEMMs stay on tc.cu */
     const char *lm = getenv("DSI_CUDA_LT_MIN"), *ll = getenv("DSI_CUDA_LT_LAYOUT");

@@ -7,6 +7,8 @@
  * the top-k is the same. */
 #include "tc.cuh"
 
+#include <algorithm>
+
 #define IDX_TK 128 /* keys per score block (one thread each) */
 #define IDX_TN 64  /* keys per tensor-core score block */
 #define IDX_SB 8   /* k_idx_scores_tc's staging: float4 loads in flight per thread */
@@ -23,6 +25,7 @@ struct idx_p {
     float *Sc;
     int64_t maxv;
     int r0;
+    int tpb; /* k_idx_scores_tc: key tiles per block (blockIdx.y: tiles tpb y .. tpb y + tpb - 1) */
 };
 
 /* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
@@ -83,7 +86,8 @@ __global__ void __launch_bounds__(IDX_TK) k_idx_scores(struct idx_p p) {
     p.Sc[(int64_t)(r - p.r0) * p.maxv + i0 + j] = acc;
 }
 
-/* `fast` numerics: grid (rows, key tiles of IDX_TN); H / 16 warps (H % 16 == 0, H <= 64,
+/* `fast` numerics: grid (rows, groups of p.tpb key tiles of IDX_TN, the tiles one after another
+ * on the row's q staged once); H / 16 warps (H % 16 == 0, H <= 64,
  * hd % 16 == 0, hd <= 128). The row's q [H][hd] and the tile's keys [IDX_TN][hd] are rounded to
  * bf16 in shared memory, rows padded by 8 bf16 (ldmatrix without bank conflicts). q and the keys
  * are FP4 round trips with power-of-two scales in this model, so bf16 is exact and the products
@@ -103,9 +107,8 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
     float *red = ws + p.H;                   /* [nw][IDX_TN] */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int r = p.r0 + blockIdx.x;
-    int64_t nv = (p.st.pos[r] + 1) / p.ratio, i0 = (int64_t)blockIdx.y * IDX_TN;
-    if (i0 >= nv) return;
-    int nt = nv - i0 < IDX_TN ? (int)(nv - i0) : IDX_TN;
+    int64_t nv = (p.st.pos[r] + 1) / p.ratio, t0 = (int64_t)blockIdx.y * p.tpb;
+    if (t0 * IDX_TN >= nv) return;
     int v4 = hd / 4, slot = p.st.slot[r];
     /* q and the keys in rounds of IDX_SB float4 per thread, the loads of a round first (step 24:
        a load then its store per step, the keys' behind a branch and a page-table lookup, made
@@ -128,64 +131,73 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
     }
     for (int e = tid; e < p.H; e += bd)
         ws[e] = p.w[(int64_t)r * p.H + e] * p.w_scale;
-    for (int e0 = tid; e0 < IDX_TN * v4; e0 += IDX_SB * bd) {
-        const float *kr[IDX_SB];
+    /* the block's key tiles on the staged q (step 25: a block per tile staged q, 32 KB of loads
+       as much as its keys, once per 64 keys) */
+    for (int64_t tile = t0; tile < t0 + p.tpb; tile++) {
+        int64_t i0 = tile * IDX_TN;
+        if (i0 >= nv) break;
+        int nt = nv - i0 < IDX_TN ? (int)(nv - i0) : IDX_TN;
+        __syncthreads(); /* the tile before: its reads of Ks and red are done */
+        for (int e0 = tid; e0 < IDX_TN * v4; e0 += IDX_SB * bd) {
+            const float *kr[IDX_SB];
 #pragma unroll
-        for (int u = 0; u < IDX_SB; u++) { /* the page-table lookups, all in flight */
-            int j = (e0 + u * bd) / v4;
-            kr[u] = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
-                                   i0 + (j < nt ? j : 0), p.ratio, hd);
+            for (int u = 0; u < IDX_SB; u++) { /* the page-table lookups, all in flight */
+                int j = (e0 + u * bd) / v4;
+                kr[u] = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
+                                       i0 + (j < nt ? j : 0), p.ratio, hd);
+            }
+            float4 f[IDX_SB];
+#pragma unroll
+            for (int u = 0; u < IDX_SB; u++) {
+                int e = e0 + u * bd;
+                f[u] = ((const float4 *)kr[u])[e < IDX_TN * v4 ? e % v4 : 0];
+            }
+#pragma unroll
+            for (int u = 0; u < IDX_SB; u++) {
+                int e = e0 + u * bd, j = e / v4, c = e % v4;
+                if (e >= IDX_TN * v4) break;
+                float4 v = j < nt ? f[u] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                *(uint2 *)(Ks + j * ld + 4 * c) =
+                    make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+            }
         }
-        float4 f[IDX_SB];
+        __syncthreads();
+        float acc[8][4];
+        acc_zero(acc);
+        const uint16_t *qa = Qs + (warp * 16 + (lane & 15)) * ld + (lane >> 4) * 8;
+        const uint16_t *kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8;
+        for (int k = 0; k < hd; k += 16) {
+            uint32_t a[4];
+            ldsm_x4(smem_u32(qa + k), a);
 #pragma unroll
-        for (int u = 0; u < IDX_SB; u++) {
-            int e = e0 + u * bd;
-            f[u] = ((const float4 *)kr[u])[e < IDX_TN * v4 ? e % v4 : 0];
+            for (int j = 0; j < 8; j += 2) {
+                uint32_t b[4];
+                ldsm_x4(smem_u32(kb + j * 8 * ld + k), b);
+                mma_bf16(acc[j], a, b[0], b[1]);
+                mma_bf16(acc[j + 1], a, b[2], b[3]);
+            }
         }
+        int g = lane >> 2, t4 = lane & 3;
+        float w0 = ws[warp * 16 + g], w1 = ws[warp * 16 + g + 8];
 #pragma unroll
-        for (int u = 0; u < IDX_SB; u++) {
-            int e = e0 + u * bd, j = e / v4, c = e % v4;
-            if (e >= IDX_TN * v4) break;
-            float4 v = j < nt ? f[u] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            *(uint2 *)(Ks + j * ld + 4 * c) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float d0 = acc[j][e], d1 = acc[j][e + 2];
+                float v = (d0 > 0.0f ? d0 * p.score_scale : 0.0f) * w0 +
+                          (d1 > 0.0f ? d1 * p.score_scale : 0.0f) * w1;
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (g == 0) red[warp * IDX_TN + j * 8 + 2 * t4 + e] = v;
+            }
+        __syncthreads();
+        for (int j = tid; j < nt; j += blockDim.x) {
+            float s = 0.0f;
+            for (int w = 0; w < nw; w++)
+                s += red[w * IDX_TN + j];
+            p.Sc[(int64_t)(r - p.r0) * p.maxv + i0 + j] = s;
         }
-    }
-    __syncthreads();
-    float acc[8][4];
-    acc_zero(acc);
-    const uint16_t *qa = Qs + (warp * 16 + (lane & 15)) * ld + (lane >> 4) * 8;
-    const uint16_t *kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8;
-    for (int k = 0; k < hd; k += 16) {
-        uint32_t a[4];
-        ldsm_x4(smem_u32(qa + k), a);
-#pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-            uint32_t b[4];
-            ldsm_x4(smem_u32(kb + j * 8 * ld + k), b);
-            mma_bf16(acc[j], a, b[0], b[1]);
-            mma_bf16(acc[j + 1], a, b[2], b[3]);
-        }
-    }
-    int g = lane >> 2, t4 = lane & 3;
-    float w0 = ws[warp * 16 + g], w1 = ws[warp * 16 + g + 8];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float d0 = acc[j][e], d1 = acc[j][e + 2];
-            float v = (d0 > 0.0f ? d0 * p.score_scale : 0.0f) * w0 +
-                      (d1 > 0.0f ? d1 * p.score_scale : 0.0f) * w1;
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
-            if (g == 0) red[warp * IDX_TN + j * 8 + 2 * t4 + e] = v;
-        }
-    __syncthreads();
-    for (int j = tid; j < nt; j += blockDim.x) {
-        float s = 0.0f;
-        for (int w = 0; w < nw; w++)
-            s += red[w * IDX_TN + j];
-        p.Sc[(int64_t)(r - p.r0) * p.maxv + i0 + j] = s;
     }
 }
 
@@ -334,8 +346,13 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
     for (int r0 = 0; r0 < n; r0 += nb) {
         int rows = n - r0 < nb ? n - r0 : nb;
         p.r0 = r0;
+        /* key tiles per block: up to 8 while the grid keeps ~8 blocks per SM (c->idx_tpb,
+           DSI_CUDA_IDX_TPB: this many instead; 1: step 24's one tile a block) */
+        int64_t tiles = cu_div_up(maxv, IDX_TN);
+        int64_t tpb = c->idx_tpb > 0 ? c->idx_tpb : rows * tiles / (8 * (int64_t)c->n_sms);
+        p.tpb = (int)std::max<int64_t>(1, std::min<int64_t>({8, tiles, tpb}));
         if (tc)
-            cu_launch(c, k_idx_scores_tc, dim3(rows, (unsigned)cu_div_up(maxv, IDX_TN)),
+            cu_launch(c, k_idx_scores_tc, dim3(rows, (unsigned)cu_div_up(tiles, p.tpb)),
                       H / 16 * 32, smem, p);
         else
             cu_launch(c, k_idx_scores, dim3(rows, (unsigned)cu_div_up(maxv, IDX_TK)), IDX_TK, smem,
