@@ -15,6 +15,7 @@
 #include "gemm.cuh"
 #include "moe.cuh"
 
+#include <algorithm>
 #include <string.h>
 
 /* ---- routing ------------------------------------------------------------------------------------
@@ -553,17 +554,63 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
     p.out[orow * p.D + o0 + r] = rbf(acc + 0.0f, p.round);
 }
 
-__global__ void
-k_moe_combine(const float *out, int64_t n, int topk, int64_t D, float *y, bool round) {
+/* The combine: y = the routed rows in k order, then the shared row. A slot whose expert id is out
+ * of range adds 0 (its out row was never written; the CPU leaves it undefined). Until step 25
+ * p.out was cleared first instead: 805 MB of stores a layer at the 8k prefill. */
+struct comb_p {
+    const float *out;
+    const int32_t *idx;
+    int E, topk;
+    int64_t n, D;
+    float *y;
+    bool round;
+};
+
+/* slot s's W values from d added to acc (0 for an expert id out of range; s >= n topk: the
+   shared expert's rows) */
+template <int W>
+__device__ __forceinline__ void comb_add(const comb_p &p, int64_t s, int64_t d, float (&acc)[W]) {
+    int e = s < p.n * p.topk ? p.idx[s] : 0;
+    bool ok = e >= 0 && e < p.E;
+    if constexpr (W == 4) {
+        float4 f =
+            ok ? *(const float4 *)(p.out + s * p.D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        acc[0] += f.x;
+        acc[1] += f.y;
+        acc[2] += f.z;
+        acc[3] += f.w;
+    } else {
+        acc[0] += ok ? p.out[s * p.D + d] : 0.0f;
+    }
+}
+
+/* a thread per value */
+__global__ void k_moe_combine(struct comb_p p) {
     cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * D) return;
-    int64_t r = t / D, d = t % D, nk = n * topk;
-    float acc = 0.0f;
-    for (int k = 0; k < topk; k++)
-        acc += out[(r * topk + k) * D + d];
-    acc += out[(nk + r) * D + d];
-    y[t] = rbf(acc, round);
+    if (t >= p.n * p.D) return;
+    int64_t r = t / p.D, d = t % p.D;
+    float acc[1] = {0.0f};
+    for (int k = 0; k < p.topk; k++)
+        comb_add<1>(p, r * p.topk + k, d, acc);
+    comb_add<1>(p, p.n * p.topk + r, d, acc);
+    p.y[t] = rbf(acc[0], p.round);
+}
+
+/* a thread per 4 values of a row (D % 4 == 0, y 16-byte aligned), rows in grid.y (strided past
+   65535): no division per value, 16-byte loads */
+__global__ void k_moe_combine4(struct comb_p p) {
+    cu_pdl_enter();
+    int64_t d = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (d >= p.D) return;
+    for (int64_t r = blockIdx.y; r < p.n; r += gridDim.y) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int k = 0; k < p.topk; k++)
+            comb_add<4>(p, r * p.topk + k, d, acc);
+        comb_add<4>(p, p.n * p.topk + r, d, acc);
+        *(float4 *)(p.y + r * p.D + d) = make_float4(rbf(acc[0], p.round), rbf(acc[1], p.round),
+                                                     rbf(acc[2], p.round), rbf(acc[3], p.round));
+    }
 }
 
 #define MOE_SMEM(R) gemm_smem_bytes(R)
@@ -768,8 +815,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
         launch_wgr_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
     else if (p.x16)
         launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
-    /* Rows whose expert id is out of range contribute 0 (the CPU leaves them undefined). */
-    cudaMemsetAsync(p.out, 0, (size_t)(nk * D) * 4, c->stream);
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
               (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
@@ -823,7 +868,12 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                : moe_down(c, &ps, s2.type, srx, gsd);
     cu_prof_end(c, pp);
     if (!ok) return;
-    cu_launch(c, k_moe_combine, (unsigned)cu_div_up(n * D, 256), 256, 0, p.out, n, a->topk, D, a->y,
-              a->round_bf16);
+    struct comb_p cp = {p.out, a->idx, E, a->topk, n, D, a->y, a->round_bf16};
+    if (D % 4 == 0 && (uintptr_t)a->y % 16 == 0)
+        cu_launch(c, k_moe_combine4,
+                  dim3((unsigned)cu_div_up(D / 4, 256), (unsigned)std::min<int64_t>(n, 65535)), 256,
+                  0, cp);
+    else
+        cu_launch(c, k_moe_combine, (unsigned)cu_div_up(n * D, 256), 256, 0, cp);
     cu_check(c, "moe combine");
 }
