@@ -173,7 +173,8 @@ static bool mix_launch(struct cu_ctx *c,
  * ([n][n_mix]), or, where the mix is split along K and want_cv (hc_pre's finish adds them:
  * c->hc_fuse), the chunk values [nq][n * n_mix] (returned, *nq_out their count; else NULL).
  * k_hc_mix from c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never), else launch_gemm; two rows
- * per lane from 33 rows (c->hc_mix_rpl, DSI_CUDA_HC_MIX_RPL=1: never). It splits K where its row
+ * per lane from 33 rows where the blocks fill the SMs (c->hc_mix_rpl, DSI_CUDA_HC_MIX_RPL=1:
+ * never). It splits K where its row
  * blocks are fewer than the SMs (c->hc_mix_split, DSI_CUDA_HC_MIX_SPLIT=0: never) into about two
  * blocks per SM (one of two rows per lane, whose blocks fill an SM alone), the chunk values in
  * CU_SCR_GEMM (at most MIX_CV_MAX bytes). */
@@ -191,9 +192,15 @@ static const float *hc_mix(struct cu_ctx *c,
         launch_gemm(c, fn, 0, n_mix, X, n, len, mraw, n_mix, false);
         return NULL;
     }
-    int rpl = c->hc_mix_rpl >= 2 && n > 32 ? 2 : 1, bps = rpl == 1 ? 2 : 1;
-    int64_t nq = len / 32, rt = cu_div_up(n, MIX_ROWS(rpl)), qpb = nq, split = 1;
-    if (c->hc_mix_split && rt < c->n_sms && nq * n * n_mix * 4 <= MIX_CV_MAX) {
+    /* two rows per lane where its blocks still fill the SMs: split along K, or about a row block
+       per SM (from ~7400 rows; hc_pre's 1366-7400 take neither: one row per lane, twice the
+       blocks) */
+    int64_t nq = len / 32;
+    bool cv_fits = c->hc_mix_split && nq * n * n_mix * 4 <= MIX_CV_MAX;
+    bool fills = cv_fits || cu_div_up(n, 64) * 8 >= c->n_sms * 7;
+    int rpl = c->hc_mix_rpl >= 2 && n > 32 && fills ? 2 : 1, bps = rpl == 1 ? 2 : 1;
+    int64_t rt = cu_div_up(n, MIX_ROWS(rpl)), qpb = nq, split = 1;
+    if (cv_fits && rt < c->n_sms) {
         qpb = cu_div_up(cu_div_up(nq, cu_div_up(bps * (int64_t)c->n_sms, rt)), MIX_STEP) * MIX_STEP;
         split = cu_div_up(nq, qpb);
     }
@@ -210,8 +217,8 @@ static const float *hc_mix(struct cu_ctx *c,
                             : mix_launch<false, 1>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
               : rpl == 2 ? mix_launch<true, 2>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
                          : mix_launch<true, 1>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out);
-    if (!ok) return NULL;
     cu_prof_end(c, pm);
+    if (!ok) return NULL;
     if (!cu_check(c, "hc mix") || !cv) return NULL;
     if (want_cv) {
         *nq_out = nq;
