@@ -268,7 +268,7 @@ __device__ __forceinline__ void block_scan2(int &a, int &b, int *ta, int *tb) {
 
 /* One block of 1024 threads. perm[pos] = slot, sorted by expert; tiles[t] = (expert, first pos,
  * rows): an expert's rows in tiles of RX and the rest, or (bal) in the same number of tiles of
- * equal rows; *n_tiles. Slots with an expert id out of range are dropped (their rows stay 0). The
+ * equal rows; *n_tiles. Slots with an expert id out of range are dropped (the combine adds 0). The
  * experts' offsets by a block scan (thread t: experts t * per .. t * per + per - 1); one thread
  * walking E experts took ~15 us at E = 256. */
 __global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx,
