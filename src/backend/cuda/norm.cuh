@@ -59,14 +59,19 @@ __device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
 
 /* One RoPE pair (x0, x1) at position p, frequency f (rope's arithmetic: the angle as an fp32
  * product, the reference cos / sin, the inverse by the sine's sign). */
+/* The rotation by (c, s) (s already negated for the inverse). */
+__device__ __forceinline__ void rope_rot(float &x0, float &x1, float c, float s, bool round) {
+    float a = x0, b = x1;
+    x0 = rbf(a * c - b * s, round);
+    x1 = rbf(b * c + a * s, round);
+}
+
 __device__ __forceinline__ void
 rope_pair(float &x0, float &x1, float p, float f, bool inverse, bool round) {
     float ang = p * f;
     float c = cos_ref(ang), s = sin_ref(ang);
     if (inverse) s = -s;
-    float a = x0, b = x1;
-    x0 = rbf(a * c - b * s, round);
-    x1 = rbf(b * c + a * s, round);
+    rope_rot(x0, x1, c, s, round);
 }
 
 #endif

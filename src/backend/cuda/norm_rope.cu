@@ -2,6 +2,8 @@
  * backend's arithmetic (cpu/ops.c). */
 #include "norm.cuh"
 
+#include <algorithm>
+
 /* One block per (row, group). Two passes over x so that y may alias x. */
 __global__ void k_rms_norm(const float *x,
                            float *y,
@@ -253,7 +255,11 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
     cu_check(c, "rms_norm");
 }
 
-/* One thread per (row, head, pair). */
+/* One thread per (row, pair) and every G-th head from head g (G: enough threads for small n;
+ * at the prefill 1): the angle's cos and sin (in double, the reference's) once per thread
+ * instead of once per element, and no 64-bit divisions per element (k_rope before step 25: a
+ * thread per (row, head, pair), three of them). Lanes take consecutive pairs of a row. The same
+ * operations per element. */
 __global__ void k_rope(float *x,
                        int64_t n,
                        int64_t ldx,
@@ -264,18 +270,25 @@ __global__ void k_rope(float *x,
                        const int32_t *pos,
                        const float *freq,
                        bool inverse,
-                       bool round) {
+                       bool round,
+                       int G) {
     cu_pdl_enter();
     int half = rope_dim / 2;
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * n_heads * half) return;
-    int i = (int)(t % half);
-    int64_t h = (t / half) % n_heads, r = t / half / n_heads;
-    float *xp = x + r * ldx + h * head_stride + (width - rope_dim);
-    float x0 = xp[2 * i], x1 = xp[2 * i + 1];
-    rope_pair(x0, x1, (float)pos[r], freq[i], inverse, round);
-    xp[2 * i] = x0;
-    xp[2 * i + 1] = x1;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, rows = n * half;
+    if (t >= rows * G) return;
+    int64_t g = t / rows, rem = t - g * rows, r = rem / half;
+    int i = (int)(rem - r * half);
+    float ang = (float)pos[r] * freq[i];
+    float c = cos_ref(ang), s = sin_ref(ang);
+    if (inverse) s = -s;
+    float *xp = x + r * ldx + g * head_stride + (width - rope_dim) + 2 * i;
+#pragma unroll 4
+    for (int64_t h = g; h < n_heads; h += G, xp += G * head_stride) {
+        float x0 = xp[0], x1 = xp[1];
+        rope_rot(x0, x1, c, s, round);
+        xp[0] = x0;
+        xp[1] = x1;
+    }
 }
 
 extern "C" void cuda_rope(struct dsi_backend *be, const struct dsi_rope_args *a) {
@@ -284,8 +297,10 @@ extern "C" void cuda_rope(struct dsi_backend *be, const struct dsi_rope_args *a)
     if (a->n <= 0 || a->n_heads <= 0 || half <= 0) return;
     const float *freq = cu_freq_dev(c, a->freq, half);
     if (!freq) return;
-    int64_t t = a->n * a->n_heads * half;
-    cu_launch(c, k_rope, (unsigned)cu_div_up(t, 256), 256, 0, a->x, a->n, a->ldx, a->n_heads,
-              a->head_stride, a->width, a->rope_dim, a->pos, freq, a->inverse, a->round_bf16);
+    /* head groups: about 32768 threads in all (batch 1: a head each, as before) */
+    int64_t rows = a->n * half;
+    int G = (int)std::min<int64_t>(a->n_heads, std::max<int64_t>(1, cu_div_up(32768, rows)));
+    cu_launch(c, k_rope, (unsigned)cu_div_up(rows * G, 256), 256, 0, a->x, a->n, a->ldx, a->n_heads,
+              a->head_stride, a->width, a->rope_dim, a->pos, freq, a->inverse, a->round_bf16, G);
     cu_check(c, "rope");
 }
