@@ -2,7 +2,7 @@
 # sass_hist.sh - the instruction mix of compiled kernels, to count what a hot loop spends per
 # tensor-core instruction (docs/cuda.md, step 22: the MoE walk's loads were ~30% of it). Input:
 # an object file (disassembled with cuobjdump, on the GPU machine: this machine has none) or a
-# saved `cuobjdump -sass` text (.sass, or .sass.gz). For each function whose mangled name matches
+# saved `cuobjdump -sass` text (.sass, or .sass.gz; here: sh tools/sass.sh FILE.cu > F.sass). For each function whose mangled name matches
 # FUNC_REGEX (grep -E; default: all): its static instruction count, the HMMA / HGMMA count, the
 # other instructions per one of them, and the TOP (15) most frequent opcodes (modifiers left out).
 # Static counts: both sides of a branch count, a loop body once. Usage:
