@@ -108,6 +108,10 @@ struct moe_case {
     enum dsi_type rt, st;
 };
 
+/* Set by test_cuda_moe_drop: the GPU gets slot 1 (row 0's second expert) with an expert id out
+ * of range, the CPU the same slot with routing weight 0 (what an out-of-range id must add: 0). */
+static bool g_moe_drop;
+
 /* reference: FP8 activations and bf16 roundings; fast (implies reference): the `fast` flag
  * (tensor-core kernels for tiles of many rows). */
 static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
@@ -157,9 +161,13 @@ static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference
     int64_t wf = dsi_moe_work_floats(n, K, D, I);
     float *work = malloc(sizeof(float) * (size_t)wf);
     float *yc = hpoison(n * D), *yg = hpoison(n * D);
+    if (g_moe_drop && K > 1) wt[1] = 0.0f;
     float *dx = dput(x, sizeof(float) * (size_t)(n * D)),
           *dwt = dput(wt, sizeof(float) * (size_t)nk);
+    int32_t keep1 = idx[1];
+    if (g_moe_drop && K > 1) idx[1] = -1;
     int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)nk);
+    idx[1] = keep1;
     float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
           *dwork = dpoison(sizeof(float) * (size_t)wf);
     struct dsi_moe_args a = {.x = x,
@@ -325,6 +333,28 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         g_gpu = keep;
         g3->ops->free(g3);
     }
+    TEST_ASSERT(ok);
+    return 0;
+}
+
+/* A slot whose expert id is out of range adds 0 (step 25: the combine reads the ids instead of
+ * the buffer being cleared first): against the CPU with that slot's weight 0, on the exact
+ * kernels, the tensor-core tiles and wg.cu's. */
+int test_cuda_moe_drop(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 31);
+    const struct moe_case cases[] = {
+        {8, 2, 128, 128, 5, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* exact kernels */
+        {8, 2, 128, 128, 100, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* 25 per expert */
+        {8, 3, 128, 128, 400, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3}, /* wg.cu */
+    };
+    g_moe_drop = true;
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+        ok = run_moe_mode(&r, &cases[i], true, i > 0);
+        if (!ok) fprintf(stderr, "[moe drop case %zu] ", i);
+    }
+    g_moe_drop = false;
     TEST_ASSERT(ok);
     return 0;
 }
