@@ -618,14 +618,16 @@ static int hc_norm_same(struct rng *r,
  * launch_gemm (DSI_CUDA_HC_MIX_MIN=0), k_hc_mix without the split (all of K in a block, the
  * chunk values added there), the split's values added by hc_pre's finish (DSI_CUDA_HC_FUSE=1),
  * k_hc_mix with one row per lane where it takes two by default (from 33 rows; step 25:
- * DSI_CUDA_HC_MIX_RPL=1). */
+ * DSI_CUDA_HC_MIX_RPL=1), and two rows per lane with all of K in a block (the prefill's way:
+ * DSI_CUDA_HC_MIX_SPLIT=0 with DSI_CUDA_HC_MIX_RPL=3, as these rows would take one). */
 int test_cuda_hc(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 7);
-    enum { NALT = 4 };
+    enum { NALT = 5 };
     struct dsi_backend *alt[NALT] = {
         cuda_backend_with("DSI_CUDA_HC_MIX_MIN=0"), cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0"),
-        cuda_backend_with("DSI_CUDA_HC_FUSE=1"), cuda_backend_with("DSI_CUDA_HC_MIX_RPL=1")};
+        cuda_backend_with("DSI_CUDA_HC_FUSE=1"), cuda_backend_with("DSI_CUDA_HC_MIX_RPL=1"),
+        cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0,DSI_CUDA_HC_MIX_RPL=3")};
     for (int i = 0; i < NALT; i++)
         TEST_ASSERT(alt[i] != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};

@@ -117,7 +117,8 @@ struct cu_ctx {
                            (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */
     bool hc_mix_split;  /* k_hc_mix splits K below a row block per SM (DSI_CUDA_HC_MIX_SPLIT=0:
                            never) */
-    int hc_mix_rpl;     /* k_hc_mix: rows per lane from 33 rows, 1 or 2 (DSI_CUDA_HC_MIX_RPL, 2) */
+    int hc_mix_rpl;     /* k_hc_mix: 2 rows per lane from 33 rows where its blocks fill the SMs
+                           (DSI_CUDA_HC_MIX_RPL, default 2; 1: never; 3: wherever from 33 rows) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */

@@ -174,7 +174,7 @@ static bool mix_launch(struct cu_ctx *c,
  * c->hc_fuse), the chunk values [nq][n * n_mix] (returned, *nq_out their count; else NULL).
  * k_hc_mix from c->hc_mix_min rows (DSI_CUDA_HC_MIX_MIN; 0: never), else launch_gemm; two rows
  * per lane from 33 rows where the blocks fill the SMs (c->hc_mix_rpl, DSI_CUDA_HC_MIX_RPL=1:
- * never). It splits K where its row
+ * never, 3: always, for the tests). It splits K where its row
  * blocks are fewer than the SMs (c->hc_mix_split, DSI_CUDA_HC_MIX_SPLIT=0: never) into about two
  * blocks per SM (one of two rows per lane, whose blocks fill an SM alone), the chunk values in
  * CU_SCR_GEMM (at most MIX_CV_MAX bytes). */
@@ -197,7 +197,7 @@ static const float *hc_mix(struct cu_ctx *c,
        blocks) */
     int64_t nq = len / 32;
     bool cv_fits = c->hc_mix_split && nq * n * n_mix * 4 <= MIX_CV_MAX;
-    bool fills = cv_fits || cu_div_up(n, 64) * 8 >= c->n_sms * 7;
+    bool fills = cv_fits || cu_div_up(n, 64) * 8 >= c->n_sms * 7 || c->hc_mix_rpl >= 3;
     int rpl = c->hc_mix_rpl >= 2 && n > 32 && fills ? 2 : 1, bps = rpl == 1 ? 2 : 1;
     int64_t rt = cu_div_up(n, MIX_ROWS(rpl)), qpb = nq, split = 1;
     if (cv_fits && rt < c->n_sms) {
