@@ -40,16 +40,21 @@
  * step's adds or copies are done); (2) after cs is written. The next step's fn copies, issued at
  * the top of a step, overwrite the buffer of the step before, whose reads ended before its (2).
  * Lanes past n compute on row n - 1 (no predicates) and write nothing. */
+struct mix_p {
+    const float *X, *fn;
+    int64_t ldw;
+    int n_mix;
+    int64_t len, n, qpb;
+    float *out;
+};
+
 template <bool ORD, int RPL>
-__global__ void __launch_bounds__(CU_THREADS, RPL == 1 ? 2 : 1) k_hc_mix(const float *X,
-                                                                         const float *fn,
-                                                                         int64_t ldw,
-                                                                         int n_mix,
-                                                                         int64_t len,
-                                                                         int64_t n,
-                                                                         int64_t qpb,
-                                                                         float *out) {
+__global__ void __launch_bounds__(CU_THREADS, RPL == 1 ? 2 : 1) k_hc_mix(struct mix_p mp) {
     cu_pdl_enter();
+    const float *X = mp.X, *fn = mp.fn;
+    const int64_t ldw = mp.ldw, len = mp.len, n = mp.n, qpb = mp.qpb;
+    const int n_mix = mp.n_mix;
+    float *out = mp.out;
     extern __shared__ float4 mix_sm[];
     float *ws = (float *)mix_sm;                /* [2][MIX_STEP][n_mix][32] */
     float *cs = ws + 2 * MIX_STEP * n_mix * 32; /* [MIX_STEP][n_mix][MIX_CS] */
@@ -152,20 +157,10 @@ static size_t mix_smem(int n_mix, int rpl) {
 
 /* k_hc_mix<ORD, RPL>'s launch (smem: its dynamic shared memory; raised once per instance). */
 template <bool ORD, int RPL>
-static bool mix_launch(struct cu_ctx *c,
-                       dim3 grid,
-                       size_t smem,
-                       const float *X,
-                       const float *w,
-                       int64_t ldw,
-                       int n_mix,
-                       int64_t len,
-                       int64_t n,
-                       int64_t qpb,
-                       float *out) {
+static bool mix_launch(struct cu_ctx *c, dim3 grid, size_t smem, const struct mix_p &mp) {
     static bool raised = false;
     if (!smem_limit(c, k_hc_mix<ORD, RPL>, mix_smem(MIX_MAX, RPL), &raised, "hc mix")) return false;
-    cu_launch(c, k_hc_mix<ORD, RPL>, grid, CU_THREADS, smem, X, w, ldw, n_mix, len, n, qpb, out);
+    cu_launch(c, k_hc_mix<ORD, RPL>, grid, CU_THREADS, smem, mp);
     return true;
 }
 
@@ -211,12 +206,12 @@ static const float *hc_mix(struct cu_ctx *c,
     size_t sm = mix_smem(n_mix, rpl);
     const float *w = (const float *)fn->data;
     int64_t ldw = fn->row_bytes / 4;
-    float *out = cv ? cv : mraw;
+    struct mix_p mp = {X, w, ldw, n_mix, len, n, qpb, cv ? cv : mraw};
     int pm = cu_prof_begin(c, "hc.mix");
-    bool ok = cv ? rpl == 2 ? mix_launch<false, 2>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
-                            : mix_launch<false, 1>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
-              : rpl == 2 ? mix_launch<true, 2>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out)
-                         : mix_launch<true, 1>(c, grid, sm, X, w, ldw, n_mix, len, n, qpb, out);
+    bool ok = cv         ? rpl == 2 ? mix_launch<false, 2>(c, grid, sm, mp)
+                                    : mix_launch<false, 1>(c, grid, sm, mp)
+                      : rpl == 2 ? mix_launch<true, 2>(c, grid, sm, mp)
+                         : mix_launch<true, 1>(c, grid, sm, mp);
     cu_prof_end(c, pm);
     if (!ok) return NULL;
     if (!cu_check(c, "hc mix") || !cv) return NULL;

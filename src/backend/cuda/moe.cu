@@ -811,10 +811,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.out = (float *)(s + o_out);
     p.x16 = wg || swg ? (const uint16_t *)(s + o_x16) : NULL;
     p.h16 = wg || swg ? (const uint16_t *)(s + o_h16) : NULL;
-    if (p.x16 && rs)
-        launch_wgr_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
-    else if (p.x16)
-        launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D);
+    if (p.x16) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D, rs);
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
               (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
@@ -841,10 +838,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     cu_prof_end(c, pp);
     if (!ok) return;
     if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
-    if (p.h16 && rs)
-        launch_wgr_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
-    else if (p.h16)
-        launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I);
+    if (p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
     ok = wg   ? wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky

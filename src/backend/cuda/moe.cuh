@@ -69,27 +69,22 @@ bool launch_wg_moe(
     struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool dyn, unsigned tiles);
 /* The same with the weights in registers (wgr.cu, c->wg_rs): whether the shapes fit (D and I
  * multiples of 128), the block width (64, 128 or 192), the launch (p->x16 / p->h16: the
- * permuted copies of launch_wgr_bf16), and that copy (cols a multiple of 128; each 128-group in
- * the K order wgr.cu's header describes). */
+ * permuted copies of launch_wg_bf16). */
 bool wgr_ok(int64_t D, int64_t I);
 int wgr_pick_bn(double rows);
 bool launch_wgr_moe(
     struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool dyn, unsigned tiles);
-void launch_wgr_bf16(struct cu_ctx *c,
-                     const float *x,
-                     int64_t rows,
-                     int64_t cols,
-                     int64_t ldx,
-                     uint16_t *y,
-                     int64_t ldy);
-/* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations. */
+/* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations;
+ * permuted: each group of 128 columns in wgr.cu's K order (cols a multiple of 128; wg.cuh's
+ * wg_perm_col). */
 void launch_wg_bf16(struct cu_ctx *c,
                     const float *x,
                     int64_t rows,
                     int64_t cols,
                     int64_t ldx,
                     uint16_t *y,
-                    int64_t ldy);
+                    int64_t ldy,
+                    bool permuted);
 
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
  * tiles in shared memory) fit them, the n8 column

@@ -204,15 +204,18 @@ static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dy
                            : wg_launch<MODE, WT, 192>(c, p, grid);
 }
 
-/* The bf16 copy: one thread per pair, rows in grid.y (strided past 65535). */
+/* The bf16 copy: one thread per destination pair (PERM: in wgr.cu's K order, wg_perm_col), rows
+ * in grid.y (strided past 65535). */
+template <bool PERM>
 __global__ void
 k_wg_bf16(const float *x, int64_t rows, int64_t cols, int64_t ldx, uint16_t *y, int64_t ldy) {
     cu_pdl_enter();
-    int64_t k = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
-    if (k >= cols) return;
+    int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q * 2 >= cols) return;
+    int64_t src = PERM ? wg_perm_col(q) : q * 2;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        float2 v = *(const float2 *)(x + r * ldx + k);
-        *(uint32_t *)(y + r * ldy + k) = bf16x2_rn(v.x, v.y);
+        float2 v = *(const float2 *)(x + r * ldx + src);
+        *(uint32_t *)(y + r * ldy + q * 2) = bf16x2_rn(v.x, v.y);
     }
 }
 
@@ -222,10 +225,14 @@ void launch_wg_bf16(struct cu_ctx *c,
                     int64_t cols,
                     int64_t ldx,
                     uint16_t *y,
-                    int64_t ldy) {
+                    int64_t ldy,
+                    bool permuted) {
     if (rows <= 0) return;
     dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
-    cu_launch(c, k_wg_bf16, grid, 256, 0, x, rows, cols, ldx, y, ldy);
+    if (permuted)
+        cu_launch(c, k_wg_bf16<true>, grid, 256, 0, x, rows, cols, ldx, y, ldy);
+    else
+        cu_launch(c, k_wg_bf16<false>, grid, 256, 0, x, rows, cols, ldx, y, ldy);
     cu_check(c, "bf16 copy");
 }
 
@@ -247,10 +254,7 @@ bool wg_dense_copy(
     *q = *p;
     q->x16 = x16;
     q->ld16 = width;
-    if (permuted)
-        launch_wgr_bf16(c, p->x, p->n, width, p->ldx, x16, width);
-    else
-        launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width);
+    launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width, permuted);
     return true;
 }
 

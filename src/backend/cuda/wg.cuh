@@ -23,6 +23,14 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
            ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+/* wgr.cu's K order within each group of 128 (its header): destination pair q of a row (slots
+ * 2 m, 2 m + 1 of slice i = (q % 64) / 8, m = q % 8) holds elements 32 (m % 4) + 4 i + 2 (m / 4)
+ * and the next of the group. The source column of the pair's first element. */
+__device__ __forceinline__ int64_t wg_perm_col(int64_t q) {
+    int qq = (int)(q & 63), i = qq >> 3, m = qq & 7;
+    return (q >> 6) * 128 + 32 * (m & 3) + 4 * i + 2 * (m >> 2);
+}
+
 #ifdef WG_HAVE
 __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

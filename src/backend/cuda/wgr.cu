@@ -12,9 +12,9 @@
  * for FP8, with one scale each: the FP4 scale block is exactly those 32), decodes them with
  * tc_decode_w, and slice i (0..7) of the step uses elements 32 t + 4 i + {0, 1} in slots 2t, 2t+1
  * and 32 t + 4 i + {2, 3} in slots 2t+8, 2t+9. The activations must sit in the same order: the
- * bf16 copies of x and h (launch_wgr_bf16) are written permuted within each 128-group, slot s of
- * slice i holding element 32 ((s % 8) / 2) + 4 i + 2 (s / 8) + s % 2; a dot product does not care
- * in which order its terms meet, as long as both operands agree.
+ * bf16 copies of x and h (launch_wg_bf16's permuted copy, wg_perm_col) are written permuted within
+ * each 128-group, slot s of slice i holding element 32 ((s % 8) / 2) + 4 i + 2 (s / 8) + s % 2; a
+ * dot product does not care in which order its terms meet, as long as both operands agree.
  *
  * A block of WR_T = 256 threads (2 warpgroups) computes WR_BM = 128 weight rows x BN activation
  * rows (64, 128 or 192; dense 64 or 128) over all of K, 128 k a step. The activation tile of a step
@@ -45,6 +45,7 @@
 #define WR_PF 2 /* weight loads this many steps ahead */
 
 static_assert(WR_AH <= WR_ST - 2, "a stage is refilled only after the wgmma that read it");
+static_assert(WR_BK == 128, "a step is one group of wg_perm_col's K order");
 
 /* Dynamic shared memory: the stages (BN rows of 256 bytes each), plus 1 KB to align them. */
 static size_t wr_smem_bytes(int BN) { return (size_t)WR_ST * BN * 256 + 1024; }
@@ -226,35 +227,6 @@ static bool wr_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dy
         return bn <= 64    ? wr_launch<MODE, WT, 64>(c, p, dyn, grid)
                : bn <= 128 ? wr_launch<MODE, WT, 128>(c, p, dyn, grid)
                            : wr_launch<MODE, WT, 192>(c, p, dyn, grid);
-}
-
-/* The permuted bf16 copy: a thread per destination pair q of a row (slots 2 m, 2 m + 1 of slice
- * i = (q % 64) / 8, m = q % 8: elements 32 (m % 4) + 4 i + 2 (m / 4) and the next of the group),
- * rows in grid.y (strided past 65535). */
-__global__ void
-k_wgr_bf16(const float *x, int64_t rows, int64_t cols, int64_t ldx, uint16_t *y, int64_t ldy) {
-    cu_pdl_enter();
-    int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (q * 2 >= cols) return;
-    int qq = (int)(q & 63), i = qq >> 3, m = qq & 7;
-    int64_t src = (q >> 6) * WR_BK + 32 * (m & 3) + 4 * i + 2 * (m >> 2);
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        float2 v = *(const float2 *)(x + r * ldx + src);
-        *(uint32_t *)(y + r * ldy + q * 2) = bf16x2_rn(v.x, v.y);
-    }
-}
-
-void launch_wgr_bf16(struct cu_ctx *c,
-                     const float *x,
-                     int64_t rows,
-                     int64_t cols,
-                     int64_t ldx,
-                     uint16_t *y,
-                     int64_t ldy) {
-    if (rows <= 0) return;
-    dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
-    cu_launch(c, k_wgr_bf16, grid, 256, 0, x, rows, cols, ldx, y, ldy);
-    cu_check(c, "bf16 copy (permuted)");
 }
 
 bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
