@@ -714,12 +714,6 @@ static bool moe_shapes_ok(
            w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) && gemm_w_ok(w2);
 }
 
-/* wg.cu's MoE launch, or wgr.cu's (rs: the weights in registers, on the permuted copies) */
-static bool wg_moe(
-    struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool rs, bool dyn, unsigned tiles) {
-    return rs ? launch_wgr_moe(c, p, up, bn, dyn, tiles) : launch_wg_moe(c, p, up, bn, dyn, tiles);
-}
-
 extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     int64_t n = a->n, D = a->dim, I = a->inter, nk = n * a->topk;
@@ -818,7 +812,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = wg   ? wg_moe(c, &p, true, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
+    bool ok = wg   ? launch_wg_moe(c, &p, true, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
               : tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
               : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
                    : moe_up(c, &p, r1.type, rx, gu);
@@ -831,7 +825,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w2 = s2;
     dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
     pp = cu_prof_begin(c, "moe.shared_up");
-    ok = swg   ? wg_moe(c, &ps, true, srx, rs, wdyn, gsu.y) && !c->sticky
+    ok = swg   ? launch_wg_moe(c, &ps, true, srx, rs, wdyn, gsu.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
                : moe_up(c, &ps, s1.type, srx, gsu);
@@ -841,7 +835,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = wg   ? wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
+    ok = wg   ? launch_wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
          : tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
          : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
               : moe_down(c, &p, r2.type, rx, gd);
@@ -856,7 +850,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                               1,   0, 0, true}; /* struct cu_gemm_call's field order */
     bool slt = c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
     ok = slt   ? !c->sticky
-         : swg ? wg_moe(c, &ps, false, srx, rs, wdyn, gsd.y) && !c->sticky
+         : swg ? launch_wg_moe(c, &ps, false, srx, rs, wdyn, gsd.y) && !c->sticky
          : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
          : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
                : moe_down(c, &ps, s2.type, srx, gsd);

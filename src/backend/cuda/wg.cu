@@ -267,13 +267,14 @@ bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
 }
 
 bool launch_wg_moe(
-    struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool dyn, unsigned tiles) {
+    struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool rs, bool dyn, unsigned tiles) {
     struct tc_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;
     int type = up ? mp->w1.type : mp->w2.type;
     dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WG_BM)), tiles);
     bool f4 = type == DSI_TYPE_FP4_E2M1;
+    if (rs) return wr_launch_moe(c, &p, up, f4, bn, dyn, grid); /* the weights in registers */
     if (up)
         return f4 ? wg_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
                   : wg_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);

@@ -243,17 +243,12 @@ bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) 
 
 int wgr_pick_bn(double rows) { return rows > 128 ? 192 : rows > 64 ? 128 : 64; }
 
-bool launch_wgr_moe(
-    struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool dyn, unsigned tiles) {
-    struct tc_p p;
-    memset(&p, 0, sizeof(p));
-    p.m = *mp;
-    int type = up ? mp->w1.type : mp->w2.type;
-    dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WR_BM)), tiles);
-    bool f4 = type == DSI_TYPE_FP4_E2M1;
+bool wr_launch_moe(
+    struct cu_ctx *c, const struct tc_p *p, bool up, bool f4, int bn, bool dyn, dim3 grid) {
+    static_assert(WR_BM == 128, "launch_wg_moe's grid: 128 weight rows a block");
     if (up)
-        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
-                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
-    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
-              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid)
+                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid);
+    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid)
+              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid);
 }
