@@ -153,27 +153,7 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
     }
     wg_wait<0>();
     wg_pin(acc);
-
-    /* epilogue: acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation row 8 j + 2 t + i % 2) */
-    int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int jr = j * 8 + 2 * t4 + (i & 1);
-            int64_t ar = (int64_t)blockIdx.y * BN + jr;
-            if (MODE == TC_UP) {
-                if (i >= 2) continue; /* i and i + 2: the gate and the up value */
-                tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g,
-                          acc[4 * j + i], acc[4 * j + i + 2]);
-            } else {
-                tc_put<MODE>(p, opos, jr, ar,
-                             (int64_t)blockIdx.x * WG_BM + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
-                             acc[4 * j + i]);
-            }
-        }
-    }
+    wg_epilogue<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
 }
 

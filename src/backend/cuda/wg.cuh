@@ -109,6 +109,39 @@ __device__ __forceinline__ void wg_mma_k16(float (&d)[NR], uint64_t da, uint64_t
                WG_O16(80), WG_O16(96), WG_O16(112));
 }
 
+/* The block GEMMs' epilogue (wg.cu, wgr.cu): a block of 2 warpgroups, 128 weight rows (warpgroup
+ * wgi: rows 64 wgi.., warp w4: 16 w4..; MoE up: 64 columns of W1 and W3, rows g / g + 8 of a
+ * warp the gate and the up value of one column) x BN activation rows (DYN: the first nv);
+ * acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation row 8 j + 2 t + i % 2). */
+template <int MODE, int BN, bool DYN>
+__device__ __forceinline__ void wg_epilogue(const struct tc_p &p,
+                                            const int64_t *opos,
+                                            const float (&acc)[BN / 2],
+                                            int nv,
+                                            int wgi,
+                                            int w4,
+                                            int lane) {
+    int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int jr = j * 8 + 2 * t4 + (i & 1);
+            int64_t ar = (int64_t)blockIdx.y * BN + jr;
+            if (MODE == TC_UP) {
+                if (i >= 2) continue; /* i and i + 2: the gate and the up value */
+                tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g,
+                          acc[4 * j + i], acc[4 * j + i + 2]);
+            } else {
+                tc_put<MODE>(p, opos, jr, ar,
+                             (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
+                             acc[4 * j + i]);
+            }
+        }
+    }
+}
+
 /* The same with A (64 x 16) in registers: the fragment of mma.sync m16n8k16's A in each warp
  * (warp w of the warpgroup: rows 16 w .. 16 w + 15; lane (g, t): a[0] = row g, cols 2t, 2t+1;
  * a[1] = row g + 8, the same cols; a[2], a[3] = the same rows, cols 2t + 8, 2t + 9; bf16 pairs,
