@@ -75,13 +75,10 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
     __shared__ int64_t opos[BN]; /* MoE: h / out position of the row; -1: none */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
 
-    int e, rows = BN;
+    int e, nv;
     int64_t K;
-    const uint16_t *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
-    int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
-    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K, &rows)) return;
-    /* the block's activation rows computed: all BN, or (DYN) the tile's rounded up to 32 */
-    const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
+    const uint16_t *xs;
+    if (!wg_block_rows<MODE, BN, DYN>(p, xrow, opos, &e, &K, &nv, &xs)) return;
     /* this thread's weight row: A row srow, K half khalf of each step */
     int srow = tid >> 1, khalf = tid & 1;
     const uint8_t *wrow, *wsrow;
@@ -146,14 +143,8 @@ __global__ void __launch_bounds__(WG_T, BN >= 128 ? 1 : 2) k_wg(struct tc_p p) {
         if (u < steps) tc_load_w<WT>(wrow, wsrow, sh1, sb1, (int64_t)u * WG_BK + khalf * 32, wr[u]);
     load_x(0);
     load_x(1);
-    for (int64_t s = 0; s < steps; s += PF) {
-#pragma unroll
-        for (int u = 0; u < PF; u++)
-            if (s + u < steps) step(s + u, wr[u]);
-    }
-    wg_wait<0>();
-    wg_pin(acc);
-    wg_epilogue<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
+    wg_k_loop<PF>(steps, [&](int64_t s, int u) { step(s, wr[u]); });
+    wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
 }
 

@@ -109,18 +109,50 @@ __device__ __forceinline__ void wg_mma_k16(float (&d)[NR], uint64_t da, uint64_t
                WG_O16(80), WG_O16(96), WG_O16(112));
 }
 
-/* The block GEMMs' epilogue (wg.cu, wgr.cu): a block of 2 warpgroups, 128 weight rows (warpgroup
- * wgi: rows 64 wgi.., warp w4: 16 w4..; MoE up: 64 columns of W1 and W3, rows g / g + 8 of a
- * warp the gate and the up value of one column) x BN activation rows (DYN: the first nv);
- * acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation row 8 j + 2 t + i % 2). */
+/* The block GEMMs' rows (wg.cu, wgr.cu): tc_block_rows on the bf16 copy (dense: p.x16; MoE up:
+ * p.m.x16; down: p.m.h16; *xs), and *nv, the activation rows computed: all BN, or (DYN) the
+ * tile's rounded up to 32. false: no tile here (the whole block returns). */
 template <int MODE, int BN, bool DYN>
-__device__ __forceinline__ void wg_epilogue(const struct tc_p &p,
-                                            const int64_t *opos,
-                                            const float (&acc)[BN / 2],
-                                            int nv,
-                                            int wgi,
-                                            int w4,
-                                            int lane) {
+__device__ __forceinline__ bool wg_block_rows(struct tc_p &p,
+                                              const uint16_t **xrow,
+                                              int64_t *opos,
+                                              int *e,
+                                              int64_t *K,
+                                              int *nv,
+                                              const uint16_t **xs) {
+    int rows = BN;
+    *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
+    int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
+    if (!tc_block_rows<MODE, BN>(p, *xs, lds, p.gx, xrow, opos, e, K, &rows)) return false;
+    *nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
+    return true;
+}
+
+/* The block GEMMs' K loop (wg.cu, wgr.cu): step(s, u) for s < steps, unrolled by PF so that u = s
+ * % PF, the slot of the weight registers loaded PF steps ahead, is a constant in each copy. */
+template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t steps, F step) {
+    for (int64_t s = 0; s < steps; s += PF) {
+#pragma unroll
+        for (int u = 0; u < PF; u++)
+            if (s + u < steps) step(s + u, u);
+    }
+}
+
+/* The block GEMMs' end (wg.cu, wgr.cu): every wgmma waited for, then the outputs. A block of 2
+ * warpgroups, 128 weight rows (warpgroup wgi: rows 64 wgi.., warp w4: 16 w4..; MoE up: 64
+ * columns of W1 and W3, rows g / g + 8 of a warp the gate and the up value of one column) x BN
+ * activation rows (DYN: the first nv); acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation
+ * row 8 j + 2 t + i % 2). */
+template <int MODE, int BN, bool DYN>
+__device__ __forceinline__ void wg_finish(const struct tc_p &p,
+                                          const int64_t *opos,
+                                          float (&acc)[BN / 2],
+                                          int nv,
+                                          int wgi,
+                                          int w4,
+                                          int lane) {
+    wg_wait<0>();
+    wg_pin(acc);
     int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {

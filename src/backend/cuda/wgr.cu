@@ -83,12 +83,10 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
 
-    int e, rows = BN;
+    int e, nv;
     int64_t K;
-    const uint16_t *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
-    int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
-    if (!tc_block_rows<MODE, BN>(p, xs, lds, p.gx, xrow, opos, &e, &K, &rows)) return;
-    const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
+    const uint16_t *xs;
+    if (!wg_block_rows<MODE, BN, DYN>(p, xrow, opos, &e, &K, &nv, &xs)) return;
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
     const uint8_t *wrow[2], *wsrow[2];
     int sh1[2], sb1[2];
@@ -166,14 +164,8 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
 #pragma unroll
     for (int u = 0; u < WR_AH; u++)
         load_x(u);
-    for (int64_t s = 0; s < steps; s += WR_PF) {
-#pragma unroll
-        for (int u = 0; u < WR_PF; u++)
-            if (s + u < steps) step(s + u, wr[u]);
-    }
-    wg_wait<0>();
-    wg_pin(acc);
-    wg_epilogue<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
+    wg_k_loop<WR_PF>(steps, [&](int64_t s, int u) { step(s, wr[u]); });
+    wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
 }
 
