@@ -97,8 +97,9 @@ __global__ void __launch_bounds__(TC_T, BN >= 128 ? 1 : 2) k_tc(struct tc_p p) {
         int64_t g = blockIdx.z / p.split, pc = blockIdx.z - g * p.split, s0 = pc * p.sps;
         steps = steps - s0 < p.sps ? steps - s0 : p.sps;
         kb = (int)(s0 * TC_BK);
-        p.y = p.cv + pc * p.n * p.cvw + g * p.n_out;
-        p.ldy = p.cvw;
+        int64_t cvw = p.n_out * (gridDim.z / p.split); /* the groups' columns */
+        p.y = p.cv + pc * p.n * cvw + g * p.n_out;
+        p.ldy = cvw;
         p.round = false;
     }
     auto load_x = [&](int64_t s) {
@@ -283,7 +284,6 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
         if (p.split > 1) {
             p.cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(p.split * n * cvw) * 4);
             if (!p.cv) return true; /* (the sticky error is set) */
-            p.cvw = cvw;
             grid.z = (unsigned)(p.split * g->groups);
         }
     }

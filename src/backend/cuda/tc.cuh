@@ -124,11 +124,11 @@ struct tc_p {
     const uint16_t *x16; /* wg.cu, dense: the bf16 copy of the rows of x (row stride ld16) */
     int64_t ld16;
     /* tc.cu, dense: split > 1 pieces along K (group blockIdx.z / split, piece blockIdx.z %
-       split), sps steps of TC_BK each, whose fp32 sums go to cv ([split][n][cvw]: group g's
-       n_out columns at g n_out; groups whose outputs sit side by side, gy = n_out) for
+       split), sps steps of TC_BK each, whose fp32 sums go to cv ([split][n][groups n_out]:
+       group g's n_out columns at g n_out; groups whose outputs sit side by side, gy = n_out) for
        launch_gemm_reduce */
     int split;
-    int64_t sps, cvw;
+    int64_t sps;
     float *cv;
 };
 
