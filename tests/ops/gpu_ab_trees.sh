@@ -9,7 +9,8 @@
 # AB_TEST_TREES (default: all; a failing one makes the run also test the others), and
 # `dsinfer bench layer` at context 4096 (decode at AB_BATCH, `fast` numerics, AB_PREFILL) for each
 # variant, alternated, AB_REPS rounds; AB_PROFILE=1 adds a per-op profile per variant (a decode
-# step at batch AB_PROFILE_BATCH, default 1, and a prefill of AB_PROFILE_PREFILL tokens, default 0).
+# step at batch AB_PROFILE_BATCH, default 1 (a list such as 1,256 profiles each), and a prefill of
+# AB_PROFILE_PREFILL tokens, default 0) for the words in AB_PROFILE_TREES (default: all words).
 # A word of AB_TREES may be tree:VAR=value,VAR=value (that tree benched with those settings).
 # Key lines in $OUT/summary.txt, logs in $OUT/logs.tgz. Usage (repository root, GPU machine):
 #   OUT=$OUT AB_TREES="main gvf-nodiv" bash tests/ops/gpu_ab_trees.sh
@@ -87,7 +88,7 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
     done
 done
 if [ -n "${AB_PROFILE:-}" ]; then
-    for w in $WORDS; do
+    for w in ${AB_PROFILE_TREES:-$WORDS}; do
         v=${w%%:*}
         mapfile -t envs < <(word_env "$w")
         env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 100 /tmp/v_$v/build/cuda/dsinfer bench layer -m $M \

@@ -418,9 +418,11 @@ int test_cuda_rope(struct test_ctx *t) {
               {5, 1, 512, 512, 512, false, false, false},
               {3, 64, 128, 8192, 128, false, true, false},
               {1, 4, 128, 512, 128, true, false, false},
-              /* step 25's head groups: 4 heads a thread, all 8 heads in one thread */
+              /* head groups (steps 25-26): 1-2 heads a thread; all 20 heads in one thread, in
+                 rounds of 8, 8 and 4 */
               {300, 16, 128, 2048, 128, false, false, true},
-              {1100, 8, 128, 1024, 128, true, true, false}};
+              {1100, 8, 128, 1024, 128, true, true, false},
+              {4100, 20, 128, 2560, 128, false, false, false}};
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t nx = cs[c].n * cs[c].ldx;
         float *x = fnorm(&r, nx, 1.0f), *xg = malloc(sizeof(float) * (size_t)nx);

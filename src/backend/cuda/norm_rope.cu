@@ -258,8 +258,12 @@ extern "C" void cuda_rms_norm(struct dsi_backend *be, const struct dsi_rms_norm_
 /* One thread per (row, pair) and every G-th head from head g (G: enough threads for small n;
  * at the prefill 1): the angle's cos and sin (in double, the reference's) once per thread
  * instead of once per element, and no 64-bit divisions per element (k_rope before step 25: a
- * thread per (row, head, pair), three of them). Lanes take consecutive pairs of a row. The same
+ * thread per (row, head, pair), three of them). Lanes take consecutive pairs of a row. A thread's
+ * heads go in rounds of ROPE_RB: the round's loads first, then its rotations and stores (step
+ * 26: one head after another made each head a round trip, the stores standing between the loads
+ * of consecutive heads; 9.7 us at batch 256 against 7.6 for the kernel before). The same
  * operations per element. */
+#define ROPE_RB 8
 __global__ void k_rope(float *x,
                        int64_t n,
                        int64_t ldx,
@@ -282,12 +286,22 @@ __global__ void k_rope(float *x,
     float c = cos_ref(ang), s = sin_ref(ang);
     if (inverse) s = -s;
     float *xp = x + r * ldx + g * head_stride + (width - rope_dim) + 2 * i;
-#pragma unroll 4
-    for (int64_t h = g; h < n_heads; h += G, xp += G * head_stride) {
-        float x0 = xp[0], x1 = xp[1];
-        rope_rot(x0, x1, c, s, round);
-        xp[0] = x0;
-        xp[1] = x1;
+    int64_t step = G * head_stride;
+    for (int64_t h0 = g; h0 < n_heads; h0 += ROPE_RB * G, xp += ROPE_RB * step) {
+        float v0[ROPE_RB], v1[ROPE_RB];
+#pragma unroll
+        for (int j = 0; j < ROPE_RB; j++)
+            if (h0 + j * G < n_heads) {
+                v0[j] = xp[j * step];
+                v1[j] = xp[j * step + 1];
+            }
+#pragma unroll
+        for (int j = 0; j < ROPE_RB; j++)
+            if (h0 + j * G < n_heads) {
+                rope_rot(v0[j], v1[j], c, s, round);
+                xp[j * step] = v0[j];
+                xp[j * step + 1] = v1[j];
+            }
     }
 }
 
@@ -297,9 +311,10 @@ extern "C" void cuda_rope(struct dsi_backend *be, const struct dsi_rope_args *a)
     if (a->n <= 0 || a->n_heads <= 0 || half <= 0) return;
     const float *freq = cu_freq_dev(c, a->freq, half);
     if (!freq) return;
-    /* head groups: about 32768 threads in all (batch 1: a head each, as before) */
+    /* head groups: about 131072 threads in all (batch 1: a head each, as before; batch 256: 4
+       heads a thread, loaded together) */
     int64_t rows = a->n * half;
-    int G = (int)std::min<int64_t>(a->n_heads, std::max<int64_t>(1, cu_div_up(32768, rows)));
+    int G = (int)std::min<int64_t>(a->n_heads, std::max<int64_t>(1, cu_div_up(131072, rows)));
     cu_launch(c, k_rope, (unsigned)cu_div_up(rows * G, 256), 256, 0, a->x, a->n, a->ldx, a->n_heads,
               a->head_stride, a->width, a->rope_dim, a->pos, freq, a->inverse, a->round_bf16, G);
     cu_check(c, "rope");
