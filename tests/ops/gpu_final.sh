@@ -7,7 +7,7 @@
 # FINAL_DIAG=1 a per-op profile of batch 1 and Nsight Compute on its decode kernels; FINAL_HF=0
 # leaves HF out, FINAL_CTX / FINAL_BATCH narrow the bench, FINAL_BENCH=0 runs the checks only,
 # FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command),
-# FINAL_SAN=0 the sanitizers and the CLI check (the SASS instruction mixes of gvf.o, wg.o and
+# FINAL_SAN=0 the sanitizers and the CLI check, FINAL_CLI=0 the CLI check only (the SASS instruction mixes of gvf.o, wg.o and
 # attn_fa.o go to $OUT/sass_*.txt in every run), FINAL_KEEP_CKPT=1 keeps a checkpoint already in
 # /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command). Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
@@ -52,8 +52,10 @@ if [ "${FINAL_SAN:-1}" != 0 ]; then
             build/cuda/dsinfer-test --root . --only $t >"$OUT/racecheck_$t.log" 2>&1
         log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck_$t.log" | tr '\n' ' ')"
     done
-    DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
-    log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
+    if [ "${FINAL_CLI:-1}" != 0 ]; then # FINAL_CLI=0: the sanitizers only
+        DSINFER=build/cuda/dsinfer timeout 100 sh tests/cli/t_cuda.sh >"$OUT/t_cuda.log" 2>&1
+        log "t_cuda.sh rc $?: $(tail -4 "$OUT/t_cuda.log" | tr '\n' ' ')"
+    fi
 fi
 HF=()
 if [ "${FINAL_HF:-1}" != 0 ]; then # FINAL_HF=0: no HF eager run (a short device budget)
