@@ -169,11 +169,11 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         }
     }
     wt_scales_wide(false);
-    /* cuBLASLt off: the FP8 cases of 128 rows and more on tc.cu, and from 512 rows on wg.cu's
-       wgmma kernels (DSI_CUDA_WG=1, the default), then on wgr.cu's with the weights in
-       registers (DSI_CUDA_WG_RS=1; step 25) */
+    /* cuBLASLt off: the FP8 cases of 128 rows and more on tc.cu, and from 512 rows on the
+       wgmma kernels (DSI_CUDA_WG=1, the default): wgr.cu's with the weights in registers (the
+       default from step 26), then wg.cu's (DSI_CUDA_WG_RS=0) */
     const char *wgenv[2] = {"DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0",
-                            "DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0,DSI_CUDA_WG_RS=1"};
+                            "DSI_CUDA_WG=1,DSI_CUDA_LT_MIN=0,DSI_CUDA_WG_RS=0"};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (int b = 0; b < 2 && ok; b++) {
@@ -333,12 +333,13 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         TEST_ASSERTF(run_gemm_g(&r, &cases[i].c, &cases[i].g, true), "gemm grouped fast case %d",
                      i);
     }
-    /* the cases from 512 rows once more on wgr.cu's kernels (DSI_CUDA_WG_RS=1), those of 64-511
-       rows with the groups never split along K (DSI_CUDA_TC_SPLIT_GROUPED=0; both step 25) */
+    /* the cases from 512 rows once more on wg.cu's kernels (DSI_CUDA_WG_RS=0; wgr.cu's are the
+       default from step 26), those of 64-511 rows with the groups never split along K
+       (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
-    } other[] = {{"DSI_CUDA_WG_RS=1", 512, INT64_MAX}, {"DSI_CUDA_TC_SPLIT_GROUPED=0", 64, 511}};
+    } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX}, {"DSI_CUDA_TC_SPLIT_GROUPED=0", 64, 511}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

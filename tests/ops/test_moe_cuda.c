@@ -298,14 +298,15 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     g_gpu = keep;
     g2->ops->free(g2);
     TEST_ASSERT(ok);
-    /* By default wg.cu's wgmma kernels take the routed tiles from 32 rows per expert and the
-       shared expert from 512 rows (step 23; 33 before), blocks of 64, 128 or 256 rows, the
-       routed tiles of equal rows (expert 0, in every row, takes 2-3 tiles in the cases of 82+
-       rows per expert), each block's wgmma as wide as its tile's rows rounded up to 32 (step
-       25); the cases above with 40+ rows once more on tc.cu's (DSI_CUDA_WG=0), on wg.cu's
-       blocks of 64 rows only (DSI_CUDA_WG_BN=64) and on its full-width blocks of 64, 128 or 192
-       rows with the tiles of step 24 (DSI_CUDA_WG_DYN=0), and on wgr.cu's kernels with the
-       weights in registers (DSI_CUDA_WG_RS=1, with and without DYN; step 25, off by default);
+    /* By default the wgmma kernels take the routed tiles from 32 rows per expert and the
+       shared expert from 512 rows (step 23; 33 before): wgr.cu's, the weights in registers
+       (step 26), blocks of 64, 128 or 192 rows, the routed tiles of equal rows (expert 0, in
+       every row, takes 2-3 tiles in the cases of 82+ rows per expert), each block's wgmma as
+       wide as its tile's rows rounded up to 32 (step 25); the cases above with 40+ rows once
+       more on tc.cu's (DSI_CUDA_WG=0), on wgr.cu's full-width blocks with the tiles of step 24
+       (DSI_CUDA_WG_DYN=0), and on wg.cu's (DSI_CUDA_WG_RS=0: the weights through shared
+       memory, blocks up to 256 rows), also with blocks of 64 rows only (DSI_CUDA_WG_BN=64) and
+       with step 24's tiles;
        the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
@@ -313,10 +314,10 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG=0", 40, INT64_MAX},
-                 {"DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
-                 {"DSI_CUDA_WG_RS=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WG_RS=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_RS=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

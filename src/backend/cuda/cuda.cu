@@ -546,9 +546,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */
     const char *wd = getenv("DSI_CUDA_WG_DYN");
     c->wg_dyn = !(wd && *wd == '0');
-    /* off until measured (step 25, compiled only; docs/cuda.md) */
+    /* wgr.cu's kernels, the weights in registers (step 26: the 8k prefill 115.5 -> 108.5 ms;
+       DSI_CUDA_WG_RS=0: wg.cu's) */
     const char *wr = getenv("DSI_CUDA_WG_RS");
-    c->wg_rs = wr && *wr == '1';
+    c->wg_rs = !(wr && *wr == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

@@ -4,7 +4,7 @@
  * weight tile goes through shared memory (wg.cu stores each decoded step there, with a proxy
  * fence and a barrier per 64 k). Same numerics as wg.cu (weights decoded exactly to bf16,
  * activations rounded to bf16, fp32 sums in the tensor cores' order): not bitwise; the op tests
- * bound the difference. c->wg_rs (DSI_CUDA_WG_RS=1) turns it on; step 25 wrote it without a GPU.
+ * bound the difference. c->wg_rs, the default from step 26 (DSI_CUDA_WG_RS=0: wg.cu instead).
  *
  * The K order. A lane (g, t) of a warp supplies the A fragment's rows g and g + 8, slots 2t, 2t+1,
  * 2t+8, 2t+9 of every k16 slice. Within each group of 128 k (a step), lane t takes the 32
