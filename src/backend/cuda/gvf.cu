@@ -311,65 +311,35 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
      * units of 4 elements (FP4: 8, the two mmas of a word) */
     constexpr int U = WT == DSI_TYPE_FP4_E2M1 ? 8 : 4;
     int64_t rw = gvf_row_words<WT>(K), ku = (K + G - 1) / G * G / U;
-    /* staged row r's source: perm_of(r) (MoE up: the row's perm entry, loaded unconditionally,
-       nk >= 1), then src_of(r, that) (a 32-bit division) */
-    auto perm_of = [&](int r) -> int {
-        int64_t pos = pos0 + r;
-        return MODE == GVF_UP ? p.m.perm[pos < nk ? pos : nk - 1] : 0;
-    };
-    auto src_of = [&](int r, int pv) -> const float * {
+    auto src_row = [&](int r) -> const float * {
         if (MODE == GVF_DENSE) return p.x + (int64_t)blockIdx.y * p.gxs + r * p.ldx;
         int64_t pos = pos0 + r;
-        if (MODE != GVF_UP) return p.m.h + pos * p.m.I;
-        return p.m.x + (pos < nk ? (int64_t)(pv / p.m.topk) : pos - nk) * p.m.D;
+        return MODE == GVF_UP
+                   ? p.m.x + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * p.m.D
+                   : p.m.h + pos * p.m.I;
     };
-    /* (staged after the first weight loads are issued: their latency overlaps it) */
-    /* SB items per thread at a time: their loads first, unconditional (an item past the last
-     * reads the last item's source, a unit past K the row's first: valid addresses, values
-     * unused), then their conversions and stores (step 24: a load behind a branch per item
-     * made each item a round trip, the MoE's up rows two: the perm lookup, then the row) */
+    /* (staged after the first weight loads are issued: their latency overlaps it; the compiler
+       predicates the unrolled iterations' loads, 4 in flight per thread: step 24's rewrite with
+       the loads written first had them sunk to their uses, one round trip per item, and cost
+       batch 48 +21%, batch 8 +8%; reverted in step 26 after reading the SASS) */
     auto stage_x = [&]() {
         int kun = (int)ku; /* 32-bit: rows * ku < 2^31 (the staged rows fit in GVF_SMEM_MAX) */
-        int n_it = rows * kun;
-        constexpr int SB = WT == DSI_TYPE_FP4_E2M1 ? 2 : 4;
-#pragma unroll 1
-        for (int i0 = threadIdx.x; i0 < n_it; i0 += SB * GVF_T) {
-            int rj[SB], pv[SB];
-            int64_t kj[SB];
-#pragma unroll
-            for (int j = 0; j < SB; j++) { /* the items, their perm entries (all in flight) */
-                int i = min(i0 + j * GVF_T, n_it - 1);
-                rj[j] = i / kun;
-                kj[j] = (int64_t)(i - rj[j] * kun) * U;
-                pv[j] = perm_of(rj[j]);
-            }
-            const float *src[SB];
-#pragma unroll
-            for (int j = 0; j < SB; j++)
-                src[j] = src_of(rj[j], pv[j]) + (kj[j] < K ? kj[j] : 0);
-            float4 f[SB], h[SB];
-#pragma unroll
-            for (int j = 0; j < SB; j++) {
-                f[j] = __ldg((const float4 *)src[j]);
-                if (WT == DSI_TYPE_FP4_E2M1) h[j] = __ldg((const float4 *)(src[j] + 4));
-            }
-#pragma unroll
-            for (int j = 0; j < SB; j++) {
-                if (i0 + j * GVF_T >= n_it) break;
-                int r = rj[j]; /* (the item itself: clamped only past n_it) */
-                int64_t k = kj[j];
-                float4 fv = k < K ? f[j] : make_float4(0, 0, 0, 0);
-                int64_t q = k / G, rem = k - q * G;
-                uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
-                if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
-                    float4 hv = k < K ? h[j] : make_float4(0, 0, 0, 0);
-                    *(uint2 *)d = make_uint2(bf16x2_rn(fv.x, hv.x), bf16x2_rn(fv.y, hv.y));
-                    *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(fv.z, hv.z), bf16x2_rn(fv.w, hv.w));
-                } else if (WT == DSI_TYPE_F8_E4M3) {
-                    *(uint2 *)d = make_uint2(bf16x2_rn(fv.x, fv.z), bf16x2_rn(fv.y, fv.w));
-                } else {
-                    *(uint2 *)d = make_uint2(bf16x2_rn(fv.x, fv.y), bf16x2_rn(fv.z, fv.w));
-                }
+#pragma unroll 4
+        for (int i = threadIdx.x; i < rows * kun; i += GVF_T) {
+            int r = i / kun;
+            int64_t k = (int64_t)(i - r * kun) * U;
+            const float *src = src_row(r);
+            float4 f = k < K ? __ldg((const float4 *)(src + k)) : make_float4(0, 0, 0, 0);
+            int64_t q = k / G, rem = k - q * G;
+            uint32_t *d = xs + r * rw + (q * (E / 4) + (rem % E) / 4) * 8 + 2 * (rem / E);
+            if (WT == DSI_TYPE_FP4_E2M1) { /* K % 64 == 0 */
+                float4 h = k < K ? __ldg((const float4 *)(src + k + 4)) : make_float4(0, 0, 0, 0);
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, h.x), bf16x2_rn(f.y, h.y));
+                *(uint2 *)(d + 8) = make_uint2(bf16x2_rn(f.z, h.z), bf16x2_rn(f.w, h.w));
+            } else if (WT == DSI_TYPE_F8_E4M3) {
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.z), bf16x2_rn(f.y, f.w));
+            } else {
+                *(uint2 *)d = make_uint2(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w));
             }
         }
     };
