@@ -306,7 +306,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        more on tc.cu's (DSI_CUDA_WG=0), on wgr.cu's full-width blocks with the tiles of step 24
        (DSI_CUDA_WG_DYN=0), and on wg.cu's (DSI_CUDA_WG_RS=0: the weights through shared
        memory, blocks up to 256 rows), also with blocks of 64 rows only (DSI_CUDA_WG_BN=64) and
-       with step 24's tiles;
+       with step 24's tiles; wgr.cu's blocks of 256 rows (DSI_CUDA_WG_BN=256) and of 224 at full
+       width (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27);
        the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
@@ -318,6 +319,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_RS=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_BN=256", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

@@ -754,7 +754,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (the weights in registers, wgr.cu: c->wg_rs; routed and shared together, as they share
        the activations' copies) */
     bool rs = c->wg_rs && wgr_ok(D, I);
-    int rx = wg   ? rs ? wgr_pick_bn((double)nk / E) : wg_pick_bn(c, (double)nk / E, wdyn)
+    int rx = wg   ? rs ? wgr_pick_bn(c, (double)nk / E) : wg_pick_bn(c, (double)nk / E, wdyn)
                : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt
                   : pick_rx((double)nk / E);
@@ -769,7 +769,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
        64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
     bool swg = stc && c->wg && n >= 512;
-    int srx = swg   ? rs ? wgr_pick_bn((double)n) : wg_pick_bn(c, (double)n, wdyn)
+    int srx = swg   ? rs ? wgr_pick_bn(c, (double)n) : wg_pick_bn(c, (double)n, wdyn)
                 : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
                     : pick_rx((double)n);

@@ -67,11 +67,11 @@ bool launch_tc_moe(struct cu_ctx *c, const struct moe_p *p, bool up, int bn, uns
 int wg_pick_bn(const struct cu_ctx *c, double rows, bool dyn);
 /* rs: on wgr.cu's kernels, the weights in registers (c->wg_rs; p->x16 / p->h16 then the
  * permuted copies of launch_wg_bf16), where wgr_ok (D and I multiples of 128), blocks of
- * wgr_pick_bn's 64, 128 or 192 rows. */
+ * wgr_pick_bn's 64, 128, 192, 224 or 256 rows. */
 bool launch_wg_moe(
     struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool rs, bool dyn, unsigned tiles);
 bool wgr_ok(int64_t D, int64_t I);
-int wgr_pick_bn(double rows);
+int wgr_pick_bn(const struct cu_ctx *c, double rows);
 /* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations;
  * permuted: each group of 128 columns in wgr.cu's K order (cols a multiple of 128; wg.cuh's
  * wg_perm_col). */

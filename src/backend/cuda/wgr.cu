@@ -17,11 +17,12 @@
  * dot product does not care in which order its terms meet, as long as both operands agree.
  *
  * A block of WR_T = 256 threads (2 warpgroups) computes WR_BM = 128 weight rows x BN activation
- * rows (64, 128 or 192; dense 64 or 128) over all of K, 128 k a step. The activation tile of a step
- * is BN rows of 256 bytes in two 128-byte swizzled sub-tiles (k 0-63, 64-127 of the permuted order;
- * slice i at sub-tile i / 4, byte (i % 4) 32), copied by cp.async WR_AH = 2 steps ahead into WR_ST
- * = 4 stages; the weights come WR_PF = 2 steps ahead into registers. A step issues its 8 slices as
- * two groups of 4 wgmma (slices 0-3 from the decoded d[0..1], 4-7 from d[2..3]) and waits after
+ * rows (64, 128, 192, 224 or 256; dense 64 or 128) over all of K, 128 k a step. The activation tile
+ * of a step is BN rows of 256 bytes in two 128-byte swizzled sub-tiles (k 0-63, 64-127 of the
+ * permuted order; slice i at sub-tile i / 4, byte (i % 4) 32), copied by cp.async wr_ah(BN) = 2
+ * steps ahead into wr_st(BN) = 4 stages (224 and 256 rows: 1 ahead into 3 stages, which fit in
+ * shared memory); the weights come WR_PF = 2 steps ahead into registers. A step issues its 8 slices
+ * as two groups of 4 wgmma (slices 0-3 from the decoded d[0..1], 4-7 from d[2..3]) and waits after
  * each for the group before (wait_group 1), so a group's A registers are free again when the next
  * step decodes into them. After the barrier of step s both warpgroups have waited for every group
  * of step s - 2, so stage (s + 2) % 4 = (s - 2) % 4 can be refilled.
@@ -40,15 +41,16 @@
 #define WR_BM 128
 #define WR_BK 128 /* k per step: one group of the permuted K order */
 #define WR_T  256
-#define WR_ST 4 /* activation stages */
-#define WR_AH 2 /* activation copies this many steps ahead (at most WR_ST - 2) */
 #define WR_PF 2 /* weight loads this many steps ahead */
 
-static_assert(WR_AH <= WR_ST - 2, "a stage is refilled only after the wgmma that read it");
+/* Activation stages of a block of BN rows, and how many steps ahead they are copied: a stage is
+   refilled only after the wgmma that read it (at most stages - 2 ahead). */
+__host__ __device__ constexpr int wr_st(int BN) { return BN > 192 ? 3 : 4; }
+__host__ __device__ constexpr int wr_ah(int BN) { return wr_st(BN) - 2; }
 static_assert(WR_BK == 128, "a step is one group of wg_perm_col's K order");
 
 /* Dynamic shared memory: the stages (BN rows of 256 bytes each), plus 1 KB to align them. */
-static size_t wr_smem_bytes(int BN) { return (size_t)WR_ST * BN * 256 + 1024; }
+static size_t wr_smem_bytes(int BN) { return (size_t)wr_st(BN) * BN * 256 + 1024; }
 
 #ifdef WG_HAVE
 /* One group of 4 slices (A: their fragments; b0: the sub-tile of the group, slice ii at byte ii
@@ -73,7 +75,8 @@ template <int MODE, int WT, int BN, bool DYN>
 __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
 #ifdef WG_HAVE
     cu_pdl_enter();
-    constexpr int XC = BN * 16 / WR_T;    /* 16-byte activation chunks per thread and step */
+    constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
+    constexpr int WR_ST = wr_st(BN), WR_AH = wr_ah(BN);
     constexpr uint32_t STAGE = BN * 256u; /* bytes per stage */
     constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
     extern __shared__ uint4 wr_smem[];
@@ -199,7 +202,9 @@ static bool wr_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dy
     else
         return bn <= 64    ? wr_launch<MODE, WT, 64>(c, p, dyn, grid)
                : bn <= 128 ? wr_launch<MODE, WT, 128>(c, p, dyn, grid)
-                           : wr_launch<MODE, WT, 192>(c, p, dyn, grid);
+               : bn <= 192 ? wr_launch<MODE, WT, 192>(c, p, dyn, grid)
+               : bn <= 224 ? wr_launch<MODE, WT, 224>(c, p, dyn, grid)
+                           : wr_launch<MODE, WT, 256>(c, p, dyn, grid);
 }
 
 bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
@@ -214,7 +219,11 @@ bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) 
     return wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid);
 }
 
-int wgr_pick_bn(double rows) { return rows > 128 ? 192 : rows > 64 ? 128 : 64; }
+/* 64 or 128 rows, or from 129 rows a mean c->wg_bn (DSI_CUDA_WG_BN: 192, 224 or 256) */
+int wgr_pick_bn(const struct cu_ctx *c, double rows) {
+    int top = c->wg_bn >= 256 ? 256 : c->wg_bn >= 224 ? 224 : 192;
+    return rows > 128 && c->wg_bn >= 192 ? top : rows > 64 && c->wg_bn >= 128 ? 128 : 64;
+}
 
 bool wr_launch_moe(
     struct cu_ctx *c, const struct tc_p *p, bool up, bool f4, int bn, bool dyn, dim3 grid) {
