@@ -162,45 +162,48 @@ tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, 
     }
 }
 
-/* Decode 32 values to bf16, in k order: d[i] holds k 8i .. 8i + 7. */
-template <int WT>
-__device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid, uint4 (&d)[4]) {
+/* Decode 32 values to bf16, in k order: d[i] holds k 8i .. 8i + 7; or (Q0, NQ) only the NQ
+ * quads from Q0 (k 8 Q0 .. 8 (Q0 + NQ) - 1) into d[0 .. NQ - 1] (FP8: Q0 and NQ even). */
+template <int WT, int Q0 = 0, int NQ = 4>
+__device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid, uint4 (&d)[NQ]) {
+    static_assert(Q0 >= 0 && NQ > 0 && Q0 + NQ <= 4 && Q0 % 2 == 0 && NQ % 2 == 0, "quads");
     if (!valid) {
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NQ; i++)
             d[i] = make_uint4(0, 0, 0, 0);
         return;
     }
     if (WT == DSI_TYPE_BF16) {
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            d[i] = r.v[i];
+        for (int i = 0; i < NQ; i++)
+            d[i] = r.v[Q0 + i];
     } else if (WT == DSI_TYPE_FP4_E2M1) {
         uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
         if (r.sb <= 128u) { /* pairs (j, j + 4) of a word, put back in k order (tc.cuh) */
             uint32_t m = bf16x2_pow2(r.sb, 126);
 #pragma unroll
-            for (int h = 0; h < 4; h++) {
+            for (int h = Q0; h < Q0 + NQ; h++) {
                 uint32_t p04 = bf16x2_mul(e2m1_pair_bits<0>(u[h]), m),
                          p15 = bf16x2_mul(e2m1_pair_bits<1>(u[h]), m),
                          p26 = bf16x2_mul(e2m1_pair_bits<2>(u[h]), m),
                          p37 = bf16x2_mul(e2m1_pair_bits<3>(u[h]), m);
-                d[h] = make_uint4(__byte_perm(p04, p15, 0x5410), __byte_perm(p26, p37, 0x5410),
-                                  __byte_perm(p04, p15, 0x7632), __byte_perm(p26, p37, 0x7632));
+                d[h - Q0] =
+                    make_uint4(__byte_perm(p04, p15, 0x5410), __byte_perm(p26, p37, 0x5410),
+                               __byte_perm(p04, p15, 0x7632), __byte_perm(p26, p37, 0x7632));
             }
             return;
         }
 #pragma unroll
-        for (int h = 0; h < 4; h++) {
+        for (int h = Q0; h < Q0 + NQ; h++) {
             float f[8];
             e2m1x8(u[h], r.sb, f);
-            d[h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
-                              bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+            d[h - Q0] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
+                                   bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
         }
     } else if (r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order (tc.cuh) */
         uint32_t m = bf16x2_pow2(r.sb, 120);
 #pragma unroll
-        for (int v = 0; v < 2; v++) {
+        for (int v = Q0 / 2; v < (Q0 + NQ) / 2; v++) {
             uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
             uint32_t o[4];
 #pragma unroll
@@ -210,20 +213,20 @@ __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid,
                 o[h] = __byte_perm(p02, p13, 0x5410); /* elements 0, 1 */
                 u[h] = __byte_perm(p02, p13, 0x7632); /* elements 2, 3 */
             }
-            d[v * 2] = make_uint4(o[0], u[0], o[1], u[1]);
-            d[v * 2 + 1] = make_uint4(o[2], u[2], o[3], u[3]);
+            d[v * 2 - Q0] = make_uint4(o[0], u[0], o[1], u[1]);
+            d[v * 2 + 1 - Q0] = make_uint4(o[2], u[2], o[3], u[3]);
         }
     } else {
 #pragma unroll
-        for (int v = 0; v < 2; v++) {
+        for (int v = Q0 / 2; v < (Q0 + NQ) / 2; v++) {
             uint32_t u[4] = {r.v[v].x, r.v[v].y, r.v[v].z, r.v[v].w};
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float f[8];
                 e4m3x4(u[2 * h], r.sb, f);
                 e4m3x4(u[2 * h + 1], r.sb, f + 4);
-                d[v * 2 + h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
-                                          bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+                d[v * 2 + h - Q0] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
+                                               bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
             }
         }
     }

@@ -134,32 +134,42 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
         for (int h = 0; h < 2; h++)
             tc_load_w<WT>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WR_BK + t4 * 32, w[h]);
     };
+    /* the A fragments of half hf (slices 4 hf .. 4 hf + 3) from rows g (r0) and g + 8 (r1)
+       decoded: slice i's elements 4 i .. 4 i + 3 are in quad (i % 4) / 2 of the half */
+    auto frag = [&](const uint4(&r0)[2], const uint4(&r1)[2], uint32_t(&a)[4][4]) {
+#pragma unroll
+        for (int ii = 0; ii < 4; ii++) {
+            const uint4 &q0 = r0[ii >> 1], &q1 = r1[ii >> 1];
+            bool lo = (ii & 1) == 0;
+            a[ii][0] = lo ? q0.x : q0.z;
+            a[ii][1] = lo ? q1.x : q1.z;
+            a[ii][2] = lo ? q0.y : q0.w;
+            a[ii][3] = lo ? q1.y : q1.w;
+        }
+    };
+    /* Step s: half 0 decoded before the barrier; half 1 (from a copy of the raw bits, as the
+       next loads go to w) after half 0's wgmma are issued, so that its decode runs beside
+       them; each half's registers are read by its wgmma until the wait after the next group. */
     auto step = [&](int64_t s, struct tc_wraw(&w)[2]) {
-        uint4 d0[4], d1[4]; /* rows g and g + 8: elements 32 t4 + 8 q .. + 7 in d[q] */
-        tc_decode_w<WT>(w[0], wrow[0] != nullptr, d0);
-        tc_decode_w<WT>(w[1], wrow[1] != nullptr, d1);
+        uint4 d0[2], d1[2], e0[2], e1[2];
+        tc_decode_w<WT, 0, 2>(w[0], wrow[0] != nullptr, d0);
+        tc_decode_w<WT, 0, 2>(w[1], wrow[1] != nullptr, d1);
         cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones may be in flight) */
         wg_fence_smem();
         __syncthreads();
         load_x(s + WR_AH);
+        struct tc_wraw k0 = w[0], k1 = w[1];
         if (s + WR_PF < steps) load_w(s + WR_PF, w);
         uint32_t b0 = base + (uint32_t)(s % WR_ST) * STAGE;
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            uint32_t a[4][4];
-#pragma unroll
-            for (int ii = 0; ii < 4; ii++) {
-                int i = 4 * half + ii; /* slice: elements 4 i .. 4 i + 3 = d[i / 2]'s half */
-                const uint4 &r0 = d0[i >> 1], &r1 = d1[i >> 1];
-                bool lo = (i & 1) == 0;
-                a[ii][0] = lo ? r0.x : r0.z;
-                a[ii][1] = lo ? r1.x : r1.z;
-                a[ii][2] = lo ? r0.y : r0.w;
-                a[ii][3] = lo ? r1.y : r1.w;
-            }
-            wr_mma_group<BN>(acc, nv >> 5, a, b0 + (uint32_t)half * SUB);
-            wg_wait<1>();
-        }
+        uint32_t a[4][4];
+        frag(d0, d1, a);
+        wr_mma_group<BN>(acc, nv >> 5, a, b0);
+        wg_wait<1>();
+        tc_decode_w<WT, 2, 2>(k0, wrow[0] != nullptr, e0);
+        tc_decode_w<WT, 2, 2>(k1, wrow[1] != nullptr, e1);
+        frag(e0, e1, a);
+        wr_mma_group<BN>(acc, nv >> 5, a, b0 + SUB);
+        wg_wait<1>();
     };
 #pragma unroll
     for (int u = 0; u < WR_PF; u++)
