@@ -22,10 +22,12 @@
  * permuted order; slice i at sub-tile i / 4, byte (i % 4) 32), copied by cp.async wr_ah(BN) = 2
  * steps ahead into wr_st(BN) = 4 stages (224 and 256 rows: 1 ahead into 3 stages, which fit in
  * shared memory); the weights come WR_PF = 2 steps ahead into registers. A step issues its 8 slices
- * as two groups of 4 wgmma (slices 0-3 from the decoded d[0..1], 4-7 from d[2..3]) and waits after
- * each for the group before (wait_group 1), so a group's A registers are free again when the next
- * step decodes into them. After the barrier of step s both warpgroups have waited for every group
- * of step s - 2, so stage (s + 2) % 4 = (s - 2) % 4 can be refilled.
+ * as two groups of 4 wgmma (slices 0-3 from the decoded quads 0-1, 4-7 from quads 2-3) and waits
+ * after each for the group before (wait_group 1), so a group's A registers are free again when the
+ * next step decodes into them. The first half is decoded before the step's barrier, the second
+ * after the first half's group is issued (step 27: its decode runs beside that group). After the
+ * barrier of step s both warpgroups have waited for every group of step s - 2, so stage (s + 2) %
+ * 4 = (s - 2) % 4 can be refilled (3 stages: (s + 1) % 3 = (s - 2) % 3).
  *
  * MoE up: as wg.cu, the thread's row g is column c of W1 and row g + 8 the same column of W3 (c =
  * 64 blockIdx.x + 32 warpgroup + 8 warp + g), so its accumulators hold the gate and the up value
@@ -113,18 +115,24 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
         acc[i] = 0.0f;
     struct tc_wraw wr[WR_PF][2];
     int64_t steps = K / WR_BK;
-    /* activations of step s into stage s % WR_ST: chunk c (0..15) of row j to sub-tile c / 8
-       (one cp.async group per step, empty past the end) */
+    /* activations of step s into stage s % WR_ST: the thread copies chunk xc = tid % 16 (of
+       sub-tile xc / 8) of rows xj + 16 v, xj = tid / 16, whose swizzled offsets are row xj's +
+       2048 v (16 rows further, the same swizzle): one offset and one column for all its copies
+       (step 27; the SASS had ~20 instructions a copy). One cp.async group per step, empty past
+       the end. */
+    const int xc = tid & 15, xj = tid >> 4;
+    const uint32_t xoff = (uint32_t)(xc >> 3) * SUB + wg_sw(xj, xc & 7);
+    static_assert(XC * 16 == BN, "rows xj + 16 v cover the tile");
     auto load_x = [&](int64_t s) {
         if (s < steps) {
-            uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
+            uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE + xoff;
+            int64_t ko = s * WR_BK + xc * 8;
 #pragma unroll
             for (int v = 0; v < XC; v++) {
-                int idx = tid + v * WR_T, j = idx >> 4, c = idx & 15;
+                int j = xj + 16 * v;
                 if (DYN && j >= nv) continue; /* rows no wgmma reads */
                 const uint16_t *src = xrow[j];
-                cu_cp16(B + (uint32_t)(c >> 3) * SUB + wg_sw(j, c & 7),
-                        src ? src + s * WR_BK + c * 8 : xs, src != nullptr);
+                cu_cp16(B + (uint32_t)v * 2048u, src ? src + ko : xs, src != nullptr);
             }
         }
         cu_cp_commit();
