@@ -831,8 +831,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                : moe_up(c, &ps, s1.type, srx, gsu);
     cu_prof_end(c, pp);
     if (!ok) return;
-    if (a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
-    if (p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
+    /* h's act_quant and its bf16 copy for wgr.cu in one pass (step 27): the routed rows' floats
+       are not read again when their down projection is on wgr.cu (the shared rows' may be:
+       lt.cu, tc.cu) */
+    bool q16 = a->act_quant && p.h16 && rs &&
+               launch_wg_bf16_q8(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, wg ? nk : 0);
+    if (c->sticky) return;
+    if (!q16 && a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
+    if (!q16 && p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
     ok = wg   ? launch_wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky

@@ -84,6 +84,19 @@ void launch_wg_bf16(struct cu_ctx *c,
                     int64_t ldy,
                     bool permuted);
 
+/* act_quant (blocks of 128) of rows 0 .. rows - 1 of x and their bf16 copy in wgr.cu's
+ * permuted K order into y (launch_wg_bf16's, permuted) in one pass; x's rows from keep_from on get
+ * the quantised values written back (the rows a later kernel reads as floats; the others keep
+ * their inputs). false: not taken (cols not a multiple of 128, alignment), nothing launched. */
+bool launch_wg_bf16_q8(struct cu_ctx *c,
+                       float *x,
+                       int64_t rows,
+                       int64_t cols,
+                       int64_t ldx,
+                       uint16_t *y,
+                       int64_t ldy,
+                       int64_t keep_from);
+
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
  * tiles in shared memory) fit them, the n8 column
  * tiles for tiles of `rows` rows (1, 2, 4: at most 8, 16, 32 rows; routed tiles are grouped by

@@ -48,14 +48,17 @@ rms_out4(float4 v, float inv, struct cu_vec w, int64_t e, bool round) {
 }
 
 /* act_quant of one 128-block held by a warp as a float4 per lane (k_act_quant's numbers: amax,
- * UE8M0 scale, e4m3 round trip), into q. The whole warp calls it. */
-__device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) {
+ * UE8M0 scale, e4m3 round trip): the lane's four values. The whole warp calls it. */
+__device__ __forceinline__ float4 q8_warp_quant(float4 y) {
     float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
     amax = warp_max(amax);
     float s = ue8m0_scale(amax, 448.0f, 1e-4f), inv_s = 1.0f / s;
-    *q = make_float4(q8_value(y.x, s, inv_s), q8_value(y.y, s, inv_s), q8_value(y.z, s, inv_s),
-                     q8_value(y.w, s, inv_s));
+    return make_float4(q8_value(y.x, s, inv_s), q8_value(y.y, s, inv_s), q8_value(y.z, s, inv_s),
+                       q8_value(y.w, s, inv_s));
 }
+
+/* The same, stored at q. */
+__device__ __forceinline__ void q8_warp_block(float4 y, float4 *q) { *q = q8_warp_quant(y); }
 
 /* One RoPE pair (x0, x1) at position p, frequency f (rope's arithmetic: the angle as an fp32
  * product, the reference cos / sin, the inverse by the sine's sign). */

@@ -25,6 +25,7 @@
  * row g and g + 8). */
 #include "gemm.cuh"
 #include "moe.cuh"
+#include "norm.cuh"
 #include "tc.cuh"
 #include "wg.cuh"
 
@@ -205,6 +206,44 @@ void launch_wg_bf16(struct cu_ctx *c,
     else
         cu_launch(c, k_wg_bf16<false>, grid, 256, 0, x, rows, cols, ldx, y, ldy);
     cu_check(c, "bf16 copy");
+}
+
+/* act_quant (blocks of 128) and the permuted bf16 copy in one pass (launch_wg_bf16_q8): one warp
+ * per (row, block), a float4 per lane (k_act_quant128's numbers, q8_warp_quant); lane L holds
+ * elements 4 L .. 4 L + 3 of the group, whose pairs wgr.cu's K order puts at pairs 8 (L % 8) + L
+ * / 8 and that + 4 (the inverse of wg_perm_col). */
+__global__ void __launch_bounds__(CU_THREADS) k_wg_bf16_q8(
+    float *x, int64_t rows, int nb, int64_t ldx, uint16_t *y, int64_t ldy, int64_t keep_from) {
+    cu_pdl_enter();
+    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wid >= rows * nb) return;
+    int64_t r = wid / nb;
+    int b = (int)(wid - r * nb);
+    float4 *xp = (float4 *)(x + r * ldx + b * 128) + lane;
+    float4 q = q8_warp_quant(*xp);
+    if (r >= keep_from) *xp = q;
+    uint32_t *yp = (uint32_t *)(y + r * ldy + b * 128);
+    int q0 = 8 * (lane & 7) + (lane >> 3);
+    yp[q0] = bf16x2_rn(q.x, q.y);
+    yp[q0 + 4] = bf16x2_rn(q.z, q.w);
+}
+
+bool launch_wg_bf16_q8(struct cu_ctx *c,
+                       float *x,
+                       int64_t rows,
+                       int64_t cols,
+                       int64_t ldx,
+                       uint16_t *y,
+                       int64_t ldy,
+                       int64_t keep_from) {
+    int64_t nb = cols / 128;
+    if (cols % 128 || ldx % 4 || ldy % 2 || (uintptr_t)x % 16 || (uintptr_t)y % 4 || nb > INT32_MAX)
+        return false;
+    if (rows <= 0) return true;
+    cu_launch(c, k_wg_bf16_q8, (unsigned)cu_div_up(rows * nb, CU_WARPS), CU_THREADS, 0, x, rows,
+              (int)nb, ldx, y, ldy, keep_from);
+    return cu_check(c, "act_quant + bf16 copy");
 }
 
 /* Activation rows per block for a mean of `rows` per tile: 64, or 128 / 192 (dyn: 256) from 65
