@@ -137,6 +137,11 @@ struct cu_ctx {
                         wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
     bool wg_rs;      /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in
                         registers (DSI_CUDA_WG_RS=0: off; on from step 26) */
+    /* wgr.cu's MoE blocks read their activation tiles by TMA (DSI_CUDA_WGR_TMA=1; off: step
+       27's experiment, not yet run on a GPU); tmap_encode: the driver's cuTensorMapEncodeTiled
+       (from the runtime's entry point at creation; NULL: wgr_tma is off) */
+    bool wgr_tma;
+    void *tmap_encode;
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

@@ -550,6 +550,18 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        DSI_CUDA_WG_RS=0: wg.cu's) */
     const char *wr = getenv("DSI_CUDA_WG_RS");
     c->wg_rs = !(wr && *wr == '0');
+    const char *wt = getenv("DSI_CUDA_WGR_TMA");
+    c->wgr_tma = wt && *wt == '1';
+    c->tmap_encode = NULL;
+    if (c->wgr_tma) {
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->tmap_encode, 12000,
+                                             cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            c->tmap_encode = NULL;
+        cudaGetLastError();
+        c->wgr_tma = c->tmap_encode != NULL;
+    }
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

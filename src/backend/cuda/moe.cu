@@ -773,6 +773,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                 : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
                     : pick_rx((double)n);
+    /* (wgr.cu's TMA copies, c->wgr_tma: x copied by position, nk + n rows, after the grouping;
+       step 27's experiment) */
+    bool tma = rs && c->wgr_tma && (wg || swg) && wdyn;
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -780,7 +783,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
     /* wg.cu reads bf16 copies of x and h */
     size_t o_x16 = o_out + cu_align((size_t)((nk + n) * D) * 4),
-           o_h16 = o_x16 + cu_align((size_t)(n * D) * 2);
+           o_h16 = o_x16 + cu_align((size_t)((tma ? nk + n : n) * D) * 2);
     size_t total = wg || swg ? o_h16 + cu_align((size_t)((nk + n) * I) * 2) : o_x16;
     char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
     if (!s) return;
@@ -805,10 +808,12 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.out = (float *)(s + o_out);
     p.x16 = wg || swg ? (const uint16_t *)(s + o_x16) : NULL;
     p.h16 = wg || swg ? (const uint16_t *)(s + o_h16) : NULL;
-    if (p.x16) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D, rs);
+    p.x16_pos = tma;
+    if (p.x16 && !tma) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D, rs);
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
               (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
+    if (tma) launch_wg_bf16_pos(c, a->x, n, nk, p.perm, a->topk, D, (uint16_t *)p.x16);
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");

@@ -20,7 +20,9 @@ struct moe_p {
     bool stage;                /* stage x rows in shared memory (c->xstage) */
     float *h;                  /* [nk + n, I] */
     const uint16_t *x16, *h16; /* wg.cu: bf16 copies of x and h */
-    float *out;                /* [nk + n, D] */
+    bool x16_pos; /* x16 has a row per position (nk + n rows: the routed rows in perm's order,
+                     then x's): wgr.cu's TMA copies (c->wgr_tma) */
+    float *out;   /* [nk + n, D] */
 };
 
 /* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
@@ -88,6 +90,16 @@ void launch_wg_bf16(struct cu_ctx *c,
  * permuted K order into y (launch_wg_bf16's, permuted) in one pass; x's rows from keep_from on get
  * the quantised values written back (the rows a later kernel reads as floats; the others keep
  * their inputs). false: not taken (cols not a multiple of 128, alignment), nothing launched. */
+/* launch_wg_bf16 (permuted) of the rows of each position: y's row r < nk from x's row perm[r] /
+ * topk, row nk + i from x's row i (i < n). */
+void launch_wg_bf16_pos(struct cu_ctx *c,
+                        const float *x,
+                        int64_t n,
+                        int64_t nk,
+                        const int32_t *perm,
+                        int topk,
+                        int64_t cols,
+                        uint16_t *y);
 bool launch_wg_bf16_q8(struct cu_ctx *c,
                        float *x,
                        int64_t rows,

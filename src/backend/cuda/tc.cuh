@@ -252,7 +252,8 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
                                               int64_t *opos,
                                               int *e,
                                               int64_t *K,
-                                              int *nrows = nullptr) {
+                                              int *nrows = nullptr,
+                                              bool by_pos = false) {
     int tid = threadIdx.x, rows = 0;
     int64_t pos0 = 0, nk = p.m.n * p.m.topk;
     *e = -1;
@@ -277,7 +278,10 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
             int64_t pos = pos0 + tid;
             op = pos;
             if (MODE == TC_UP)
-                xr = xs + (pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk) : pos - nk) * lds;
+                xr = xs + (by_pos     ? pos
+                           : pos < nk ? (int64_t)(p.m.perm[pos] / p.m.topk)
+                                      : pos - nk) *
+                              lds;
             else
                 xr = xs + pos * lds;
         }

@@ -178,17 +178,49 @@ static bool wg_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dy
 
 /* The bf16 copy: one thread per destination pair (PERM: in wgr.cu's K order, wg_perm_col), rows
  * in grid.y (strided past 65535). */
-template <bool PERM>
-__global__ void
-k_wg_bf16(const float *x, int64_t rows, int64_t cols, int64_t ldx, uint16_t *y, int64_t ldy) {
+/* (POS: y's row r from x's row perm[r] / topk below nk, r - nk from nk on; zeros for a
+ * position no slot holds, whose perm entry k_moe_group left unwritten: slots dropped for an
+ * expert id out of range) */
+template <bool PERM, bool POS = false>
+__global__ void k_wg_bf16(const float *x,
+                          int64_t rows,
+                          int64_t cols,
+                          int64_t ldx,
+                          uint16_t *y,
+                          int64_t ldy,
+                          const int32_t *perm = nullptr,
+                          int topk = 1,
+                          int64_t nk = 0) {
     cu_pdl_enter();
     int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (q * 2 >= cols) return;
     int64_t src = PERM ? wg_perm_col(q) : q * 2;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        float2 v = *(const float2 *)(x + r * ldx + src);
+        int64_t xr = r;
+        if (POS && r < nk) {
+            int32_t slot = perm[r];
+            xr = slot >= 0 && slot < nk ? slot / topk : -1;
+        } else if (POS) {
+            xr = r - nk;
+        }
+        float2 v = xr >= 0 ? *(const float2 *)(x + xr * ldx + src) : make_float2(0.0f, 0.0f);
         *(uint32_t *)(y + r * ldy + q * 2) = bf16x2_rn(v.x, v.y);
     }
+}
+
+void launch_wg_bf16_pos(struct cu_ctx *c,
+                        const float *x,
+                        int64_t n,
+                        int64_t nk,
+                        const int32_t *perm,
+                        int topk,
+                        int64_t cols,
+                        uint16_t *y) {
+    int64_t rows = nk + n;
+    if (rows <= 0) return;
+    dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
+    cu_launch(c, k_wg_bf16<true, true>, grid, 256, 0, x, rows, cols, cols, y, cols, perm, topk, nk);
+    cu_check(c, "bf16 copy by position");
 }
 
 void launch_wg_bf16(struct cu_ctx *c,
@@ -201,10 +233,13 @@ void launch_wg_bf16(struct cu_ctx *c,
                     bool permuted) {
     if (rows <= 0) return;
     dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
+    const int32_t *none = nullptr;
     if (permuted)
-        cu_launch(c, k_wg_bf16<true>, grid, 256, 0, x, rows, cols, ldx, y, ldy);
+        cu_launch(c, k_wg_bf16<true>, grid, 256, 0, x, rows, cols, ldx, y, ldy, none, 1,
+                  (int64_t)0);
     else
-        cu_launch(c, k_wg_bf16<false>, grid, 256, 0, x, rows, cols, ldx, y, ldy);
+        cu_launch(c, k_wg_bf16<false>, grid, 256, 0, x, rows, cols, ldx, y, ldy, none, 1,
+                  (int64_t)0);
     cu_check(c, "bf16 copy");
 }
 

@@ -45,6 +45,45 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 __device__ __forceinline__ void wg_fence_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+/* ---- TMA tile loads and their mbarriers (wgr.cu's activation tiles, c->wgr_tma) */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* the barriers' initialisation visible to the async proxy (then a block barrier) */
+__device__ __forceinline__ void mbar_fence_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* one arrival that also expects `bytes` of transactions in the current phase */
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+/* Wait for the phase of parity `par` to complete; false after `spins` unsuccessful tries (a
+ * guard: a wrong byte count must not hang the device; the caller's results are then garbage,
+ * which the op tests catch). */
+__device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t par, uint32_t spins) {
+#pragma unroll 1
+    for (uint32_t i = 0; i < spins; i++) {
+        uint32_t ok;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(par)
+                     : "memory");
+        if (ok) return true;
+    }
+    return false;
+}
+/* The 2-D box at (c0, c1) (elements, rows) of the tensor map *tm into shared memory at dst,
+ * completing `bar`'s transactions. */
+__device__ __forceinline__ void
+tma_load_2d(uint32_t dst, const void *tm, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"(tm), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
 /* The accumulators are written by wgmma in the background: pin them around the waits. */
 template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
 #pragma unroll
@@ -123,7 +162,9 @@ __device__ __forceinline__ bool wg_block_rows(struct tc_p &p,
     int rows = BN;
     *xs = MODE == TC_DENSE ? p.x16 : MODE == TC_UP ? p.m.x16 : p.m.h16;
     int64_t lds = MODE == TC_DENSE ? p.ld16 : MODE == TC_UP ? p.m.D : p.m.I;
-    if (!tc_block_rows<MODE, BN>(p, *xs, lds, p.gx, xrow, opos, e, K, &rows)) return false;
+    if (!tc_block_rows<MODE, BN>(p, *xs, lds, p.gx, xrow, opos, e, K, &rows,
+                                 MODE == TC_UP && p.m.x16_pos))
+        return false;
     *nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
     return true;
 }

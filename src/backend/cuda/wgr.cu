@@ -29,6 +29,10 @@
  * barrier of step s both warpgroups have waited for every group of step s - 2, so stage (s + 2) %
  * 4 = (s - 2) % 4 can be refilled (3 stages: (s + 1) % 3 = (s - 2) % 3).
  *
+ * TMA (c->wgr_tma, DSI_CUDA_WGR_TMA=1, the MoE's DYN tiles; step 27's experiment): the tiles
+ * come by TMA from copies with a row per position (x: launch_wg_bf16_pos; h: as it is), thread 0
+ * issuing a step's two boxes on the stage's mbarrier (k_wgr's TMA comment).
+ *
  * MoE up: as wg.cu, the thread's row g is column c of W1 and row g + 8 the same column of W3 (c =
  * 64 blockIdx.x + 32 warpgroup + 8 warp + g), so its accumulators hold the gate and the up value
  * of the same (column, activation row). Down (and dense): rows g, g + 8 of the weight's 128-row
@@ -39,6 +43,8 @@
 #include "wg.cuh"
 
 #include <algorithm>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #define WR_BM 128
 #define WR_BK 128 /* k per step: one group of the permuted K order */
@@ -73,8 +79,15 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b
 }
 #endif
 
-template <int MODE, int WT, int BN, bool DYN>
-__global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
+/* TMA (MoE, c->wgr_tma): the activation tiles by TMA from tm (the bf16 copy by position, a row
+ * per position, 64 x BN boxes in the 128-byte swizzle, which is wg_sw's layout): thread 0 issues a
+ * step's two boxes on the stage's mbarrier, and every thread waits for its phase instead of its
+ * own cp.async copies. The tile's rows are consecutive positions from opos[0]; the rows past the
+ * tile (DYN: its wgmma do not read them; else their outputs are dropped) are whatever follows,
+ * zeros past the end. */
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false>
+__global__ void __launch_bounds__(WR_T, 1)
+    k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
@@ -84,7 +97,8 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
     extern __shared__ uint4 wr_smem[];
     uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
     __shared__ const uint16_t *xrow[BN];
-    __shared__ int64_t opos[BN]; /* h / out position of the row; -1: none */
+    __shared__ int64_t opos[BN];           /* h / out position of the row; -1: none */
+    __shared__ alignas(8) uint64_t bar[4]; /* TMA: a stage's copies */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
 
@@ -92,6 +106,13 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
     int64_t K;
     const uint16_t *xs;
     if (!wg_block_rows<MODE, BN, DYN>(p, xrow, opos, &e, &K, &nv, &xs)) return;
+    static_assert(!TMA || MODE != TC_DENSE, "TMA: the MoE's copies by position");
+    if (TMA && tid == 0) {
+#pragma unroll
+        for (int i = 0; i < WR_ST; i++)
+            mbar_init(smem_u32(&bar[i]), 1);
+        mbar_fence_init();
+    }
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
     const uint8_t *wrow[2], *wsrow[2];
     int sh1[2], sb1[2];
@@ -123,7 +144,19 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
     const int xc = tid & 15, xj = tid >> 4;
     const uint32_t xoff = (uint32_t)(xc >> 3) * SUB + wg_sw(xj, xc & 7);
     static_assert(XC * 16 == BN, "rows xj + 16 v cover the tile");
+    const int row0 = TMA ? (int)opos[0] : 0; /* TMA: the tile's first position */
+    bool live = true;                        /* TMA: no wait has failed (mbar_wait) */
     auto load_x = [&](int64_t s) {
+        if (TMA) {
+            if (tid == 0 && s < steps) {
+                uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
+                uint32_t mb = smem_u32(&bar[s % WR_ST]);
+                mbar_expect(mb, STAGE);
+                tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
+                tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
+            }
+            return;
+        }
         if (s < steps) {
             uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE + xoff;
             int64_t ko = s * WR_BK + xc * 8;
@@ -162,7 +195,11 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
         uint4 d0[2], d1[2], e0[2], e1[2];
         tc_decode_w<WT, 0, 2>(w[0], wrow[0] != nullptr, d0);
         tc_decode_w<WT, 0, 2>(w[1], wrow[1] != nullptr, d1);
-        cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones may be in flight) */
+        if (TMA) /* step s's tile (its phase: the stage's use s / WR_ST) */
+            live =
+                live && mbar_wait(smem_u32(&bar[s % WR_ST]), (uint32_t)(s / WR_ST) & 1u, 1u << 16);
+        else
+            cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
         wg_fence_smem();
         __syncthreads();
         load_x(s + WR_AH);
@@ -192,37 +229,71 @@ __global__ void __launch_bounds__(WR_T, 1) k_wgr(struct tc_p p) {
 
 /* ---- launchers --------------------------------------------------------------------------- */
 
-/* k_wgr<MODE, WT, BN, D>'s launch (its dynamic shared memory raised once per instance) */
-template <int MODE, int WT, int BN, bool D>
-static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
+/* A kernel parameter for the kernels without TMA. */
+static const CUtensorMap wr_no_map = {};
+
+/* k_wgr<MODE, WT, BN, D, T>'s launch (its dynamic shared memory raised once per instance; tm:
+ * T's tensor map) */
+template <int MODE, int WT, int BN, bool D, bool T = false>
+static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
     size_t sm = wr_smem_bytes(BN);
-    if (!smem_limit(c, k_wgr<MODE, WT, BN, D>, sm, &smem_done, "wgmma, weights in registers"))
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T>, sm, &smem_done, "wgmma, weights in registers"))
         return false;
-    cu_launch(c, k_wgr<MODE, WT, BN, D>, grid, WR_T, sm, *p);
+    cu_launch(c, k_wgr<MODE, WT, BN, D, T>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
 
-/* dyn: the MoE's DYN kernels (dense: never) */
+/* dyn: the MoE's DYN kernels (dense: never); tm: their TMA map (the MoE with dyn), or NULL */
 template <int MODE, int WT, int BN>
-static bool wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid) {
-    if constexpr (MODE != TC_DENSE)
-        if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid);
-    return wr_launch1<MODE, WT, BN, false>(c, p, grid);
+static bool
+wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm) {
+    if constexpr (MODE != TC_DENSE) {
+        if (dyn && tm) return wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
+        if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid, &wr_no_map);
+    }
+    return wr_launch1<MODE, WT, BN, false>(c, p, grid, &wr_no_map);
+}
+
+/* The block width of wr_launch_bn's kernels for bn (dense: 64 or 128). */
+static int wr_bn(int bn) {
+    return bn <= 64 ? 64 : bn <= 128 ? 128 : bn <= 192 ? 192 : bn <= 224 ? 224 : 256;
 }
 
 template <int MODE, int WT>
-static bool wr_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid) {
+static bool wr_launch_bn(
+    struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE == TC_DENSE)
-        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid)
-                        : wr_launch<MODE, WT, 128>(c, p, false, grid);
+        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid, nullptr)
+                        : wr_launch<MODE, WT, 128>(c, p, false, grid, nullptr);
     else
-        return bn <= 64    ? wr_launch<MODE, WT, 64>(c, p, dyn, grid)
-               : bn <= 128 ? wr_launch<MODE, WT, 128>(c, p, dyn, grid)
-               : bn <= 192 ? wr_launch<MODE, WT, 192>(c, p, dyn, grid)
-               : bn <= 224 ? wr_launch<MODE, WT, 224>(c, p, dyn, grid)
-                           : wr_launch<MODE, WT, 256>(c, p, dyn, grid);
+        switch (wr_bn(bn)) {
+        case 64:
+            return wr_launch<MODE, WT, 64>(c, p, dyn, grid, tm);
+        case 128:
+            return wr_launch<MODE, WT, 128>(c, p, dyn, grid, tm);
+        case 192:
+            return wr_launch<MODE, WT, 192>(c, p, dyn, grid, tm);
+        case 224:
+            return wr_launch<MODE, WT, 224>(c, p, dyn, grid, tm);
+        default:
+            return wr_launch<MODE, WT, 256>(c, p, dyn, grid, tm);
+        }
+}
+
+/* The TMA map of rows x K bf16 values at x (row stride K), boxes of 64 x BN in the 128-byte
+ * swizzle; false: not made (no entry point, alignment, the driver's refusal). */
+static bool wr_tmap(
+    const struct cu_ctx *c, CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t K, int BN) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)c->tmap_encode;
+    if (!enc || !x || rows <= 0 || rows > INT32_MAX || K % 64 || (uintptr_t)x % 16) return false;
+    cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)K * 2};
+    cuuint32_t box[2] = {64, (cuuint32_t)BN}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)x, dim, stride, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
@@ -234,7 +305,7 @@ bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) 
         return false;
     struct tc_p q;
     if (!wg_dense_copy(c, p, grid, true, &q)) return true; /* (the sticky error is set) */
-    return wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid);
+    return wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid, nullptr);
 }
 
 /* 64 or 128 rows, or from 129 rows a mean c->wg_bn (DSI_CUDA_WG_BN: 192, 224 or 256) */
@@ -246,9 +317,16 @@ int wgr_pick_bn(const struct cu_ctx *c, double rows) {
 bool wr_launch_moe(
     struct cu_ctx *c, const struct tc_p *p, bool up, bool f4, int bn, bool dyn, dim3 grid) {
     static_assert(WR_BM == 128, "launch_wg_moe's grid: 128 weight rows a block");
+    /* TMA (c->wgr_tma, DYN tiles): the copies by position, x16's where p->m.x16_pos, h16's */
+    CUtensorMap map;
+    const CUtensorMap *tm = nullptr;
+    if (c->wgr_tma && dyn && (!up || p->m.x16_pos) &&
+        wr_tmap(c, &map, up ? p->m.x16 : p->m.h16, p->m.n * p->m.topk + p->m.n,
+                up ? p->m.D : p->m.I, wr_bn(bn)))
+        tm = &map;
     if (up)
-        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid)
-                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid);
-    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid)
-              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid);
+        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm)
+                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm);
+    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm)
+              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm);
 }
