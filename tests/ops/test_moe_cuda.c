@@ -309,6 +309,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        with step 24's tiles; wgr.cu's blocks of 256 rows (DSI_CUDA_WG_BN=256) and of 224 at full
        width (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27); wgr.cu's
        activation tiles by TMA (DSI_CUDA_WGR_TMA=1, also with blocks of 256 rows; step 27);
+       wgq.cu's FP8 tensor cores on act_quant's codes (DSI_CUDA_WG_Q8=1, its DYN and full-width
+       blocks of 64 and 128 rows, FP4 and FP8 experts, the shared expert from 512 rows; step 28);
        the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
@@ -324,6 +326,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=1", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=1,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_Q8=1", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
@@ -346,7 +350,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
 
 /* A slot whose expert id is out of range adds 0 (step 25: the combine reads the ids instead of
  * the buffer being cleared first): against the CPU with that slot's weight 0, on the exact
- * kernels, the tensor-core tiles and wg.cu's, and wgr.cu's with the TMA copies. */
+ * kernels, the tensor-core tiles and wg.cu's, and wgr.cu's with the TMA copies, and wgq.cu's. */
 int test_cuda_moe_drop(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 31);
@@ -361,14 +365,19 @@ int test_cuda_moe_drop(struct test_ctx *t) {
         ok = run_moe_mode(&r, &cases[i], true, i > 0);
         if (!ok) fprintf(stderr, "[moe drop case %zu] ", i);
     }
-    /* and wgr.cu's TMA copies by position (a position no slot holds: zeros, step 27) */
-    struct dsi_backend *g3 = cuda_backend_with("DSI_CUDA_WGR_TMA=1"), *keep = g_gpu;
-    TEST_ASSERT(g3 != NULL);
-    g_gpu = g3;
-    if (ok) ok = run_moe_mode(&r, &cases[2], true, true);
-    if (!ok) fprintf(stderr, "[moe drop case 2 with DSI_CUDA_WGR_TMA=1] ");
-    g_gpu = keep;
-    g3->ops->free(g3);
+    /* and wgr.cu's TMA copies by position (a position no slot holds: zeros, step 27), wgq.cu's
+       FP8 codes (step 28) */
+    const char *envs[] = {"DSI_CUDA_WGR_TMA=1", "DSI_CUDA_WG_Q8=1"};
+    struct dsi_backend *keep = g_gpu;
+    for (size_t b = 0; b < sizeof(envs) / sizeof(envs[0]) && ok; b++) {
+        struct dsi_backend *g3 = cuda_backend_with(envs[b]);
+        TEST_ASSERT(g3 != NULL);
+        g_gpu = g3;
+        ok = run_moe_mode(&r, &cases[2], true, true);
+        if (!ok) fprintf(stderr, "[moe drop case 2 with %s] ", envs[b]);
+        g_gpu = keep;
+        g3->ops->free(g3);
+    }
     g_moe_drop = false;
     TEST_ASSERT(ok);
     return 0;

@@ -142,6 +142,9 @@ struct cu_ctx {
        (from the runtime's entry point at creation; NULL: wgr_tma is off) */
     bool wgr_tma;
     void *tmap_encode;
+    /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
+       not yet run on a GPU) */
+    bool wg_q8;
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;
@@ -513,6 +516,12 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t n) {
 __device__ __forceinline__ void cu_cp16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 16 : 0)
+                 : "memory");
+}
+/* 4 bytes, the same way (dst and src 4-byte aligned). */
+__device__ __forceinline__ void cu_cp4(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0)
                  : "memory");
 }
 __device__ __forceinline__ void cu_cp_commit() {

@@ -562,6 +562,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
         cudaGetLastError();
         c->wgr_tma = c->tmap_encode != NULL;
     }
+    const char *wq = getenv("DSI_CUDA_WG_Q8");
+    c->wg_q8 = wq && *wq == '1';
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

@@ -703,6 +703,12 @@ static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, 
     return cu_check(c, "moe down") && !c->sticky;
 }
 
+/* wgq.cu's weights: FP4 with 32-blocks, or FP8 whose scale blocks span whole steps of 128 k */
+static bool wgq_w_ok(const struct cu_w *w) {
+    return w->type == DSI_TYPE_FP4_E2M1 ? w->sb1 == 32
+                                        : w->type == DSI_TYPE_F8_E4M3 && w->sb1 % 128 == 0;
+}
+
 static int pick_rx(double rows_per_tile) {
     return rows_per_tile <= 1.0 ? 1 : rows_per_tile <= 2.0 ? 2 : rows_per_tile <= 4.0 ? 4 : 8;
 }
@@ -754,7 +760,13 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (the weights in registers, wgr.cu: c->wg_rs; routed and shared together, as they share
        the activations' copies) */
     bool rs = c->wg_rs && wgr_ok(D, I);
-    int rx = wg   ? rs ? wgr_pick_bn(c, (double)nk / E) : wg_pick_bn(c, (double)nk / E, wdyn)
+    /* (wgq.cu: FP8 tensor cores on act_quant's codes, c->wg_q8; routed and shared together, as
+       they share the codes of x and h) */
+    bool q8 = rs && c->wg_q8 && a->act_quant && wgq_ok(D, I) && wgq_w_ok(&r1) && wgq_w_ok(&r3) &&
+              wgq_w_ok(&r2) && wgq_w_ok(&s1) && wgq_w_ok(&s3) && wgq_w_ok(&s2);
+    int rx = wg   ? q8   ? wgq_pick_bn((double)nk / E)
+                    : rs ? wgr_pick_bn(c, (double)nk / E)
+                         : wg_pick_bn(c, (double)nk / E, wdyn)
                : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt
                   : pick_rx((double)nk / E);
@@ -769,22 +781,29 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
        64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
     bool swg = stc && c->wg && n >= 512;
-    int srx = swg   ? rs ? wgr_pick_bn(c, (double)n) : wg_pick_bn(c, (double)n, wdyn)
+    int srx = swg   ? q8   ? wgq_pick_bn((double)n)
+                      : rs ? wgr_pick_bn(c, (double)n)
+                           : wg_pick_bn(c, (double)n, wdyn)
                 : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
                     : pick_rx((double)n);
     /* (wgr.cu's TMA copies, c->wgr_tma: x copied by position, nk + n rows, after the grouping;
        step 27's experiment) */
-    bool tma = rs && c->wgr_tma && (wg || swg) && wdyn;
+    bool tma = rs && !q8 && c->wgr_tma && (wg || swg) && wdyn;
+    q8 = q8 && (wg || swg);
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
            o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
     size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
-    /* wg.cu reads bf16 copies of x and h */
-    size_t o_x16 = o_out + cu_align((size_t)((nk + n) * D) * 4),
-           o_h16 = o_x16 + cu_align((size_t)((tma ? nk + n : n) * D) * 2);
-    size_t total = wg || swg ? o_h16 + cu_align((size_t)((nk + n) * I) * 2) : o_x16;
+    /* wg.cu reads bf16 copies of x and h; wgq.cu their FP8 codes and scales */
+    size_t o_x16 = o_out + cu_align((size_t)((nk + n) * D) * 4);
+    size_t xs8 = cu_align((size_t)(n * D)), hs8 = cu_align((size_t)((nk + n) * I));
+    size_t o_h16 = o_x16 + (q8 ? xs8 + cu_align((size_t)(n * (D / 128)) * 4)
+                               : cu_align((size_t)((tma ? nk + n : n) * D) * 2));
+    size_t total = !(wg || swg) ? o_x16
+                   : q8         ? o_h16 + hs8 + cu_align((size_t)((nk + n) * (I / 128)) * 4)
+                                : o_h16 + cu_align((size_t)((nk + n) * I) * 2);
     char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
     if (!s) return;
     struct moe_p p;
@@ -806,10 +825,20 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.stage = c->xstage;
     p.h = (float *)(s + o_h);
     p.out = (float *)(s + o_out);
-    p.x16 = wg || swg ? (const uint16_t *)(s + o_x16) : NULL;
-    p.h16 = wg || swg ? (const uint16_t *)(s + o_h16) : NULL;
+    p.x16 = (wg || swg) && !q8 ? (const uint16_t *)(s + o_x16) : NULL;
+    p.h16 = (wg || swg) && !q8 ? (const uint16_t *)(s + o_h16) : NULL;
     p.x16_pos = tma;
+    p.x8 = q8 ? (const uint8_t *)(s + o_x16) : NULL;
+    p.x8s = q8 ? (const float *)(s + o_x16 + xs8) : NULL;
+    p.h8 = q8 ? (const uint8_t *)(s + o_h16) : NULL;
+    p.h8s = q8 ? (const float *)(s + o_h16 + hs8) : NULL;
     if (p.x16 && !tma) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D, rs);
+    /* (x is act_quant's output: its codes, exact) */
+    if (q8 && !launch_wgq_codes(c, a->x, n, D, D, (uint8_t *)p.x8, (float *)p.x8s, NULL, n)) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: FP8 codes of x (%lld columns) not taken",
+                (long long)D);
+        return;
+    }
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
               (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
@@ -841,6 +870,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        lt.cu, tc.cu) */
     bool q16 = a->act_quant && p.h16 && rs &&
                launch_wg_bf16_q8(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, wg ? nk : 0);
+    /* (wgq.cu: h's act_quant and its codes in one pass, the same rows' floats kept) */
+    if (q8 && !launch_wgq_codes(c, p.h, nk + n, I, I, (uint8_t *)p.h8, (float *)p.h8s, p.h,
+                                wg ? nk : 0)) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: FP8 codes of h (%lld columns) not taken",
+                (long long)I);
+        return;
+    }
+    q16 = q16 || q8;
     if (c->sticky) return;
     if (!q16 && a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     if (!q16 && p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);

@@ -23,6 +23,11 @@ struct moe_p {
     bool x16_pos; /* x16 has a row per position (nk + n rows: the routed rows in perm's order,
                      then x's): wgr.cu's TMA copies (c->wgr_tma) */
     float *out;   /* [nk + n, D] */
+    /* wgq.cu (c->wg_q8): FP8 codes of x ([n, D]) and h ([nk + n, I]) in its K order, one byte
+       an element, and their scales (one float per row and 128-block: [rows, D / 128], [rows, I
+       / 128]) */
+    const uint8_t *x8, *h8;
+    const float *x8s, *h8s;
 };
 
 /* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
@@ -108,6 +113,29 @@ bool launch_wg_bf16_q8(struct cu_ctx *c,
                        uint16_t *y,
                        int64_t ldy,
                        int64_t keep_from);
+
+/* wgq.cu: the MoE's block GEMMs on the FP8 tensor cores (c->wg_q8), the weights in registers
+ * as FP8 (FP4 ones converted per step), on p->x8 / p->h8: where wgq_ok (D and I multiples of
+ * 128), blocks of wgq_pick_bn's 64 or 128 activation rows; the launch as launch_wg_moe's. */
+bool wgq_ok(int64_t D, int64_t I);
+int wgq_pick_bn(double rows);
+bool launch_wgq_moe(
+    struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool dyn, unsigned tiles);
+/* The FP8 codes of rows 0 .. rows - 1 of x (cols a multiple of 128, row stride ldx) in wgq.cu's
+ * K order into q (row stride cols) and their scales into qs ([rows, cols / 128]): act_quant's
+ * codes and scales (blocks of 128; on rows already act_quant's output, the same values: the
+ * scale is recomputed by act_quant's rule, exact as lt.cu's); xw (may be NULL): the quantised
+ * values written back there for rows keep_from .. rows - 1 (the rows a later kernel reads as
+ * floats). false: not taken (shape, alignment), nothing launched. */
+bool launch_wgq_codes(struct cu_ctx *c,
+                      const float *x,
+                      int64_t rows,
+                      int64_t cols,
+                      int64_t ldx,
+                      uint8_t *q,
+                      float *qs,
+                      float *xw,
+                      int64_t keep_from);
 
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
  * tiles in shared memory) fit them, the n8 column

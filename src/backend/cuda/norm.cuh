@@ -48,11 +48,13 @@ rms_out4(float4 v, float inv, struct cu_vec w, int64_t e, bool round) {
 }
 
 /* act_quant of one 128-block held by a warp as a float4 per lane (k_act_quant's numbers: amax,
- * UE8M0 scale, e4m3 round trip): the lane's four values. The whole warp calls it. */
-__device__ __forceinline__ float4 q8_warp_quant(float4 y) {
+ * UE8M0 scale, e4m3 round trip): the lane's four values (and, with scale, the block's scale).
+ * The whole warp calls it. */
+__device__ __forceinline__ float4 q8_warp_quant(float4 y, float *scale = nullptr) {
     float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
     amax = warp_max(amax);
     float s = ue8m0_scale(amax, 448.0f, 1e-4f), inv_s = 1.0f / s;
+    if (scale) *scale = s;
     return make_float4(q8_value(y.x, s, inv_s), q8_value(y.y, s, inv_s), q8_value(y.z, s, inv_s),
                        q8_value(y.w, s, inv_s));
 }

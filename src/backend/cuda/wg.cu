@@ -313,6 +313,7 @@ bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
 
 bool launch_wg_moe(
     struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool rs, bool dyn, unsigned tiles) {
+    if (mp->x8) return launch_wgq_moe(c, mp, up, bn, dyn, tiles); /* FP8 codes: wgq.cu */
     struct tc_p p;
     memset(&p, 0, sizeof(p));
     p.m = *mp;

@@ -169,6 +169,34 @@ __device__ __forceinline__ bool wg_block_rows(struct tc_p &p,
     return true;
 }
 
+/* The weights-in-registers kernels' rows (wgr.cu, wgq.cu): thread (warpgroup wgi, warp w4, lane
+ * group g) supplies A rows g (h = 0) and g + 8 (h = 1) of its warp: MoE up: column c = 64
+ * blockIdx.x + 32 wgi + 8 w4 + g of W1 (h = 0) and of W3 (h = 1); down and dense: weight rows
+ * 128 blockIdx.x + 64 wgi + 16 w4 + g + 8 h. A row past the weight has wrow[h] NULL. */
+template <int MODE>
+__device__ __forceinline__ void wr_rows(const struct tc_p &p,
+                                        int e,
+                                        int wgi,
+                                        int w4,
+                                        int g,
+                                        const uint8_t *(&wrow)[2],
+                                        const uint8_t *(&wsrow)[2],
+                                        int (&sh1)[2],
+                                        int (&sb1)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int64_t r = -1;
+        if (MODE == TC_UP) {
+            int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g;
+            if (col < p.m.I) r = col;
+        } else {
+            int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + 8 * h;
+            if (o < (MODE == TC_DENSE ? p.n_out : p.m.D)) r = MODE == TC_DENSE ? p.row0 + o : o;
+        }
+        tc_wsrc<MODE>(p, e, MODE == TC_UP ? h : 0, r, &wrow[h], &wsrow[h], &sh1[h], &sb1[h]);
+    }
+}
+
 /* The block GEMMs' K loop (wg.cu, wgr.cu): step(s, u) for s < steps, unrolled by PF so that u = s
  * % PF, the slot of the weight registers loaded PF steps ahead, is a constant in each copy. */
 template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t steps, F step) {
@@ -258,6 +286,35 @@ __device__ __forceinline__ void wg_mma_rs_k16(float (&d)[NR], const uint32_t (&a
                         ", " WG_S7,
                   "%128, %129, %130, %131", "%132", "%133", WG_O16(0), WG_O16(16), WG_O16(32),
                   WG_O16(48), WG_O16(64), WG_O16(80), WG_O16(96), WG_O16(112));
+}
+
+/* FP8: d (+)= A (64 x 32 e4m3, in registers) * B (N x 32 e4m3, descriptor db)^T (wgq.cu), N =
+ * 32 .. 128. A's fragment (CUTLASS's register layout for 8-bit A, as mma.sync m16n8k32's): lane
+ * (g, t) of warp w: a[0] = row 16 w + g, k 4 t .. 4 t + 3 (the lowest k in the low byte); a[1] =
+ * row g + 8, the same k; a[2], a[3] = the same rows, k 16 + 4 t .. 16 + 4 t + 3. sd: 0 overwrites
+ * d (the first slice of a step's partial sums), else adds. No transposes for 8-bit types. */
+#define WG_MMA_Q8(NS, REGS, AR, DB, P, ...)                                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" NS "k32.f32.e4m3.e4m3 {" REGS "}, {" AR       \
+                 "}, " DB ", p, 1, 1;\n}\n"                                                        \
+                 : __VA_ARGS__                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd))
+
+template <int N, int NR>
+__device__ __forceinline__ void
+wg_mma_q8_k32(float (&d)[NR], const uint32_t (&a)[4], uint64_t db, uint32_t sd) {
+    static_assert(N % 32 == 0 && N >= 32 && N <= 128 && N / 2 <= NR, "wgmma width");
+    if constexpr (N == 32)
+        WG_MMA_Q8("32", WG_S0, "%16, %17, %18, %19", "%20", "%21", WG_O16(0));
+    else if constexpr (N == 64)
+        WG_MMA_Q8("64", WG_S0 ", " WG_S1, "%32, %33, %34, %35", "%36", "%37", WG_O16(0),
+                  WG_O16(16));
+    else if constexpr (N == 96)
+        WG_MMA_Q8("96", WG_S0 ", " WG_S1 ", " WG_S2, "%48, %49, %50, %51", "%52", "%53", WG_O16(0),
+                  WG_O16(16), WG_O16(32));
+    else
+        WG_MMA_Q8("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64, %65, %66, %67", "%68", "%69",
+                  WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48));
 }
 #endif
 

@@ -116,18 +116,8 @@ __global__ void __launch_bounds__(WR_T, 1)
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
     const uint8_t *wrow[2], *wsrow[2];
     int sh1[2], sb1[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int64_t r = -1;
-        if (MODE == TC_UP) {
-            int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g;
-            if (col < p.m.I) r = col;
-        } else {
-            int64_t o = (int64_t)blockIdx.x * WR_BM + wgi * 64 + w4 * 16 + g + 8 * h;
-            if (o < (MODE == TC_DENSE ? p.n_out : p.m.D)) r = MODE == TC_DENSE ? p.row0 + o : o;
-        }
-        tc_wsrc<MODE>(p, e, MODE == TC_UP ? h : 0, r, &wrow[h], &wsrow[h], &sh1[h], &sb1[h]);
-    }
+    static_assert(WR_BM == 128, "wr_rows: 128 weight rows a block");
+    wr_rows<MODE>(p, e, wgi, w4, g, wrow, wsrow, sh1, sb1);
     __syncthreads();
 
     float acc[BN / 2];

@@ -1,0 +1,361 @@
+/* wgq.cu - the MoE's block GEMMs (up + SwiGLU and down, routed and shared experts, FP4 / FP8
+ * weights; `fast` numerics) on Hopper's FP8 tensor cores (wgmma m64nNk32 e4m3, twice bf16's
+ * rate): wgr.cu's structure (a block of 2 warpgroups, 128 weight rows in registers x BN
+ * activation rows, 128 k a step) with both operands in FP8: the activations as act_quant's codes
+ * (launch_wgq_codes), the weights as they are (FP8) or converted per step (FP4), and the scales
+ * applied to each step's fp32 sums (DeepGEMM's promotion). c->wg_q8 (DSI_CUDA_WG_Q8=1; step 28).
+ *
+ * Numerics. The reference multiplies act_quant's e4m3 codes (one power-of-two scale per 128 k of
+ * an activation row) by the weight's values and adds each 128-block's (FP8) or 32-block's (FP4)
+ * partial sum times both scales in fp32. Here a step is one 128-block: its products are exact in
+ * the tensor cores (e4m3 x e4m3), added in their order and precision (Hopper's FP8 adds
+ * truncate, as lt.cu's do), and the step's sum times the activation row's scale times the weight
+ * row's step scale is added to an fp32 accumulator. FP4: the four 32-blocks of a row's step have
+ * scales 2^(S_q - 127); with B their largest, code x 2^(S_q - B + 6) is an e4m3 value (at most 6
+ * x 2^6 = 384), exact while S_q >= B - 14 (below, the smallest codes fall under e4m3's subnormals
+ * and round: the spec's FP4 -> FP8 conversion has the same limit), and the step's weight scale is
+ * 2^(B - 6 - 127). So the products are the reference's times powers of two; the order and the
+ * precision of the sums differ (the `fast` profile's licence; the op tests bound the results).
+ *
+ * The K order. wgmma's 8-bit A fragment (wg.cuh): lane (g, t) supplies k 4t..4t+3 and
+ * 16+4t..16+4t+3 of rows g and g + 8 of each k32 slice. Lane t loads the 32 consecutive k [32 t,
+ * 32 t + 32) of its two rows per step (FP4: one 16-byte load and one scale; FP8: two loads), and
+ * slice i (0..3) takes its elements 32 t + 8 i + 0..3 (a[0], a[1]) and + 4..7 (a[2], a[3]): word
+ * i of the FP4 load converted to 8 bytes; bytes 8 i .. 8 i + 7 of the FP8 load as they are. So
+ * byte c of each 128-group of the activation codes holds element wq_perm_byte(c) of the group.
+ *
+ * The pipeline. A step's activation tile is BN rows of 128 bytes (one 128-byte swizzled tile) and
+ * BN scales, copied by cp.async WQ_AH = 3 steps ahead into WQ_ST = 4 stages (after the barrier of
+ * step s every thread is past step s - 1, whose stage is refilled). Step s: the barrier; the
+ * copies of step s + 3; 4 wgmma into the partial sums (the first overwriting them); while they
+ * run, the conversion of step s + 1's weights (loaded two steps before) into the other of two
+ * fragment sets and the loads of step s + 3's into the registers it frees; wait; the promotion
+ * (acc += part x activation scale x weight scale). BN 64 or 128 (the partial sums double the
+ * accumulators: 128 registers at 128). */
+#include "gemm.cuh"
+#include "moe.cuh"
+#include "norm.cuh"
+#include "tc.cuh"
+#include "wg.cuh"
+
+#include <cuda_fp8.h>
+
+#define WQ_BM 128
+#define WQ_BK 128 /* k per step: one activation scale block */
+#define WQ_T  256
+#define WQ_ST 4
+#define WQ_AH (WQ_ST - 1) /* activation copies this many steps ahead */
+
+/* Dynamic shared memory: the stages' code tiles and scales, plus 1 KB to align the tiles. */
+static size_t wq_smem_bytes(int BN) { return (size_t)WQ_ST * BN * (WQ_BK + 4) + 1024; }
+
+/* Byte c (0..127) of a group of the activation codes holds element wq_perm_byte(c) of the group
+ * (slot c % 32 of slice c / 32, see the header). */
+__host__ __device__ constexpr int wq_perm_byte(int c) {
+    return 32 * ((c & 15) >> 2) + 8 * (c >> 5) + 4 * ((c >> 4) & 1) + (c & 3);
+}
+static_assert(wq_perm_byte(0) == 0 && wq_perm_byte(4) == 32 && wq_perm_byte(16) == 4 &&
+                  wq_perm_byte(32) == 8 && wq_perm_byte(127) == 127,
+              "wgq.cu's K order");
+
+__device__ __forceinline__ uint32_t wq_prmt(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d; /* PTX's prmt: selector bit 3 replicates the selected byte's sign bit */
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ float wq_pow2(int e) {
+    return e >= -126 ? __uint_as_float((uint32_t)(e + 127) << 23) : ldexpf(1.0f, e);
+}
+
+/* The e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 (t0, byte i: magnitude i) and 2, 3, 4, 6
+ * (t1) times 2^dp, dp <= 6. From dp >= 0: 2^dp added to the exponent fields (0x30 is 0.5; at most
+ * 0x4c + 6 x 8 = 0x7c = 384, no carries); below, each value converted (subnormals; past 2^-14
+ * the smallest round). */
+__device__ __forceinline__ void wq_table(int dp, uint32_t &t0, uint32_t &t1) {
+    if (dp >= 0) {
+        t0 = 0x3c383000u + (uint32_t)dp * 0x08080800u;
+        t1 = 0x4c484440u + (uint32_t)dp * 0x08080808u;
+        return;
+    }
+    float f = wq_pow2(dp);
+    const float m[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    uint32_t b[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint32_t)__nv_cvt_float_to_fp8(m[i] * f, __NV_SATFINITE, __NV_E4M3);
+    t0 = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
+    t1 = b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24;
+}
+
+/* 8 e2m1 codes (a word, the low nibble first) to 8 e4m3 bytes (lo: codes 0-3, hi: 4-7): the
+ * magnitudes through the table (prmt picks byte m of {t1, t0}), the signs from prmt's sign mode
+ * on the bytes holding them (code 2 j's sign is bit 7 of byte j of x << 4, code 2 j + 1's of byte
+ * j of x). 9 instructions for 8 values. */
+__device__ __forceinline__ void
+wq_e2m1x8(uint32_t x, uint32_t t0, uint32_t t1, uint32_t &lo, uint32_t &hi) {
+    uint32_t m = x & 0x77777777u, sx = x << 4;
+    lo = wq_prmt(t0, t1, m) | (wq_prmt(sx, x, 0xd9c8u) & 0x80808080u);
+    hi = wq_prmt(t0, t1, m >> 16) | (wq_prmt(sx, x, 0xfbeau) & 0x80808080u);
+}
+
+/* A step's fragments a[slice][reg] from the raw loads of rows g (w[0]) and g + 8 (w[1]) (a row
+ * not valid: zeros), and the rows' step scales ws. FP4: the step's base B is the largest scale of
+ * the quad's four lanes (the row's 128 k), so the whole warp calls this. */
+template <int WT>
+__device__ __forceinline__ void wq_decode(const struct tc_wraw (&w)[2],
+                                          const bool (&valid)[2],
+                                          uint32_t (&a)[4][4],
+                                          float (&ws)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t keep = valid[h] ? 0xffffffffu : 0u; /* (a real instruction: wgmma must not read
+                                                        the loads' own registers, tc.cuh) */
+        if (WT == DSI_TYPE_F8_E4M3) {
+            const uint32_t u[8] = {w[h].v[0].x, w[h].v[0].y, w[h].v[0].z, w[h].v[0].w,
+                                   w[h].v[1].x, w[h].v[1].y, w[h].v[1].z, w[h].v[1].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[i][h] = u[2 * i] & keep;
+                a[i][2 + h] = u[2 * i + 1] & keep;
+            }
+            ws[h] = valid[h] ? e8m0_to_f32(w[h].sb) : 0.0f;
+        } else {
+            uint32_t sb = valid[h] ? w[h].sb : 0u;
+            uint32_t b = max(sb, __shfl_xor_sync(0xffffffffu, sb, 1));
+            b = max(b, __shfl_xor_sync(0xffffffffu, b, 2));
+            uint32_t t0, t1;
+            wq_table((int)sb - (int)b + 6, t0, t1);
+            const uint32_t u[4] = {w[h].v[0].x, w[h].v[0].y, w[h].v[0].z, w[h].v[0].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                wq_e2m1x8(u[i] & keep, t0, t1, a[i][h], a[i][2 + h]);
+            ws[h] = valid[h] ? wq_pow2((int)b - 133) : 0.0f;
+        }
+    }
+}
+
+#ifdef WG_HAVE
+/* A step's 4 wgmma of width 32 M (M = nsel down from BN / 32, uniform in the block) into d, the
+ * first overwriting it (DYN: all adding, the caller clears d: with the first's scale-d 0 in
+ * blocks of several widths, ptxas serialised every wgmma, C7511); fenced and committed inside
+ * each branch (wg.cu's wg_mma_step). */
+template <int BN, bool DYN, int M = BN / 32>
+__device__ __forceinline__ void
+wq_mma_step(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0) {
+    if (nsel >= M || M == 1) {
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            wg_mma_q8_k32<32 * M>(d, a[i], wg_desc(b0 + i * 32), DYN ? 1u : (uint32_t)i);
+        wg_commit();
+    } else if constexpr (M > 1) {
+        wq_mma_step<BN, DYN, M - 1>(d, nsel, a, b0);
+    }
+}
+#endif
+
+/* MODE TC_UP (x8) or TC_DOWN (h8); DYN: each block's wgmma as wide as its tile's rows rounded up
+ * to 32 (wg.cu's). The outputs as wgr.cu's (wg_finish). */
+template <int MODE, int WT, int BN, bool DYN>
+__global__ void __launch_bounds__(WQ_T, 1) k_wgq(struct tc_p p) {
+#ifdef WG_HAVE
+    static_assert(MODE != TC_DENSE && (BN == 64 || BN == 128), "wgq.cu: the MoE, 64 or 128 rows");
+    cu_pdl_enter();
+    constexpr int XC = BN * 8 / WQ_T;          /* 16-byte code chunks per thread and step */
+    constexpr uint32_t STAGE = BN * WQ_BK;     /* code bytes per stage */
+    static_assert(XC * 32 == BN, "rows xj + 32 v cover the tile");
+    extern __shared__ uint4 wq_smem[];
+    uint32_t raw = smem_u32(wq_smem), base = (raw + 1023u) & ~1023u;
+    /* the stages' activation scales after the code tiles: [WQ_ST][BN] */
+    const float *scs = (const float *)((const char *)wq_smem + (base - raw) + WQ_ST * STAGE);
+    const uint32_t sc_base = base + WQ_ST * STAGE;
+    __shared__ const uint8_t *xrow[BN];
+    __shared__ const float *srow[BN]; /* the row's scales (NULL: none) */
+    __shared__ int64_t opos[BN];      /* h / out position of the row; -1: none */
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
+    int g = lane >> 2, t4 = lane & 3;
+
+    const uint8_t *xs = MODE == TC_UP ? p.m.x8 : p.m.h8;
+    const float *ss = MODE == TC_UP ? p.m.x8s : p.m.h8s;
+    int64_t lds = MODE == TC_UP ? p.m.D : p.m.I;
+    int e, rows = BN;
+    int64_t K;
+    if (!tc_block_rows<MODE, BN>(p, xs, lds, 0, xrow, opos, &e, &K, &rows)) return;
+    if (tid < BN) /* (this thread wrote xrow[tid]) */
+        srow[tid] = xrow[tid] ? ss + (xrow[tid] - xs) / lds * (lds / WQ_BK) : nullptr;
+    const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
+    const uint8_t *wrow[2], *wsrow[2];
+    int sh1[2], sb1[2];
+    static_assert(WQ_BM == 128, "wr_rows: 128 weight rows a block");
+    wr_rows<MODE>(p, e, wgi, w4, g, wrow, wsrow, sh1, sb1);
+    const bool valid[2] = {wrow[0] != nullptr, wrow[1] != nullptr};
+    __syncthreads();
+
+    float acc[BN / 2], part[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = part[i] = 0.0f;
+    struct tc_wraw wr[2][2]; /* raw weights of two steps: [slot][row] */
+    uint32_t fr[2][4][4];    /* fragments of two steps */
+    float ws[2][2];          /* their rows' step scales */
+    int64_t steps = K / WQ_BK;
+    /* activations of step s into stage s % WQ_ST: the thread copies chunk xc = tid % 8 of rows
+       xj + 32 v (xj = tid / 8; offsets row xj's + 4096 v, the same swizzle), and thread j < BN
+       row j's scale; one cp.async group per step, empty past the end */
+    const int xc = tid & 7, xj = tid >> 3;
+    const uint32_t xoff = wg_sw(xj, xc);
+    auto load_x = [&](int64_t s) {
+        if (s < steps) {
+            uint32_t st = (uint32_t)(s % WQ_ST);
+            uint32_t B = base + st * STAGE + xoff;
+            int64_t ko = s * WQ_BK + xc * 16;
+#pragma unroll
+            for (int v = 0; v < XC; v++) {
+                int j = xj + 32 * v;
+                if (DYN && j >= nv) continue; /* rows no wgmma reads */
+                const uint8_t *src = xrow[j];
+                cu_cp16(B + (uint32_t)v * 4096u, src ? src + ko : xs, src != nullptr);
+            }
+            if (tid < (DYN ? nv : BN)) {
+                const float *sr = srow[tid];
+                cu_cp4(sc_base + (st * BN + (uint32_t)tid) * 4u, sr ? sr + s : ss, sr != nullptr);
+            }
+        }
+        cu_cp_commit();
+    };
+    auto load_w = [&](int64_t s, struct tc_wraw(&w)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            tc_load_w<WT>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WQ_BK + t4 * 32, w[h]);
+    };
+    /* step s, u = s % 2 (a constant in each copy of wg_k_loop's body) */
+    auto step = [&](int64_t s, int u) {
+        cu_cp_wait<WQ_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
+        wg_fence_smem();
+        __syncthreads();
+        load_x(s + WQ_AH);
+        uint32_t st = (uint32_t)(s % WQ_ST);
+        wq_mma_step<BN, DYN>(part, nv >> 5, fr[u], base + st * STAGE);
+        wq_decode<WT>(wr[1 - u], valid, fr[1 - u], ws[1 - u]); /* step s + 1's */
+        if (s + 3 < steps) load_w(s + 3, wr[1 - u]);
+        const float *sc = scs + st * BN;
+        wg_wait<0>();
+        wg_pin(part);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+            float2 as = *(const float2 *)(sc + 8 * j + 2 * t4);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+            {
+                acc[4 * j + i] =
+                    fmaf(part[4 * j + i] * ((i & 1) ? as.y : as.x), ws[u][i >> 1], acc[4 * j + i]);
+                if (DYN) part[4 * j + i] = 0.0f; /* (wq_mma_step) */
+            }
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+        if (u < steps) load_w(u, wr[u]);
+    wq_decode<WT>(wr[0], valid, fr[0], ws[0]);
+    if (2 < steps) load_w(2, wr[0]);
+#pragma unroll
+    for (int u = 0; u < WQ_AH; u++)
+        load_x(u);
+    wg_k_loop<2>(steps, [&](int64_t s, int u) { step(s, u); });
+    wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
+#endif
+}
+
+/* ---- the activation codes ---------------------------------------------------------------- */
+
+/* One warp per (row, 128-block), a float4 per lane (elements 4 L .. 4 L + 3 of lane L): act_quant's
+ * values and scale (q8_warp_quant), the codes (the values over the scale: e4m3 values, so the
+ * conversion is exact) as one word at byte 4 (8 ((L / 2) % 4) + 4 (L % 2) + L / 8) of the group
+ * (wq_perm_byte's inverse for these four), the scale by lane 0; xw: the values, rows from
+ * keep_from. */
+__global__ void __launch_bounds__(CU_THREADS) k_wgq_codes(const float *x,
+                                                          int64_t rows,
+                                                          int nb,
+                                                          int64_t ldx,
+                                                          uint8_t *q,
+                                                          float *qs,
+                                                          float *xw,
+                                                          int64_t keep_from) {
+    cu_pdl_enter();
+    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wid >= rows * nb) return; /* (whole warps) */
+    int64_t r = wid / nb;
+    int b = (int)(wid - r * nb);
+    float s;
+    float4 y = q8_warp_quant(((const float4 *)(x + r * ldx + b * 128))[lane], &s);
+    if (xw && r >= keep_from) ((float4 *)(xw + r * ldx + b * 128))[lane] = y;
+    float inv = 1.0f / s;
+    uint32_t code = (uint32_t)__nv_cvt_float_to_fp8(y.x * inv, __NV_SATFINITE, __NV_E4M3) |
+                    (uint32_t)__nv_cvt_float_to_fp8(y.y * inv, __NV_SATFINITE, __NV_E4M3) << 8 |
+                    (uint32_t)__nv_cvt_float_to_fp8(y.z * inv, __NV_SATFINITE, __NV_E4M3) << 16 |
+                    (uint32_t)__nv_cvt_float_to_fp8(y.w * inv, __NV_SATFINITE, __NV_E4M3) << 24;
+    int word = 8 * ((lane >> 1) & 3) + 4 * (lane & 1) + (lane >> 3);
+    ((uint32_t *)(q + (r * nb + b) * 128))[word] = code;
+    if (lane == 0) qs[r * nb + b] = s;
+}
+
+bool launch_wgq_codes(struct cu_ctx *c,
+                      const float *x,
+                      int64_t rows,
+                      int64_t cols,
+                      int64_t ldx,
+                      uint8_t *q,
+                      float *qs,
+                      float *xw,
+                      int64_t keep_from) {
+    int64_t nb = cols / 128;
+    if (cols % 128 || ldx % 4 || (uintptr_t)x % 16 || (uintptr_t)q % 4 || (uintptr_t)xw % 16 ||
+        nb > INT32_MAX)
+        return false;
+    if (rows <= 0) return true;
+    cu_launch(c, k_wgq_codes, (unsigned)cu_div_up(rows * nb, CU_WARPS), CU_THREADS, 0, x, rows,
+              (int)nb, ldx, q, qs, xw, keep_from);
+    return cu_check(c, "act_quant codes");
+}
+
+/* ---- launchers --------------------------------------------------------------------------- */
+
+template <int MODE, int WT, int BN, bool DYN>
+static bool wq_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
+    static bool smem_done = false;
+    size_t sm = wq_smem_bytes(BN);
+    if (!smem_limit(c, k_wgq<MODE, WT, BN, DYN>, sm, &smem_done, "wgmma FP8")) return false;
+    cu_launch(c, k_wgq<MODE, WT, BN, DYN>, grid, WQ_T, sm, *p);
+    return cu_check(c, "moe (wgmma FP8)");
+}
+
+template <int MODE, int WT>
+static bool wq_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid) {
+    if (dyn)
+        return bn <= 64 ? wq_launch<MODE, WT, 64, true>(c, p, grid)
+                        : wq_launch<MODE, WT, 128, true>(c, p, grid);
+    return bn <= 64 ? wq_launch<MODE, WT, 64, false>(c, p, grid)
+                    : wq_launch<MODE, WT, 128, false>(c, p, grid);
+}
+
+bool wgq_ok(int64_t D, int64_t I) { return D % WQ_BK == 0 && I % WQ_BK == 0; }
+
+int wgq_pick_bn(double rows) { return rows > 64 ? 128 : 64; }
+
+bool launch_wgq_moe(
+    struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool dyn, unsigned tiles) {
+    struct tc_p p;
+    memset(&p, 0, sizeof(p));
+    p.m = *mp;
+    int type = up ? mp->w1.type : mp->w2.type;
+    dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WQ_BM)), tiles);
+    if (up)
+        return type == DSI_TYPE_FP4_E2M1
+                   ? wq_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+                   : wq_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+    return type == DSI_TYPE_FP4_E2M1 ? wq_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+                                     : wq_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+}
