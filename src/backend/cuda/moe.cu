@@ -703,10 +703,10 @@ static bool moe_down(struct cu_ctx *c, const struct moe_p *p, int type, int rx, 
     return cu_check(c, "moe down") && !c->sticky;
 }
 
-/* wgq.cu's weights: FP4 with 32-blocks, or FP8 whose scale blocks span whole steps of 128 k */
+/* wgq.cu's weights: FP4 with 32-blocks along K, or FP8 with 128-blocks (a scale per step) */
 static bool wgq_w_ok(const struct cu_w *w) {
     return w->type == DSI_TYPE_FP4_E2M1 ? w->sb1 == 32
-                                        : w->type == DSI_TYPE_F8_E4M3 && w->sb1 % 128 == 0;
+                                        : w->type == DSI_TYPE_F8_E4M3 && w->sb1 == 128;
 }
 
 static int pick_rx(double rows_per_tile) {

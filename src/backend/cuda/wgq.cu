@@ -64,28 +64,54 @@ __device__ __forceinline__ uint32_t wq_prmt(uint32_t a, uint32_t b, uint32_t c) 
     return d;
 }
 
+/* 2^e as a float, e >= -149 (subnormals below -126), without ldexpf's code */
 __device__ __forceinline__ float wq_pow2(int e) {
-    return e >= -126 ? __uint_as_float((uint32_t)(e + 127) << 23) : ldexpf(1.0f, e);
+    return __uint_as_float(e >= -126 ? (uint32_t)(e + 127) << 23 : 1u << (e + 149));
 }
 
-/* The e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 (t0, byte i: magnitude i) and 2, 3, 4, 6
- * (t1) times 2^dp, dp <= 6. From dp >= 0: 2^dp added to the exponent fields (0x30 is 0.5; at most
- * 0x4c + 6 x 8 = 0x7c = 384, no carries); below, each value converted (subnormals; past 2^-14
- * the smallest round). */
-__device__ __forceinline__ void wq_table(int dp, uint32_t &t0, uint32_t &t1) {
-    if (dp >= 0) {
-        t0 = 0x3c383000u + (uint32_t)dp * 0x08080800u;
-        t1 = 0x4c484440u + (uint32_t)dp * 0x08080808u;
-        return;
-    }
-    float f = wq_pow2(dp);
+/* wq_table's values below 2^-5: each converted (e4m3 subnormals; past 2^-14 the smallest round).
+ * Out of line: scales that far apart within a row's 128 k are rare, and the step loop's code
+ * stays short. */
+__device__ __noinline__ void wq_table_small(int dp, uint32_t *t0, uint32_t *t1) {
+    float f = dp >= -149 ? wq_pow2(dp) : 0.0f;
     const float m[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint32_t b[8];
 #pragma unroll
     for (int i = 0; i < 8; i++)
         b[i] = (uint32_t)__nv_cvt_float_to_fp8(m[i] * f, __NV_SATFINITE, __NV_E4M3);
-    t0 = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
-    t1 = b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24;
+    *t0 = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
+    *t1 = b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24;
+}
+
+/* The e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 (t0, byte i: magnitude i) and 2, 3, 4, 6
+ * (t1) times 2^dp, dp <= 6. From dp >= -5: dp added to the exponent fields (0x30 is 0.5: its
+ * field stays >= 1; at most 0x4c + 6 x 8 = 0x7c = 384; no carries or borrows between bytes;
+ * checked against the conversion for every dp); below, wq_table_small. */
+__device__ __forceinline__ void wq_table(int dp, uint32_t &t0, uint32_t &t1) {
+    if (dp >= -5) {
+        t0 = 0x3c383000u + (uint32_t)dp * 0x08080800u;
+        t1 = 0x4c484440u + (uint32_t)dp * 0x08080808u;
+    } else {
+        wq_table_small(dp, &t0, &t1);
+    }
+}
+
+/* A step's raw weights of `row` (NULL: nothing loaded) for lane t: FP4, the 32 codes from k = 128
+ * s + 32 t (16 bytes) and their 32-block's scale (column 4 s + t); FP8, the 32 bytes and the
+ * 128-block's scale (column s; wgq_w_ok: blocks of 128 along K). */
+template <int WT>
+__device__ __forceinline__ void
+wq_load_w(const uint8_t *row, const uint8_t *srow, uint32_t s, int t, struct tc_wraw &r) {
+    if (!row) return;
+    if (WT == DSI_TYPE_FP4_E2M1) {
+        r.v[0] = __ldg((const uint4 *)(row + s * 64u + (uint32_t)t * 16u));
+        r.sb = __ldg(srow + s * 4u + (uint32_t)t);
+    } else {
+        const uint4 *p = (const uint4 *)(row + s * 128u + (uint32_t)t * 32u);
+        r.v[0] = __ldg(p);
+        r.v[1] = __ldg(p + 1);
+        r.sb = __ldg(srow + s);
+    }
 }
 
 /* 8 e2m1 codes (a word, the low nibble first) to 8 e4m3 bytes (lo: codes 0-3, hi: 4-7): the
@@ -162,8 +188,8 @@ __global__ void __launch_bounds__(WQ_T, 1) k_wgq(struct tc_p p) {
 #ifdef WG_HAVE
     static_assert(MODE != TC_DENSE && (BN == 64 || BN == 128), "wgq.cu: the MoE, 64 or 128 rows");
     cu_pdl_enter();
-    constexpr int XC = BN * 8 / WQ_T;          /* 16-byte code chunks per thread and step */
-    constexpr uint32_t STAGE = BN * WQ_BK;     /* code bytes per stage */
+    constexpr int XC = BN * 8 / WQ_T;      /* 16-byte code chunks per thread and step */
+    constexpr uint32_t STAGE = BN * WQ_BK; /* code bytes per stage */
     static_assert(XC * 32 == BN, "rows xj + 32 v cover the tile");
     extern __shared__ uint4 wq_smem[];
     uint32_t raw = smem_u32(wq_smem), base = (raw + 1023u) & ~1023u;
@@ -227,7 +253,7 @@ __global__ void __launch_bounds__(WQ_T, 1) k_wgq(struct tc_p p) {
     auto load_w = [&](int64_t s, struct tc_wraw(&w)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            tc_load_w<WT>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WQ_BK + t4 * 32, w[h]);
+            wq_load_w<WT>(wrow[h], wsrow[h], (uint32_t)s, t4, w[h]);
     };
     /* step s, u = s % 2 (a constant in each copy of wg_k_loop's body) */
     auto step = [&](int64_t s, int u) {
@@ -247,8 +273,7 @@ __global__ void __launch_bounds__(WQ_T, 1) k_wgq(struct tc_p p) {
             if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
             float2 as = *(const float2 *)(sc + 8 * j + 2 * t4);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-            {
+            for (int i = 0; i < 4; i++) {
                 acc[4 * j + i] =
                     fmaf(part[4 * j + i] * ((i & 1) ? as.y : as.x), ws[u][i >> 1], acc[4 * j + i]);
                 if (DYN) part[4 * j + i] = 0.0f; /* (wq_mma_step) */
@@ -356,6 +381,7 @@ bool launch_wgq_moe(
         return type == DSI_TYPE_FP4_E2M1
                    ? wq_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
                    : wq_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
-    return type == DSI_TYPE_FP4_E2M1 ? wq_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
-                                     : wq_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
+    return type == DSI_TYPE_FP4_E2M1
+               ? wq_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, &p, bn, dyn, grid)
+               : wq_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, &p, bn, dyn, grid);
 }
