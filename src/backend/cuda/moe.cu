@@ -764,7 +764,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        they share the codes of x and h) */
     bool q8 = rs && c->wg_q8 && a->act_quant && wgq_ok(D, I) && wgq_w_ok(&r1) && wgq_w_ok(&r3) &&
               wgq_w_ok(&r2) && wgq_w_ok(&s1) && wgq_w_ok(&s3) && wgq_w_ok(&s2);
-    int rx = wg   ? q8   ? wgq_pick_bn((double)nk / E)
+    int rx = wg   ? q8   ? wgq_pick_bn(c, (double)nk / E)
                     : rs ? wgr_pick_bn(c, (double)nk / E)
                          : wg_pick_bn(c, (double)nk / E, wdyn)
                : tc ? tc_pick_bn(c, (double)nk / E)
@@ -781,7 +781,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
        64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
     bool swg = stc && c->wg && n >= 512;
-    int srx = swg   ? q8   ? wgq_pick_bn((double)n)
+    int srx = swg   ? q8   ? wgq_pick_bn(c, (double)n)
                       : rs ? wgr_pick_bn(c, (double)n)
                            : wg_pick_bn(c, (double)n, wdyn)
                 : stc ? tc_pick_bn(c, (double)n)

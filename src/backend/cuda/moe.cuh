@@ -116,9 +116,10 @@ bool launch_wg_bf16_q8(struct cu_ctx *c,
 
 /* wgq.cu: the MoE's block GEMMs on the FP8 tensor cores (c->wg_q8), the weights in registers
  * as FP8 (FP4 ones converted per step), on p->x8 / p->h8: where wgq_ok (D and I multiples of
- * 128), blocks of wgq_pick_bn's 64 or 128 activation rows; the launch as launch_wg_moe's. */
+ * 128), blocks of wgq_pick_bn's 64 or 128 activation rows (128 from 65 rows a tile unless
+ * DSI_CUDA_WG_BN is below 128); the launch as launch_wg_moe's. */
 bool wgq_ok(int64_t D, int64_t I);
-int wgq_pick_bn(double rows);
+int wgq_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_wgq_moe(
     struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool dyn, unsigned tiles);
 /* The FP8 codes of rows 0 .. rows - 1 of x (cols a multiple of 128, row stride ldx) in wgq.cu's

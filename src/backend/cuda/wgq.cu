@@ -368,7 +368,9 @@ static bool wq_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dy
 
 bool wgq_ok(int64_t D, int64_t I) { return D % WQ_BK == 0 && I % WQ_BK == 0; }
 
-int wgq_pick_bn(double rows) { return rows > 64 ? 128 : 64; }
+int wgq_pick_bn(const struct cu_ctx *c, double rows) {
+    return rows > 64 && c->wg_bn >= 128 ? 128 : 64;
+}
 
 bool launch_wgq_moe(
     struct cu_ctx *c, const struct moe_p *mp, bool up, int bn, bool dyn, unsigned tiles) {
