@@ -328,6 +328,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WGR_TMA=1,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {
