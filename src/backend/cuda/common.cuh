@@ -145,6 +145,8 @@ struct cu_ctx {
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */
     bool wg_q8;
+    double wgq_min; /* with wg_q8, the routed tiles on wgq.cu from this many rows per expert too
+                       (DSI_CUDA_WGQ_MIN; 0: only where wg.cu's rule takes them) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

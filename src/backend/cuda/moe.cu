@@ -753,10 +753,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        or c->gvf_moe_nt (DSI_CUDA_GVF_MOE_NT) */
     int gnt = c->gvf_moe_nt ? c->gvf_moe_nt : gvf_moe_nt(nk / E);
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
-    /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg) */
-    bool wg = tc && c->wg && (double)nk / E > 32;
-    /* (wg.cu's tiles of equal rows, each block's wgmma as wide as its tile's rows: c->wg_dyn) */
-    bool wdyn = c->wg_dyn;
     /* (the weights in registers, wgr.cu: c->wg_rs; routed and shared together, as they share
        the activations' copies) */
     bool rs = c->wg_rs && wgr_ok(D, I);
@@ -764,6 +760,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        they share the codes of x and h) */
     bool q8 = rs && c->wg_q8 && a->act_quant && wgq_ok(D, I) && wgq_w_ok(&r1) && wgq_w_ok(&r3) &&
               wgq_w_ok(&r2) && wgq_w_ok(&s1) && wgq_w_ok(&s3) && wgq_w_ok(&s2);
+    /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg); with wgq.cu also
+       from c->wgq_min rows per expert (DSI_CUDA_WGQ_MIN; 0: wg.cu's rule only): the decode's
+       tiles on the FP8 tensor cores, blocks of 32 rows */
+    bool wg = (tc && c->wg && (double)nk / E > 32) ||
+              (rfast && q8 && c->wgq_min > 0 && (double)nk / E >= c->wgq_min);
+    gv = gv && !wg;
+    /* (wg.cu's tiles of equal rows, each block's wgmma as wide as its tile's rows: c->wg_dyn) */
+    bool wdyn = c->wg_dyn;
     int rx = wg   ? q8   ? wgq_pick_bn(c, (double)nk / E)
                     : rs ? wgr_pick_bn(c, (double)nk / E)
                          : wg_pick_bn(c, (double)nk / E, wdyn)

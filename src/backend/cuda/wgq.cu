@@ -182,11 +182,15 @@ wq_mma_step(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0
 #endif
 
 /* MODE TC_UP (x8) or TC_DOWN (h8); DYN: each block's wgmma as wide as its tile's rows rounded up
- * to 32 (wg.cu's). The outputs as wgr.cu's (wg_finish). */
+ * to 32 (wg.cu's). The outputs as wgr.cu's (wg_finish). Blocks of 32 rows on FP4 weights (the
+ * decode's few rows per expert: more weight loads in flight) fit two per SM (128 registers, no
+ * spills; the FP8 weights' raw registers would spill there). */
 template <int MODE, int WT, int BN, bool DYN>
-__global__ void __launch_bounds__(WQ_T, 1) k_wgq(struct tc_p p) {
+__global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 : 1)
+    k_wgq(struct tc_p p) {
 #ifdef WG_HAVE
-    static_assert(MODE != TC_DENSE && (BN == 64 || BN == 128), "wgq.cu: the MoE, 64 or 128 rows");
+    static_assert(MODE != TC_DENSE && (BN == 32 || BN == 64 || BN == 128),
+                  "wgq.cu: the MoE, 32, 64 or 128 rows");
     cu_pdl_enter();
     constexpr int XC = BN * 8 / WQ_T;      /* 16-byte code chunks per thread and step */
     constexpr uint32_t STAGE = BN * WQ_BK; /* code bytes per stage */
@@ -360,16 +364,18 @@ static bool wq_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
 template <int MODE, int WT>
 static bool wq_launch_bn(struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid) {
     if (dyn)
-        return bn <= 64 ? wq_launch<MODE, WT, 64, true>(c, p, grid)
-                        : wq_launch<MODE, WT, 128, true>(c, p, grid);
-    return bn <= 64 ? wq_launch<MODE, WT, 64, false>(c, p, grid)
-                    : wq_launch<MODE, WT, 128, false>(c, p, grid);
+        return bn <= 32   ? wq_launch<MODE, WT, 32, true>(c, p, grid)
+               : bn <= 64 ? wq_launch<MODE, WT, 64, true>(c, p, grid)
+                          : wq_launch<MODE, WT, 128, true>(c, p, grid);
+    return bn <= 32   ? wq_launch<MODE, WT, 32, false>(c, p, grid)
+           : bn <= 64 ? wq_launch<MODE, WT, 64, false>(c, p, grid)
+                      : wq_launch<MODE, WT, 128, false>(c, p, grid);
 }
 
 bool wgq_ok(int64_t D, int64_t I) { return D % WQ_BK == 0 && I % WQ_BK == 0; }
 
 int wgq_pick_bn(const struct cu_ctx *c, double rows) {
-    return rows > 64 && c->wg_bn >= 128 ? 128 : 64;
+    return rows > 64 && c->wg_bn >= 128 ? 128 : rows > 32 && c->wg_bn >= 64 ? 64 : 32;
 }
 
 bool launch_wgq_moe(
