@@ -86,7 +86,8 @@ __device__ __noinline__ void wq_table_small(int dp, uint32_t *t0, uint32_t *t1) 
 /* The e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 (t0, byte i: magnitude i) and 2, 3, 4, 6
  * (t1) times 2^dp, dp <= 6. From dp >= -5: dp added to the exponent fields (0x30 is 0.5: its
  * field stays >= 1; at most 0x4c + 6 x 8 = 0x7c = 384; no carries or borrows between bytes;
- * checked against the conversion for every dp); below, wq_table_small. */
+ * checked against the conversion for every dp by tools/wg_layout_check.py); below,
+ * wq_table_small. */
 __device__ __forceinline__ void wq_table(int dp, uint32_t &t0, uint32_t &t1) {
     if (dp >= -5) {
         t0 = 0x3c383000u + (uint32_t)dp * 0x08080800u;

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-# wgq_layout_check.py - checks wgq.cu's index and bit arithmetic on the CPU, with numpy, by
-# emulating what the kernel and k_wgq_codes compute (not the hardware: prmt as PTX defines it, the
-# 8-bit wgmma A fragment as CUTLASS's ALayout_64x32 describes it): the FP4 -> e4m3 table's fast
-# path against the conversion for every exponent offset it takes (-5 .. 6), and one warp's rows
-# through the codes' permutation, the per-lane conversion, the fragments and the promotion against
-# the direct dot products of the reference numerics (exact while a row's scales within a step of
-# 128 k span at most 2^14). No GPU needed; run from anywhere: python3 tools/wgq_layout_check.py
-# (exit status 1 on a mismatch). Written for step 28 (docs/cuda.md), before any GPU run.
+# wg_layout_check.py - checks the index and bit arithmetic of the prefill's wgmma kernels on the
+# CPU, with numpy, by emulating what the kernels compute (not the hardware: prmt as PTX defines
+# it, the 8-bit wgmma A fragment as CUTLASS's ALayout_64x32 describes it):
+# - wgr.cu (step 27): each thread's activation copies (chunk tid % 16 of rows tid / 16 + 16 v, one
+#   swizzled offset plus 2048 v) land where wg_sw puts them and cover each tile exactly once, for
+#   every block width; k_wg_bf16_q8's lane L writes its pairs where wg_perm_col reads them;
+# - wgq.cu (step 28): its copies (chunk tid % 8 of rows tid / 8 + 32 v, + 4096 v); the FP4 -> e4m3
+#   table's fast path against the conversion for every exponent offset it takes (-5 .. 6); one
+#   warp's rows through the codes' permutation, the per-lane conversion, the fragments and the
+#   promotion against the direct dot products of the reference numerics (exact while a row's
+#   scales within a step of 128 k span at most 2^14).
+# No GPU needed; run from anywhere: python3 tools/wg_layout_check.py (exit status 1 on a
+# mismatch). Written in steps 27-28 (docs/cuda.md), before any GPU run of that code.
 import numpy as np
 rng = np.random.default_rng(1)
 
@@ -110,7 +115,46 @@ def run(spread, K=256, N=24):
 def fast_table(dp):
     return (0x3c383000 + dp*0x08080800) & 0xffffffff, (0x4c484440 + dp*0x08080808) & 0xffffffff
 
+def wg_sw(r, c):  # wg.cuh
+    return r * 128 + ((c ^ (r & 7)) << 4)
+
+def wg_perm_col(q):  # wg.cuh: the source column of pair q's first element
+    qq = q & 63; i = qq >> 3; m = qq & 7
+    return (q >> 6) * 128 + 32 * (m & 3) + 4 * i + 2 * (m >> 2)
+
 bad = 0
+# wgr.cu's copies (bf16: 16 chunks of 16 bytes a row and step, two 64-k sub-tiles of BN x 128 B)
+for BN in (64, 128, 192, 224, 256):
+    SUB = BN * 128; seen = {}
+    for tid in range(256):
+        xc, xj = tid & 15, tid >> 4
+        xoff = (xc >> 3) * SUB + wg_sw(xj, xc & 7)
+        for v in range(BN * 16 // 256):
+            j = xj + 16 * v
+            if xoff + 2048 * v != (xc >> 3) * SUB + wg_sw(j, xc & 7):
+                print("wgr copy offset wrong: BN", BN, "tid", tid, "v", v); bad += 1
+            seen[(j, xc)] = seen.get((j, xc), 0) + 1
+    if sorted(seen) != [(j, c) for j in range(BN) for c in range(16)] or set(seen.values()) != {1}:
+        print("wgr copies do not cover the tile once: BN", BN); bad += 1
+# k_wg_bf16_q8: lane L holds elements 4 L .. 4 L + 3 of a group; its pairs go to q0 and q0 + 4
+for L in range(32):
+    q0 = 8 * (L & 7) + (L >> 3)
+    if wg_perm_col(q0) != 4 * L or wg_perm_col(q0 + 4) != 4 * L + 2:
+        print("k_wg_bf16_q8 lane", L, "pairs misplaced"); bad += 1
+# wgq.cu's copies (FP8: 8 chunks a row and step, one 128-byte swizzled tile of BN rows)
+for BN in (32, 64, 128):
+    seen = {}
+    for tid in range(256):
+        xc, xj = tid & 7, tid >> 3
+        for v in range(BN * 8 // 256):
+            j = xj + 32 * v
+            if wg_sw(xj, xc) + 4096 * v != wg_sw(j, xc):
+                print("wgq copy offset wrong: BN", BN, "tid", tid, "v", v); bad += 1
+            seen[(j, xc)] = seen.get((j, xc), 0) + 1
+    if sorted(seen) != [(j, c) for j in range(BN) for c in range(8)] or set(seen.values()) != {1}:
+        print("wgq copies do not cover the tile once: BN", BN); bad += 1
+print("copies and k_wg_bf16_q8's pairs:", "FAILED" if bad else "ok")
+
 for dp in range(-5, 7):
     b = [e4m3_enc(m * 2.0**dp) for m in FP4]
     if fast_table(dp) != (b[0]|b[1]<<8|b[2]<<16|b[3]<<24, b[4]|b[5]<<8|b[6]<<16|b[7]<<24):
@@ -120,5 +164,5 @@ for spread in (0, 3, 6, 10, 14, 20):
     print("scale spread 2^%d within a step: relative error %.3g" % (spread, err))
     if err > (0 if spread <= 14 else 1e-4):
         print("  mismatch"); bad += 1
-print("wgq layout check:", "FAILED" if bad else "ok")
+print("wg layout check:", "FAILED" if bad else "ok")
 raise SystemExit(1 if bad else 0)
