@@ -9,7 +9,7 @@
 #   table's fast path against the conversion for every exponent offset it takes (-5 .. 6); one
 #   warp's rows through the codes' permutation, the per-lane conversion, the fragments and the
 #   promotion against the direct dot products of the reference numerics (exact while a row's
-#   scales within a step of 128 k span at most 2^14).
+#   scales span at most 2^14 over its K).
 # No GPU needed; run from anywhere: python3 tools/wg_layout_check.py (exit status 1 on a
 # mismatch). Written in steps 27-28 (docs/cuda.md), before any GPU run of that code.
 import numpy as np
@@ -94,7 +94,7 @@ def run(spread, K=256, N=24):
             for h in range(2):
                 m = g + 8*h
                 sbs = [S[m, (s*128 + 32*t) // 32] for t in range(4)]
-                B = max(sbs)
+                B = S[m].max()  # wq_row_base: the row's largest scale over its whole K
                 for t in range(4):
                     t0, t1 = table(sbs[t] - B + 6)
                     off = (s*128 + 32*t) // 2
@@ -105,10 +105,11 @@ def run(spread, K=256, N=24):
                         for j in range(4):
                             A[m, 32*i + 4*t + j] = E4[(lo >> (8*j)) & 255]
                             A[m, 32*i + 16 + 4*t + j] = E4[(hi >> (8*j)) & 255]
-                ws[m] = 2.0**(B - 133)
+                ws[m] = 2.0**(B - 133)  # applied once, after the loop
         Bm = np.array([[E4[xc[n, 128*s + c]] for c in range(128)] for n in range(N)])
         part = A @ Bm.T
-        acc += part * xs[:, s][None, :] * ws[:, None]
+        acc += part * xs[:, s][None, :]  # the promotion: the activation scale only
+    acc *= ws[:, None]
     err = np.abs(acc - ref).max() / np.abs(ref).max()
     return err
 
@@ -161,7 +162,7 @@ for dp in range(-5, 7):
         print("table fast path wrong at dp", dp); bad += 1
 for spread in (0, 3, 6, 10, 14, 20):
     err = run(spread)
-    print("scale spread 2^%d within a step: relative error %.3g" % (spread, err))
+    print("scale spread 2^%d within a row: relative error %.3g" % (spread, err))
     if err > (0 if spread <= 14 else 1e-4):
         print("  mismatch"); bad += 1
 print("wg layout check:", "FAILED" if bad else "ok")

@@ -10,12 +10,14 @@
  * partial sum times both scales in fp32. Here a step is one 128-block: its products are exact in
  * the tensor cores (e4m3 x e4m3), added in their order and precision (Hopper's FP8 adds
  * truncate, as lt.cu's do), and the step's sum times the activation row's scale times the weight
- * row's step scale is added to an fp32 accumulator. FP4: the four 32-blocks of a row's step have
- * scales 2^(S_q - 127); with B their largest, code x 2^(S_q - B + 6) is an e4m3 value (at most 6
- * x 2^6 = 384), exact while S_q >= B - 14 (below, the smallest codes fall under e4m3's subnormals
- * and round: the spec's FP4 -> FP8 conversion has the same limit), and the step's weight scale is
- * 2^(B - 6 - 127). So the products are the reference's times powers of two; the order and the
- * precision of the sums differ (the `fast` profile's licence; the op tests bound the results).
+ * row's step scale is added to an fp32 accumulator. FP4: a row's 32-blocks have scales 2^(S_q -
+ * 127); with B the largest over the row's whole K, code x 2^(S_q - B + 6) is an e4m3 value (at
+ * most 6 x 2^6 = 384), exact while S_q >= B - 14 (below, the smallest codes fall under e4m3's
+ * subnormals and round: the spec's FP4 -> FP8 conversion has the same limit, per 128 x 128 tile),
+ * and the row's weight scale 2^(B - 6 - 127) is one for all steps: the promotion is then one
+ * multiply-add per sum (the activation scale) and the weight scale multiplies the result once.
+ * So the products are the reference's times powers of two; the order and the precision of the
+ * sums differ (the `fast` profile's licence; the op tests bound the results).
  *
  * The K order. wgmma's 8-bit A fragment (wg.cuh): lane (g, t) supplies k 4t..4t+3 and
  * 16+4t..16+4t+3 of rows g and g + 8 of each k32 slice. Lane t loads the 32 consecutive k [32 t,
@@ -30,8 +32,8 @@
  * copies of step s + 3; 4 wgmma into the partial sums (the first overwriting them); while they
  * run, the conversion of step s + 1's weights (loaded two steps before) into the other of two
  * fragment sets and the loads of step s + 3's into the registers it frees; wait; the promotion
- * (acc += part x activation scale x weight scale). BN 64 or 128 (the partial sums double the
- * accumulators: 128 registers at 128). */
+ * (acc += part x activation scale, FP8 weights also x the step's weight scale). BN 32, 64 or 128
+ * (the partial sums double the accumulators: 128 registers at 128). */
 #include "gemm.cuh"
 #include "moe.cuh"
 #include "norm.cuh"
@@ -126,12 +128,28 @@ wq_e2m1x8(uint32_t x, uint32_t t0, uint32_t t1, uint32_t &lo, uint32_t &hi) {
     hi = wq_prmt(t0, t1, m >> 16) | (wq_prmt(sx, x, 0xfbeau) & 0x80808080u);
 }
 
+/* FP4: the base B of a weight row: the largest of its nsc scale bytes (the quad's four lanes
+ * take every fourth, then two shuffles; the whole warp calls this). 0 for a row not valid. */
+__device__ __forceinline__ uint32_t wq_row_base(const uint8_t *srow,
+                                                int64_t nsc,
+                                                int t,
+                                                bool valid) {
+    uint32_t b = 0;
+    if (valid)
+        for (int64_t q = t; q < nsc; q += 4)
+            b = max(b, (uint32_t)__ldg(srow + q));
+    b = max(b, __shfl_xor_sync(0xffffffffu, b, 1));
+    return max(b, __shfl_xor_sync(0xffffffffu, b, 2));
+}
+
 /* A step's fragments a[slice][reg] from the raw loads of rows g (w[0]) and g + 8 (w[1]) (a row
- * not valid: zeros), and the rows' step scales ws. FP4: the step's base B is the largest scale of
- * the quad's four lanes (the row's 128 k), so the whole warp calls this. */
+ * not valid: zeros). FP8: ws, the rows' step scales. FP4: each code times 2^(S_q - B + 6), B =
+ * base[h], the row's largest scale (wq_row_base; the row's weight scale 2^(B - 6 - 127) is then
+ * one for the whole K, applied after the loop); ws untouched. */
 template <int WT>
 __device__ __forceinline__ void wq_decode(const struct tc_wraw (&w)[2],
                                           const bool (&valid)[2],
+                                          const uint32_t (&base)[2],
                                           uint32_t (&a)[4][4],
                                           float (&ws)[2]) {
 #pragma unroll
@@ -148,16 +166,12 @@ __device__ __forceinline__ void wq_decode(const struct tc_wraw (&w)[2],
             }
             ws[h] = valid[h] ? e8m0_to_f32(w[h].sb) : 0.0f;
         } else {
-            uint32_t sb = valid[h] ? w[h].sb : 0u;
-            uint32_t b = max(sb, __shfl_xor_sync(0xffffffffu, sb, 1));
-            b = max(b, __shfl_xor_sync(0xffffffffu, b, 2));
             uint32_t t0, t1;
-            wq_table((int)sb - (int)b + 6, t0, t1);
+            wq_table(valid[h] ? (int)w[h].sb - (int)base[h] + 6 : 6, t0, t1);
             const uint32_t u[4] = {w[h].v[0].x, w[h].v[0].y, w[h].v[0].z, w[h].v[0].w};
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 wq_e2m1x8(u[i] & keep, t0, t1, a[i][h], a[i][2 + h]);
-            ws[h] = valid[h] ? wq_pow2((int)b - 133) : 0.0f;
         }
     }
 }
@@ -221,6 +235,16 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
     static_assert(WQ_BM == 128, "wr_rows: 128 weight rows a block");
     wr_rows<MODE>(p, e, wgi, w4, g, wrow, wsrow, sh1, sb1);
     const bool valid[2] = {wrow[0] != nullptr, wrow[1] != nullptr};
+    /* FP4: the rows' bases and their weight scales for the whole K (wq_decode) */
+    uint32_t wb[2] = {0, 0};
+    float wsr[2] = {0.0f, 0.0f};
+    if (WT == DSI_TYPE_FP4_E2M1) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            wb[h] = wq_row_base(wsrow[h], K / 32, t4, valid[h]);
+            wsr[h] = valid[h] ? wq_pow2((int)wb[h] - 133) : 0.0f;
+        }
+    }
     __syncthreads();
 
     float acc[BN / 2], part[BN / 2];
@@ -229,7 +253,7 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
         acc[i] = part[i] = 0.0f;
     struct tc_wraw wr[2][2]; /* raw weights of two steps: [slot][row] */
     uint32_t fr[2][4][4];    /* fragments of two steps */
-    float ws[2][2];          /* their rows' step scales */
+    float ws[2][2];          /* FP8: their rows' step scales */
     int64_t steps = K / WQ_BK;
     /* activations of step s into stage s % WQ_ST: the thread copies chunk xc = tid % 8 of rows
        xj + 32 v (xj = tid / 8; offsets row xj's + 4096 v, the same swizzle), and thread j < BN
@@ -268,7 +292,7 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
         load_x(s + WQ_AH);
         uint32_t st = (uint32_t)(s % WQ_ST);
         wq_mma_step<BN, DYN>(part, nv >> 5, fr[u], base + st * STAGE);
-        wq_decode<WT>(wr[1 - u], valid, fr[1 - u], ws[1 - u]); /* step s + 1's */
+        wq_decode<WT>(wr[1 - u], valid, wb, fr[1 - u], ws[1 - u]); /* step s + 1's */
         if (s + 3 < steps) load_w(s + 3, wr[1 - u]);
         const float *sc = scs + st * BN;
         wg_wait<0>();
@@ -279,8 +303,11 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
             float2 as = *(const float2 *)(sc + 8 * j + 2 * t4);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                acc[4 * j + i] =
-                    fmaf(part[4 * j + i] * ((i & 1) ? as.y : as.x), ws[u][i >> 1], acc[4 * j + i]);
+                float a_s = (i & 1) ? as.y : as.x;
+                if (WT == DSI_TYPE_FP4_E2M1) /* (the row's scale after the loop) */
+                    acc[4 * j + i] = fmaf(part[4 * j + i], a_s, acc[4 * j + i]);
+                else
+                    acc[4 * j + i] = fmaf(part[4 * j + i] * a_s, ws[u][i >> 1], acc[4 * j + i]);
                 if (DYN) part[4 * j + i] = 0.0f; /* (wq_mma_step) */
             }
         }
@@ -288,12 +315,18 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
 #pragma unroll
     for (int u = 0; u < 2; u++)
         if (u < steps) load_w(u, wr[u]);
-    wq_decode<WT>(wr[0], valid, fr[0], ws[0]);
+    wq_decode<WT>(wr[0], valid, wb, fr[0], ws[0]);
     if (2 < steps) load_w(2, wr[0]);
 #pragma unroll
     for (int u = 0; u < WQ_AH; u++)
         load_x(u);
     wg_k_loop<2>(steps, [&](int64_t s, int u) { step(s, u); });
+    if (WT == DSI_TYPE_FP4_E2M1) {
+        wg_wait<0>(); /* (none in flight: each step waited for its own) */
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++)
+            acc[i] *= wsr[(i >> 1) & 1];
+    }
     wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
 }
