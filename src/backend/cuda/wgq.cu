@@ -41,12 +41,16 @@
 #include "wg.cuh"
 
 #include <cuda_fp8.h>
+#include <type_traits>
 
 #define WQ_BM 128
 #define WQ_BK 128 /* k per step: one activation scale block */
 #define WQ_T  256
 #define WQ_ST 4
-#define WQ_AH (WQ_ST - 1) /* activation copies this many steps ahead */
+/* activation copies this many steps ahead: 3 (the stage of step s - 1 refilled after the
+   barrier of step s), 2 when the second warpgroup's promotion of step s - 1 comes after that
+   barrier (STG, wq_ah) */
+__host__ __device__ constexpr int wq_ah(bool stg) { return stg ? WQ_ST - 2 : WQ_ST - 1; }
 
 /* Dynamic shared memory: the stages' code tiles and scales, plus 1 KB to align the tiles. */
 static size_t wq_smem_bytes(int BN) { return (size_t)WQ_ST * BN * (WQ_BK + 4) + 1024; }
@@ -197,10 +201,16 @@ wq_mma_step(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0
 #endif
 
 /* MODE TC_UP (x8) or TC_DOWN (h8); DYN: each block's wgmma as wide as its tile's rows rounded up
- * to 32 (wg.cu's). The outputs as wgr.cu's (wg_finish). Blocks of 32 rows on FP4 weights (the
- * decode's few rows per expert: more weight loads in flight) fit two per SM (128 registers, no
- * spills; the FP8 weights' raw registers would spill there). */
-template <int MODE, int WT, int BN, bool DYN>
+ * to 32 (wg.cu's). STG (c->wgq_stg, the default; DSI_CUDA_WGQ_STG=0: off): the warpgroups
+ * staggered by half a step, so that each one's promotion runs beside the other's wgmma: the
+ * second waits for and promotes step s - 1 after the barrier of step s, before issuing step s
+ * (its wgmma run across the barrier; no more registers: the same partial sums, promoted later),
+ * and the first issues right after the barrier and promotes at the end of its step; the stage
+ * refilled after the barrier of step s is then that of step s - 2 (2 steps ahead). The outputs as
+ * wgr.cu's (wg_finish). Blocks of 32 rows on FP4 weights (the decode's few rows per expert: more
+ * weight loads in flight) fit two per SM (128 registers, no spills; the FP8 weights' raw registers
+ * would spill there). */
+template <int MODE, int WT, int BN, bool DYN, bool STG>
 __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 : 1)
     k_wgq(struct tc_p p) {
 #ifdef WG_HAVE
@@ -209,6 +219,7 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
     cu_pdl_enter();
     constexpr int XC = BN * 8 / WQ_T;      /* 16-byte code chunks per thread and step */
     constexpr uint32_t STAGE = BN * WQ_BK; /* code bytes per stage */
+    constexpr int WQ_AH = wq_ah(STG);
     static_assert(XC * 32 == BN, "rows xj + 32 v cover the tile");
     extern __shared__ uint4 wq_smem[];
     uint32_t raw = smem_u32(wq_smem), base = (raw + 1023u) & ~1023u;
@@ -284,17 +295,10 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
         for (int h = 0; h < 2; h++)
             wq_load_w<WT>(wrow[h], wsrow[h], (uint32_t)s, t4, w[h]);
     };
-    /* step s, u = s % 2 (a constant in each copy of wg_k_loop's body) */
-    auto step = [&](int64_t s, int u) {
-        cu_cp_wait<WQ_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
-        wg_fence_smem();
-        __syncthreads();
-        load_x(s + WQ_AH);
-        uint32_t st = (uint32_t)(s % WQ_ST);
-        wq_mma_step<BN, DYN>(part, nv >> 5, fr[u], base + st * STAGE);
-        wq_decode<WT>(wr[1 - u], valid, wb, fr[1 - u], ws[1 - u]); /* step s + 1's */
-        if (s + 3 < steps) load_w(s + 3, wr[1 - u]);
-        const float *sc = scs + st * BN;
+    /* the promotion of step s (u = s % 2): wait for its wgmma, then acc += part x the stage's
+       activation scales (x the step's weight scales: FP8) */
+    auto promote = [&](int64_t s, int u) {
+        const float *sc = scs + (uint32_t)(s % WQ_ST) * BN;
         wg_wait<0>();
         wg_pin(part);
 #pragma unroll
@@ -312,6 +316,31 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
             }
         }
     };
+    /* the K loop; LATE (STG's warpgroup 1, a separate copy of the loop, so that ptxas sees each
+       warpgroup's wgmma pipeline whole: with one loop and a runtime test it serialised every
+       wgmma, C7513): step s promotes step s - 1 first */
+    auto kloop = [&](auto late_c) {
+        constexpr bool LATE = decltype(late_c)::value;
+        /* step s, u = s % 2 (a constant in each copy of wg_k_loop's body) */
+        auto step = [&](int64_t s, int u) {
+            cu_cp_wait<WQ_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
+            wg_fence_smem();
+            __syncthreads();
+            load_x(s + WQ_AH);
+            if (LATE && s > 0) promote(s - 1, 1 - u);
+            wq_mma_step<BN, DYN>(part, nv >> 5, fr[u], base + (uint32_t)(s % WQ_ST) * STAGE);
+            wq_decode<WT>(wr[1 - u], valid, wb, fr[1 - u], ws[1 - u]); /* step s + 1's */
+            if (s + 3 < steps) load_w(s + 3, wr[1 - u]);
+            if (!LATE) promote(s, u);
+        };
+        wg_k_loop<2>(steps, [&](int64_t s, int u) { step(s, u); });
+        if (LATE && steps > 0) { /* the last step's promotion (u a constant in each branch) */
+            if ((steps - 1) & 1)
+                promote(steps - 1, 1);
+            else
+                promote(steps - 1, 0);
+        }
+    };
 #pragma unroll
     for (int u = 0; u < 2; u++)
         if (u < steps) load_w(u, wr[u]);
@@ -320,7 +349,10 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
 #pragma unroll
     for (int u = 0; u < WQ_AH; u++)
         load_x(u);
-    wg_k_loop<2>(steps, [&](int64_t s, int u) { step(s, u); });
+    if (STG && wgi == 1) /* (warpgroup-uniform) */
+        kloop(std::integral_constant<bool, true>{});
+    else
+        kloop(std::integral_constant<bool, false>{});
     if (WT == DSI_TYPE_FP4_E2M1) {
         wg_wait<0>(); /* (none in flight: each step waited for its own) */
 #pragma unroll
@@ -386,13 +418,19 @@ bool launch_wgq_codes(struct cu_ctx *c,
 
 /* ---- launchers --------------------------------------------------------------------------- */
 
-template <int MODE, int WT, int BN, bool DYN>
-static bool wq_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
+template <int MODE, int WT, int BN, bool DYN, bool STG>
+static bool wq_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
     static bool smem_done = false;
     size_t sm = wq_smem_bytes(BN);
-    if (!smem_limit(c, k_wgq<MODE, WT, BN, DYN>, sm, &smem_done, "wgmma FP8")) return false;
-    cu_launch(c, k_wgq<MODE, WT, BN, DYN>, grid, WQ_T, sm, *p);
+    if (!smem_limit(c, k_wgq<MODE, WT, BN, DYN, STG>, sm, &smem_done, "wgmma FP8")) return false;
+    cu_launch(c, k_wgq<MODE, WT, BN, DYN, STG>, grid, WQ_T, sm, *p);
     return cu_check(c, "moe (wgmma FP8)");
+}
+
+template <int MODE, int WT, int BN, bool DYN>
+static bool wq_launch(struct cu_ctx *c, const struct tc_p *p, dim3 grid) {
+    return c->wgq_stg ? wq_launch1<MODE, WT, BN, DYN, true>(c, p, grid)
+                      : wq_launch1<MODE, WT, BN, DYN, false>(c, p, grid);
 }
 
 template <int MODE, int WT>
