@@ -197,6 +197,23 @@ __device__ __forceinline__ void wr_rows(const struct tc_p &p,
     }
 }
 
+/* The activation copies of wgr.cu and wgq.cu: the thread's chunk (16 bytes at element ko of each
+ * row) of rows xj + RS v, v < XC, whose swizzled offsets are row xj's (at B) + RS 128 v bytes
+ * (RS a multiple of 8: the same swizzle); DYN: not rows from nv on (no wgmma reads them); a NULL
+ * row: zeros (xs, any mapped address). */
+template <int XC, int RS, bool DYN, typename T>
+__device__ __forceinline__ void
+wg_copy_rows(uint32_t B, const T *const *xrow, int xj, int nv, int64_t ko, const T *xs) {
+    static_assert(RS % 8 == 0, "rows RS apart share the swizzle");
+#pragma unroll
+    for (int v = 0; v < XC; v++) {
+        int j = xj + RS * v;
+        if (DYN && j >= nv) continue;
+        const T *src = xrow[j];
+        cu_cp16(B + (uint32_t)(v * RS * 128), src ? src + ko : xs, src != nullptr);
+    }
+}
+
 /* The block GEMMs' K loop (wg.cu, wgr.cu): step(s, u) for s < steps, unrolled by PF so that u = s
  * % PF, the slot of the weight registers loaded PF steps ahead, is a constant in each copy. */
 template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t steps, F step) {

@@ -274,15 +274,8 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
     auto load_x = [&](int64_t s) {
         if (s < steps) {
             uint32_t st = (uint32_t)(s % WQ_ST);
-            uint32_t B = base + st * STAGE + xoff;
-            int64_t ko = s * WQ_BK + xc * 16;
-#pragma unroll
-            for (int v = 0; v < XC; v++) {
-                int j = xj + 32 * v;
-                if (DYN && j >= nv) continue; /* rows no wgmma reads */
-                const uint8_t *src = xrow[j];
-                cu_cp16(B + (uint32_t)v * 4096u, src ? src + ko : xs, src != nullptr);
-            }
+            wg_copy_rows<XC, 32, DYN>(base + st * STAGE + xoff, xrow, xj, nv, s * WQ_BK + xc * 16,
+                                      xs);
             if (tid < (DYN ? nv : BN)) {
                 const float *sr = srow[tid];
                 cu_cp4(sc_base + (st * BN + (uint32_t)tid) * 4u, sr ? sr + s : ss, sr != nullptr);

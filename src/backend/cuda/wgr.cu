@@ -148,15 +148,8 @@ __global__ void __launch_bounds__(WR_T, 1)
             return;
         }
         if (s < steps) {
-            uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE + xoff;
-            int64_t ko = s * WR_BK + xc * 8;
-#pragma unroll
-            for (int v = 0; v < XC; v++) {
-                int j = xj + 16 * v;
-                if (DYN && j >= nv) continue; /* rows no wgmma reads */
-                const uint16_t *src = xrow[j];
-                cu_cp16(B + (uint32_t)v * 2048u, src ? src + ko : xs, src != nullptr);
-            }
+            wg_copy_rows<XC, 16, DYN>(base + (uint32_t)(s % WR_ST) * STAGE + xoff, xrow, xj, nv,
+                                      s * WR_BK + xc * 8, xs);
         }
         cu_cp_commit();
     };
