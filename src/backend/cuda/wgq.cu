@@ -262,9 +262,10 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
 #pragma unroll
     for (int i = 0; i < BN / 2; i++)
         acc[i] = part[i] = 0.0f;
-    struct tc_wraw wr[2][2]; /* raw weights of two steps: [slot][row] */
-    uint32_t fr[2][4][4];    /* fragments of two steps */
-    float ws[2][2];          /* FP8: their rows' step scales */
+    struct tc_wraw wr[2][2] = {}; /* raw weights of two steps: [slot][row] (zeros: a step past
+                                     the end is converted for nothing) */
+    uint32_t fr[2][4][4];         /* fragments of two steps */
+    float ws[2][2];               /* FP8: their rows' step scales */
     int64_t steps = K / WQ_BK;
     /* activations of step s into stage s % WQ_ST: the thread copies chunk xc = tid % 8 of rows
        xj + 32 v (xj = tid / 8; offsets row xj's + 4096 v, the same swizzle), and thread j < BN
