@@ -132,16 +132,29 @@ wq_e2m1x8(uint32_t x, uint32_t t0, uint32_t t1, uint32_t &lo, uint32_t &hi) {
     hi = wq_prmt(t0, t1, m >> 16) | (wq_prmt(sx, x, 0xfbeau) & 0x80808080u);
 }
 
-/* FP4: the base B of a weight row: the largest of its nsc scale bytes (the quad's four lanes
- * take every fourth, then two shuffles; the whole warp calls this). 0 for a row not valid. */
+/* FP4: the base B of a weight row: the largest of its nsc scale bytes (nsc a multiple of 4: lane t
+ * of the quad takes the t-th quarter, as 16-byte loads where aligned, all issued before their
+ * maxima; then two shuffles; the whole warp calls this). 0 for a row not valid. */
 __device__ __forceinline__ uint32_t wq_row_base(const uint8_t *srow,
                                                 int64_t nsc,
                                                 int t,
                                                 bool valid) {
     uint32_t b = 0;
-    if (valid)
-        for (int64_t q = t; q < nsc; q += 4)
-            b = max(b, (uint32_t)__ldg(srow + q));
+    int64_t n4 = nsc / 4;
+    const uint8_t *r = srow + t * n4;
+    if (valid && ((uintptr_t)r & 15) == 0 && n4 % 16 == 0) {
+        uint32_t m = 0;
+#pragma unroll 4
+        for (int64_t q = 0; q < n4; q += 16) {
+            uint4 v = __ldg((const uint4 *)(r + q));
+            m = __vmaxu4(m, __vmaxu4(__vmaxu4(v.x, v.y), __vmaxu4(v.z, v.w)));
+        }
+        b = max(max(m & 0xffu, (m >> 8) & 0xffu), max((m >> 16) & 0xffu, m >> 24));
+    } else if (valid) {
+#pragma unroll 8
+        for (int64_t q = 0; q < n4; q++)
+            b = max(b, (uint32_t)__ldg(r + q));
+    }
     b = max(b, __shfl_xor_sync(0xffffffffu, b, 1));
     return max(b, __shfl_xor_sync(0xffffffffu, b, 2));
 }
@@ -246,16 +259,6 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
     static_assert(WQ_BM == 128, "wr_rows: 128 weight rows a block");
     wr_rows<MODE>(p, e, wgi, w4, g, wrow, wsrow, sh1, sb1);
     const bool valid[2] = {wrow[0] != nullptr, wrow[1] != nullptr};
-    /* FP4: the rows' bases and their weight scales for the whole K (wq_decode) */
-    uint32_t wb[2] = {0, 0};
-    float wsr[2] = {0.0f, 0.0f};
-    if (WT == DSI_TYPE_FP4_E2M1) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            wb[h] = wq_row_base(wsrow[h], K / 32, t4, valid[h]);
-            wsr[h] = valid[h] ? wq_pow2((int)wb[h] - 133) : 0.0f;
-        }
-    }
     __syncthreads();
 
     float acc[BN / 2], part[BN / 2];
@@ -266,6 +269,8 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
                                      the end is converted for nothing) */
     uint32_t fr[2][4][4];         /* fragments of two steps */
     float ws[2][2];               /* FP8: their rows' step scales */
+    uint32_t wb[2] = {0, 0};      /* FP4: the rows' bases for the whole K (wq_decode) */
+    float wsr[2] = {0.0f, 0.0f};  /* FP4: the rows' weight scales, applied after the loop */
     int64_t steps = K / WQ_BK;
     /* activations of step s into stage s % WQ_ST: the thread copies chunk xc = tid % 8 of rows
        xj + 32 v (xj = tid / 8; offsets row xj's + 4096 v, the same swizzle), and thread j < BN
@@ -338,11 +343,20 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
 #pragma unroll
     for (int u = 0; u < 2; u++)
         if (u < steps) load_w(u, wr[u]);
-    wq_decode<WT>(wr[0], valid, wb, fr[0], ws[0]);
-    if (2 < steps) load_w(2, wr[0]);
 #pragma unroll
     for (int u = 0; u < WQ_AH; u++)
         load_x(u);
+    /* FP4: the rows' bases and weight scales (their loads behind the first steps' weights and
+       copies) */
+    if (WT == DSI_TYPE_FP4_E2M1) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            wb[h] = wq_row_base(wsrow[h], K / 32, t4, valid[h]);
+            wsr[h] = valid[h] ? wq_pow2((int)wb[h] - 133) : 0.0f;
+        }
+    }
+    wq_decode<WT>(wr[0], valid, wb, fr[0], ws[0]);
+    if (2 < steps) load_w(2, wr[0]);
     if (STG && wgi == 1) /* (warpgroup-uniform) */
         kloop(std::integral_constant<bool, true>{});
     else
