@@ -324,7 +324,10 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
         auto step = [&](int64_t s, int u) {
             cu_cp_wait<WQ_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
             wg_fence_smem();
-            __syncthreads();
+            /* (the two warpgroups reach it from different copies of the loop: PTX's aligned
+               barrier, __syncthreads', must be the same instruction for the whole block, the
+               non-aligned one need not) */
+            asm volatile("barrier.sync 0;\n" ::: "memory");
             load_x(s + WQ_AH);
             if (LATE && s > 0) promote(s - 1, 1 - u);
             wq_mma_step<BN, DYN>(part, nv >> 5, fr[u], base + (uint32_t)(s % WQ_ST) * STAGE);
