@@ -27,13 +27,14 @@
  * byte c of each 128-group of the activation codes holds element wq_perm_byte(c) of the group.
  *
  * The pipeline. A step's activation tile is BN rows of 128 bytes (one 128-byte swizzled tile) and
- * BN scales, copied by cp.async WQ_AH = 3 steps ahead into WQ_ST = 4 stages (after the barrier of
- * step s every thread is past step s - 1, whose stage is refilled). Step s: the barrier; the
- * copies of step s + 3; 4 wgmma into the partial sums (the first overwriting them); while they
- * run, the conversion of step s + 1's weights (loaded two steps before) into the other of two
- * fragment sets and the loads of step s + 3's into the registers it frees; wait; the promotion
- * (acc += part x activation scale, FP8 weights also x the step's weight scale). BN 32, 64 or 128
- * (the partial sums double the accumulators: 128 registers at 128). */
+ * BN scales, copied by cp.async wq_ah steps ahead into WQ_ST = 4 stages (3 ahead in step: after
+ * the barrier of step s every thread is past step s - 1, whose stage is refilled; 2 staggered,
+ * see k_wgq). Step s: the barrier; the copies; 4 wgmma into the partial sums (the first
+ * overwriting them); while they run, the conversion of step s + 1's weights (loaded two steps
+ * before) into the other of two fragment sets and the loads of step s + 3's into the registers
+ * it frees; wait; the promotion (acc += part x activation scale, FP8 weights also x the step's
+ * weight scale). BN 32, 64 or 128 (the partial sums double the accumulators: 128 registers at
+ * 128). */
 #include "gemm.cuh"
 #include "moe.cuh"
 #include "norm.cuh"
