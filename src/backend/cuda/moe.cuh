@@ -91,10 +91,6 @@ void launch_wg_bf16(struct cu_ctx *c,
                     int64_t ldy,
                     bool permuted);
 
-/* act_quant (blocks of 128) of rows 0 .. rows - 1 of x and their bf16 copy in wgr.cu's
- * permuted K order into y (launch_wg_bf16's, permuted) in one pass; x's rows from keep_from on get
- * the quantised values written back (the rows a later kernel reads as floats; the others keep
- * their inputs). false: not taken (cols not a multiple of 128, alignment), nothing launched. */
 /* launch_wg_bf16 (permuted) of the rows of each position: y's row r < nk from x's row perm[r] /
  * topk, row nk + i from x's row i (i < n). */
 void launch_wg_bf16_pos(struct cu_ctx *c,
@@ -105,6 +101,10 @@ void launch_wg_bf16_pos(struct cu_ctx *c,
                         int topk,
                         int64_t cols,
                         uint16_t *y);
+/* act_quant (blocks of 128) of rows 0 .. rows - 1 of x and their bf16 copy in wgr.cu's
+ * permuted K order into y (launch_wg_bf16's, permuted) in one pass; x's rows from keep_from on get
+ * the quantised values written back (the rows a later kernel reads as floats; the others keep
+ * their inputs). false: not taken (cols not a multiple of 128, alignment), nothing launched. */
 bool launch_wg_bf16_q8(struct cu_ctx *c,
                        float *x,
                        int64_t rows,
