@@ -22,6 +22,13 @@ enum dsi_numerics_opt {
     DSI_OPT_NUMERICS_FAST = 2
 };
 
+/* The cache's key rows (window rings, compressed entries): fp32, or FP8 (spec 5.5: e4m3 nope
+ * dims with a UE8M0 scale per 64, bf16 RoPE dims; 584 bytes a row of 512 dims against 2048),
+ * which holds the values of the reference and fast profiles exactly (their [QAT] steps round
+ * them to it) and so changes no result. auto: FP8 where the numerics profile has those steps
+ * and the backend stores FP8 rows, else fp32. fp8 with plain numerics is an error. */
+enum dsi_kv_cache_opt { DSI_OPT_KV_AUTO = 0, DSI_OPT_KV_F32 = 1, DSI_OPT_KV_FP8 = 2 };
+
 struct dsi_engine_opts {
     const char *model_dir; /* checkpoint directory (config.json, safetensors) */
     int n_threads;         /* CPU worker threads; <= 0: all cores */
@@ -30,6 +37,7 @@ struct dsi_engine_opts {
     int max_seqs;          /* sequences in flight; <= 0: 16 */
     const char *backend;   /* "cpu" (default) or "cuda" (builds with CUDA=1) */
     int numerics;          /* enum dsi_numerics_opt */
+    int kv_cache;          /* enum dsi_kv_cache_opt */
 };
 
 int dsi_engine_open(struct dsi_engine **out,

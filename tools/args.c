@@ -91,6 +91,18 @@ int args_float(const char *cmd, const char *opt, const char *v, double *out) {
     return 0;
 }
 
+int args_kv_cache(const char *cmd, const char *v, int *out) {
+    static const char *names[] = {"auto", "f32", "fp8"}; /* enum dsi_kv_cache_opt */
+    for (int i = 0; i < 3; i++)
+        if (v && !strcmp(v, names[i])) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "dsinfer %s: --kv-cache: want auto, f32 or fp8, got '%s'\n", cmd,
+            v ? v : "(nothing)");
+    return -1;
+}
+
 int args_numerics(const char *cmd, const char *v, int *out) {
     static const char *names[] = {"plain", "reference", "fast"}; /* enum dsi_numerics_opt */
     for (int i = 0; i < 3; i++)

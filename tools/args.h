@@ -17,5 +17,7 @@ int args_int(
 int args_float(const char *cmd, const char *opt, const char *v, double *out);
 /* "plain" | "reference" | "fast" -> enum dsi_numerics_opt, or a message and -1. */
 int args_numerics(const char *cmd, const char *v, int *out);
+/* --kv-cache auto|f32|fp8 -> enum dsi_kv_cache_opt; a message and -1 on anything else. */
+int args_kv_cache(const char *cmd, const char *v, int *out);
 
 #endif

@@ -11,7 +11,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer eval ppl [-m DIR] FILE [--window N] [--max-windows N]\n"
                "               [--batch N] [--threads N] [--backend cpu|cuda]\n"
-               "               [--numerics plain|reference|fast]\n"
+               "               [--numerics plain|reference|fast] [--kv-cache auto|f32|fp8]\n"
                "Tokenizes FILE (no special tokens), cuts it into non-overlapping windows of N-1\n"
                "tokens (default N = 256), prepends BOS to each, and reports the perplexity over\n"
                "every predicted token, and the MTP layer's next-next-token top-1 accuracy.\n");
@@ -28,7 +28,7 @@ int cmd_eval(int argc, char **argv) {
     }
     const char *backend = "cpu", *dir = DSI_DEFAULT_MODEL, *file = NULL;
     long long window = 256, batch = 8, threads = 0, max_windows = 0;
-    int numerics = DSI_OPT_NUMERICS_PLAIN;
+    int numerics = DSI_OPT_NUMERICS_PLAIN, kv_cache = DSI_OPT_KV_AUTO;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -48,6 +48,8 @@ int cmd_eval(int argc, char **argv) {
             if (args_int("eval", a, argv[++i], 0, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--numerics") && v) {
             if (args_numerics("eval", argv[++i], &numerics)) return 2;
+        } else if (!strcmp(a, "--kv-cache") && v) {
+            if (args_kv_cache("eval", argv[++i], &kv_cache)) return 2;
         } else if (a[0] != '-' && !file)
             file = a;
         else {
@@ -72,7 +74,8 @@ int cmd_eval(int argc, char **argv) {
                                 .max_rows = (int)(window * batch),
                                 .max_ctx = window,
                                 .max_seqs = (int)batch,
-                                .numerics = numerics};
+                                .numerics = numerics,
+                                .kv_cache = kv_cache};
     struct dsi_engine *e = NULL;
     int rc = 1;
     int32_t *ids = NULL;

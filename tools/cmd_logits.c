@@ -10,7 +10,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dsinfer logits -m DIR --prompt-ids 1,2,3 [--prompt-ids ...] --out FILE\n"
             "                      [--chunk N] [--numerics plain|reference|fast] [--mtp-out FILE]\n"
-            "                      [--threads N] [--backend cpu|cuda]\n"
+            "                      [--threads N] [--backend cpu|cuda] [--kv-cache auto|f32|fp8]\n"
             "Writes float32 little-endian logits, one row of vocab_size per prompt position\n"
             "(row i predicts token i+1), prompts in order. Several --prompt-ids run as several\n"
             "sequences in one batch. --chunk N feeds N tokens of each prompt per step (1 = the\n"
@@ -24,7 +24,7 @@ int cmd_logits(int argc, char **argv) {
     int32_t *prompts[64];
     int lens[64], n_prompts = 0, rc = 1;
     long long chunk = 0, threads = 0;
-    int numerics = DSI_OPT_NUMERICS_PLAIN;
+    int numerics = DSI_OPT_NUMERICS_PLAIN, kv_cache = DSI_OPT_KV_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -52,6 +52,8 @@ int cmd_logits(int argc, char **argv) {
             if (args_int("logits", a, argv[++i], 0, 1024, &threads)) goto out;
         } else if (!strcmp(a, "--numerics") && v) {
             if (args_numerics("logits", argv[++i], &numerics)) goto out;
+        } else if (!strcmp(a, "--kv-cache") && v) {
+            if (args_kv_cache("logits", argv[++i], &kv_cache)) goto out;
         } else {
             fprintf(stderr, "dsinfer logits: unknown or incomplete option '%s'\n", a);
             usage(stderr);
@@ -74,7 +76,8 @@ int cmd_logits(int argc, char **argv) {
                                 .n_threads = (int)threads,
                                 .max_rows = rows,
                                 .max_ctx = max_len,
-                                .numerics = numerics};
+                                .numerics = numerics,
+                                .kv_cache = kv_cache};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     if (dsi_engine_open(&e, &o, &err)) {

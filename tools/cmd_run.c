@@ -24,6 +24,8 @@ static void usage(FILE *f) {
             "  --backend cpu|cuda     (default cpu)\n"
             "  --numerics plain|reference|fast   arithmetic profile (default plain; fast: the\n"
             "                         reference rounding points, GEMMs on tensor cores)\n"
+            "  --kv-cache auto|f32|fp8   the cache's key rows (default auto: fp8 with reference\n"
+            "                         or fast numerics, where they are exact; else f32)\n"
             "  --max-seqs N           sequences in flight (default 16)\n"
             "  --max-ctx N            positions per sequence (default 4096)\n"
             "  --max-batch-tokens N   token budget per step (default 256)\n"
@@ -171,7 +173,7 @@ static int take_events(struct run *R, struct dsi_engine *e, int timeout_ms) {
 
 int cmd_run(int argc, char **argv) {
     const char *dir = DSI_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
-    int numerics = DSI_OPT_NUMERICS_PLAIN;
+    int numerics = DSI_OPT_NUMERICS_PLAIN, kv_cache = DSI_OPT_KV_AUTO;
     const char *tok_dir = NULL;
     long long threads = 0, max_seqs = 16, max_ctx = 4096, mbt = 256, kv_mb = 0;
     bool sync = false, prog = true;
@@ -190,6 +192,8 @@ int cmd_run(int argc, char **argv) {
             backend = argv[++i];
         else if (!strcmp(a, "--numerics") && v) {
             if (args_numerics("run", argv[++i], &numerics)) return 2;
+        } else if (!strcmp(a, "--kv-cache") && v) {
+            if (args_kv_cache("run", argv[++i], &kv_cache)) return 2;
         } else if (!strcmp(a, "--tokenizer") && v)
             tok_dir = argv[++i];
         else if (!strcmp(a, "--threads") && v) {
@@ -234,6 +238,7 @@ int cmd_run(int argc, char **argv) {
     struct dsi_engine_opts eo = {.model_dir = dir,
                                  .backend = backend,
                                  .numerics = numerics,
+                                 .kv_cache = kv_cache,
                                  .n_threads = (int)threads,
                                  .max_rows = (int)mbt,
                                  .max_ctx = max_ctx,

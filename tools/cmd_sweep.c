@@ -45,6 +45,7 @@ static void usage(FILE *f) {
             "  --requests N           requests per level (default max(2c, 4))\n"
             "  --threads N --backend cpu|cuda --max-batch-tokens N --kv-mb N --sync\n"
             "  --numerics plain|reference|fast   (default plain)\n"
+            "  --kv-cache auto|f32|fp8   the cache's key rows (default auto, as in `dsinfer run`)\n"
             "  --sampling auto|host|device   where tokens are drawn (default auto: device on "
             "CUDA)\n"
             "  --csv FILE             (default sweep.csv)\n"
@@ -288,7 +289,7 @@ static int write_svg(const char *path,
 
 int cmd_bench_sweep(int argc, char **argv) {
     const char *dir = DSI_DEFAULT_MODEL, *backend = "cpu", *csv = "sweep.csv", *svg = "sweep.svg";
-    int numerics = DSI_OPT_NUMERICS_PLAIN;
+    int numerics = DSI_OPT_NUMERICS_PLAIN, kv_cache = DSI_OPT_KV_AUTO;
     long long maxc = 256, in_len = 128, out_len = 64, n_req = 0, threads = 0, mbt = 256, kv_mb = 0,
               seed = 1;
     bool sync = false;
@@ -305,6 +306,8 @@ int cmd_bench_sweep(int argc, char **argv) {
             backend = argv[++i];
         else if (!strcmp(a, "--numerics") && v) {
             if (args_numerics("bench sweep", argv[++i], &numerics)) return 2;
+        } else if (!strcmp(a, "--kv-cache") && v) {
+            if (args_kv_cache("bench sweep", argv[++i], &kv_cache)) return 2;
         } else if (!strcmp(a, "--csv") && v)
             csv = argv[++i];
         else if (!strcmp(a, "--svg") && v)
@@ -372,6 +375,7 @@ int cmd_bench_sweep(int argc, char **argv) {
     struct dsi_engine_opts eo = {.model_dir = dir,
                                  .backend = backend,
                                  .numerics = numerics,
+                                 .kv_cache = kv_cache,
                                  .n_threads = (int)threads,
                                  .max_rows = (int)mbt,
                                  .max_ctx = in_len + out_len + 1,

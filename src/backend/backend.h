@@ -224,22 +224,55 @@ struct dsi_step {
     int ring_cap, window;
 };
 
+/* Key rows of the cache: the window rings and the compressed entries (spec 5.5).
+ * DSI_KV_F32: rows of dim floats. DSI_KV_FP8, for the profiles with the [QAT] steps (spec 4.5
+ * step 5, 4.6: the nope dims are Q8 values of 64-blocks, the RoPE dims bf16, so this holds the
+ * reference's values exactly): a row is its dim - rope nope dims as e4m3 codes, then its rope
+ * dims as bf16 (dsi_kv_row_bytes: 576 at V4-Flash's shapes, a multiple of 16 when rope is a
+ * multiple of 8), and its UE8M0 scales (one byte per 64 nope dims, padded to a multiple of 8:
+ * dsi_kv_sc_bytes) sit in a parallel array, row i's at sc + i * dsi_kv_sc_bytes. The spec's
+ * paged layout keeps each page's scale rows after its data rows; one array beside the data
+ * holds the same bytes (584 a row at V4-Flash's shapes) with one base pointer each. */
+enum dsi_kv_dtype { DSI_KV_F32 = 0, DSI_KV_FP8 = 1 };
+struct dsi_kv_rows {
+    void *data;  /* F32: float [rows][dim]; FP8: uint8_t [rows][dsi_kv_row_bytes]; NULL: none */
+    uint8_t *sc; /* FP8: [rows][dsi_kv_sc_bytes]; F32: NULL */
+    int dtype, dim, rope;
+};
+static inline int64_t dsi_kv_sc_bytes(int dim, int rope) { return ((dim - rope) / 64 + 7) / 8 * 8; }
+static inline int64_t dsi_kv_row_bytes(int dtype, int dim, int rope) {
+    return dtype == DSI_KV_FP8 ? (int64_t)(dim - rope) + 2 * (int64_t)rope : 4 * (int64_t)dim;
+}
+/* Bytes per row with the scales (the pool's sizing). */
+static inline int64_t dsi_kv_row_total(int dtype, int dim, int rope) {
+    return dsi_kv_row_bytes(dtype, dim, rope) +
+           (dtype == DSI_KV_FP8 ? dsi_kv_sc_bytes(dim, rope) : 0);
+}
+/* FP8 rows need: nope dims a positive multiple of 64, rope dims a multiple of 8. */
+static inline bool dsi_kv_fp8_ok(int dim, int rope) {
+    return rope >= 0 && rope % 8 == 0 && dim - rope >= 64 && (dim - rope) % 64 == 0;
+}
+static inline struct dsi_kv_rows dsi_kv_rows_f32(float *p, int dim) {
+    struct dsi_kv_rows r = {p, NULL, DSI_KV_F32, dim, 0};
+    return r;
+}
+
 /* Cache storage of one layer (backend memory, owned by the cache pool). */
 struct dsi_layer_cache {
-    float *ring;              /* [max_seqs, ring_cap, head_dim] */
-    float *slot_a, *slot_b;   /* [max_seqs, n_slots, comp_width] compressor token slots */
-    float *entries;           /* [n_pages, page_tokens / ratio, head_dim] */
-    float *islot_a, *islot_b; /* [max_seqs, n_slots, 2 * index_head_dim] (CSA) */
-    float *ikeys;             /* [n_pages, page_tokens / ratio, index_head_dim] (CSA) */
+    struct dsi_kv_rows ring;    /* [max_seqs, ring_cap] rows of head_dim */
+    float *slot_a, *slot_b;     /* [max_seqs, n_slots, comp_width] compressor token slots */
+    struct dsi_kv_rows entries; /* [n_pages, page_tokens / ratio] rows of head_dim */
+    float *islot_a, *islot_b;   /* [max_seqs, n_slots, 2 * index_head_dim] (CSA) */
+    float *ikeys;               /* [n_pages, page_tokens / ratio, index_head_dim] (CSA) */
     int ratio, n_slots, comp_width;
 };
 
 /* ring[slot[r]][pos[r] % ring_cap] = kv[r] for every row. */
 struct dsi_kv_store_args {
     const struct dsi_step *st;
-    const float *kv; /* [n, head_dim] */
+    const float *kv; /* [n, head_dim] (FP8 rows: values they hold exactly) */
     int64_t head_dim;
-    float *ring;
+    struct dsi_kv_rows ring;
 };
 
 /* Compressor token rows: b[r] += ape[pos[r] % ratio] for every row (in place). */
@@ -285,9 +318,9 @@ struct dsi_entry_store_args {
     const struct dsi_step *st;
     const int32_t *emit_rows, *emit_entry; /* [n_emit] */
     int n_emit, ratio;
-    const float *src; /* [n_emit, width] */
+    const float *src; /* [n_emit, width] (FP8 rows: values they hold exactly) */
     int64_t width;
-    float *pool; /* [n_pages, page_tokens / ratio, width] */
+    struct dsi_kv_rows pool; /* [n_pages, page_tokens / ratio] rows of width */
 };
 
 /* Attention with sinks (spec 4.5): row r attends to its window (positions
@@ -299,8 +332,8 @@ struct dsi_attn_args {
     const float *q; /* [n, n_heads, head_dim] */
     float *out;     /* [n, n_heads, head_dim] */
     int64_t n_heads, head_dim;
-    const float *ring;    /* [max_seqs, ring_cap, head_dim] */
-    const float *entries; /* paged pool or NULL */
+    struct dsi_kv_rows ring;    /* [max_seqs, ring_cap] rows (read only) */
+    struct dsi_kv_rows entries; /* paged pool, or data NULL (read only) */
     int ratio;
     const int32_t *sel, *n_sel; /* [n, topk], [n] or NULL */
     int topk;
@@ -453,6 +486,7 @@ struct dsi_backend {
     const struct dsi_backend_ops *ops;
     void *ctx;
     const char *name;
+    bool kv_fp8; /* its ops read and write DSI_KV_FP8 key rows */
 };
 
 /* The CPU backend with n_threads workers (<= 0: all cores). */

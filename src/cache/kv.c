@@ -13,6 +13,17 @@ static float *kalloc(struct dsi_kv *kv, int64_t n_floats, bool *ok) {
     return p;
 }
 
+/* rows of dim values in the pool's key-row format (dsi_kv_rows; FP8: data and scales) */
+static struct dsi_kv_rows rows_alloc(struct dsi_kv *kv, int64_t rows, int dim, bool *ok) {
+    int rope = kv->cfg->qk_rope_head_dim;
+    struct dsi_kv_rows r = {NULL, NULL, kv->dtype, dim, kv->dtype == DSI_KV_FP8 ? rope : 0};
+    int64_t rb = dsi_kv_row_bytes(r.dtype, dim, r.rope);
+    r.data = kalloc(kv, rows * rb / 4, ok);
+    if (r.dtype == DSI_KV_FP8)
+        r.sc = (uint8_t *)kalloc(kv, rows * dsi_kv_sc_bytes(dim, rope) / 4, ok);
+    return r;
+}
+
 int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n) {
     return (n + kv->page_tokens - 1) / kv->page_tokens;
 }
@@ -25,13 +36,13 @@ int dsi_kv_page_tokens(const struct dsi_config *cfg) {
     return (int)(l * ((256 + l - 1) / l));
 }
 
-int64_t dsi_kv_page_bytes(const struct dsi_config *cfg) {
+int64_t dsi_kv_page_bytes(const struct dsi_config *cfg, int dtype) {
     int64_t b = 0, pt = dsi_kv_page_tokens(cfg);
     for (int il = 0; il < cfg->n_layers_total; il++) {
         const struct dsi_layer_info *li = &cfg->layers[il];
         if (!li->ratio) continue;
         int64_t per = pt / li->ratio;
-        b += per * cfg->head_dim * 4;
+        b += per * dsi_kv_row_total(dtype, (int)cfg->head_dim, (int)cfg->qk_rope_head_dim);
         if (li->kind == DSI_ATTN_CSA) b += per * cfg->index_head_dim * 4;
     }
     return b;
@@ -45,10 +56,19 @@ int dsi_kv_new(struct dsi_kv **out,
     *out = NULL;
     if (o->max_seqs < 1 || o->max_ctx < 1 || o->max_rows < 1)
         return dsi_errf(err, DSI_ERR_INVALID, "kv: max_seqs, max_ctx and max_rows must be >= 1");
+    if (o->dtype == DSI_KV_FP8 && !dsi_kv_fp8_ok((int)cfg->head_dim, (int)cfg->qk_rope_head_dim))
+        return dsi_errf(
+            err, DSI_ERR_INVALID,
+            "kv: the FP8 cache needs head_dim - qk_rope_head_dim a positive multiple of "
+            "64 and qk_rope_head_dim a multiple of 8 (config: %lld, %lld)",
+            (long long)cfg->head_dim, (long long)cfg->qk_rope_head_dim);
+    if (o->dtype != DSI_KV_F32 && o->dtype != DSI_KV_FP8)
+        return dsi_errf(err, DSI_ERR_INVALID, "kv: unknown cache dtype %d", o->dtype);
     struct dsi_kv *kv = dsi_calloc(1, sizeof(*kv));
     if (!kv) return dsi_errf(err, DSI_ERR_NOMEM, "out of memory");
     kv->cfg = cfg;
     kv->be = be;
+    kv->dtype = o->dtype;
     kv->max_seqs = o->max_seqs;
     kv->max_ctx = o->max_ctx;
     kv->ring_cap = cfg->sliding_window - 1 + o->max_rows;
@@ -66,7 +86,7 @@ int dsi_kv_new(struct dsi_kv **out,
     for (int il = 0; ok && il < cfg->n_layers_total; il++) {
         struct dsi_layer_cache *L = &kv->layers[il];
         const struct dsi_layer_info *li = &cfg->layers[il];
-        L->ring = kalloc(kv, S * kv->ring_cap * hd, &ok);
+        L->ring = rows_alloc(kv, S * kv->ring_cap, (int)hd, &ok);
         L->ratio = li->ratio;
         if (!li->ratio) continue;
         bool csa = li->kind == DSI_ATTN_CSA;
@@ -75,7 +95,7 @@ int dsi_kv_new(struct dsi_kv **out,
         int64_t per_page = kv->page_tokens / li->ratio;
         L->slot_a = kalloc(kv, S * L->n_slots * L->comp_width, &ok);
         L->slot_b = kalloc(kv, S * L->n_slots * L->comp_width, &ok);
-        L->entries = kalloc(kv, kv->n_pages * per_page * hd, &ok);
+        L->entries = rows_alloc(kv, kv->n_pages * per_page, (int)hd, &ok);
         if (!csa) continue;
         L->islot_a = kalloc(kv, S * L->n_slots * 2 * ihd, &ok);
         L->islot_b = kalloc(kv, S * L->n_slots * 2 * ihd, &ok);
@@ -101,7 +121,8 @@ void dsi_kv_free(struct dsi_kv *kv) {
     struct dsi_backend *be = kv->be;
     for (int il = 0; kv->layers && il < kv->cfg->n_layers_total; il++) {
         struct dsi_layer_cache *L = &kv->layers[il];
-        float *ps[] = {L->ring, L->slot_a, L->slot_b, L->entries, L->islot_a, L->islot_b, L->ikeys};
+        void *ps[] = {L->ring.data,  L->ring.sc, L->slot_a,  L->slot_b, L->entries.data,
+                      L->entries.sc, L->islot_a, L->islot_b, L->ikeys};
         for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
             if (ps[i]) be->ops->mfree(be, ps[i]);
     }
@@ -167,15 +188,25 @@ static void copy_floats(struct dsi_backend *be, float *dst, const float *src, in
     }
 }
 
+/* rows [d, d + n) = rows [s, s + n) of a key-row store (data and scales) */
+static void
+copy_rows(struct dsi_backend *be, const struct dsi_kv_rows *r, int64_t d, int64_t s, int64_t n) {
+    int64_t rb = dsi_kv_row_bytes(r->dtype, r->dim, r->rope), sb = dsi_kv_sc_bytes(r->dim, r->rope);
+    copy_floats(be, (float *)((char *)r->data + d * rb), (const float *)((char *)r->data + s * rb),
+                n * rb / 4);
+    if (r->sc)
+        copy_floats(be, (float *)(r->sc + d * sb), (const float *)(r->sc + s * sb), n * sb / 4);
+}
+
 void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions) {
     const struct dsi_config *c = kv->cfg;
     struct dsi_backend *be = kv->be;
-    int64_t hd = c->head_dim, ihd = c->index_head_dim, np = dsi_kv_pages_for(kv, n_positions);
+    int64_t ihd = c->index_head_dim, np = dsi_kv_pages_for(kv, n_positions);
     DSI_ASSERT(kv->seqs[src].n_past == n_positions && kv->seqs[dst].n_pages >= np);
     for (int il = 0; il < c->n_layers_total; il++) {
         struct dsi_layer_cache *L = &kv->layers[il];
-        int64_t rs = (int64_t)kv->ring_cap * hd;
-        copy_floats(be, L->ring + dst * rs, L->ring + src * rs, rs);
+        copy_rows(be, &L->ring, (int64_t)dst * kv->ring_cap, (int64_t)src * kv->ring_cap,
+                  kv->ring_cap);
         if (!L->ratio) continue;
         int64_t ss = (int64_t)L->n_slots * L->comp_width, per_page = kv->page_tokens / L->ratio;
         copy_floats(be, L->slot_a + dst * ss, L->slot_a + src * ss, ss);
@@ -189,8 +220,7 @@ void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions) {
         for (int64_t j = 0; j < np; j++) {
             int64_t ps = kv->pt_host[(int64_t)src * kv->max_pages + j];
             int64_t pd = kv->pt_host[(int64_t)dst * kv->max_pages + j];
-            copy_floats(be, L->entries + pd * per_page * hd, L->entries + ps * per_page * hd,
-                        per_page * hd);
+            copy_rows(be, &L->entries, pd * per_page, ps * per_page, per_page);
             if (csa)
                 copy_floats(be, L->ikeys + pd * per_page * ihd, L->ikeys + ps * per_page * ihd,
                             per_page * ihd);

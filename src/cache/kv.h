@@ -17,6 +17,8 @@ struct dsi_kv_opts {
     int64_t max_ctx; /* positions per sequence */
     int max_rows;    /* rows of one sequence per step (sizes the rings) */
     int64_t n_pages; /* pages in the pool; 0 = enough for every slot at max_ctx */
+    int dtype;       /* the key rows' format (enum dsi_kv_dtype; FP8 only where the forward
+                        applies the [QAT] steps: its values are then exact) */
 };
 
 struct dsi_kv_seq_info {
@@ -29,7 +31,7 @@ struct dsi_kv_seq_info {
 struct dsi_kv {
     const struct dsi_config *cfg;
     struct dsi_backend *be;
-    int max_seqs, ring_cap, page_tokens, max_pages;
+    int max_seqs, ring_cap, page_tokens, max_pages, dtype;
     int64_t n_pages, max_ctx, bytes;
     struct dsi_layer_cache *layers; /* [n_layers_total] */
     int32_t *pt_host;               /* [max_seqs, max_pages] host mirror of the page tables */
@@ -58,9 +60,10 @@ int dsi_kv_reserve(struct dsi_kv *kv, int slot, int64_t n_positions, struct dsi_
  * compressor slots hold the last tokens). Stream-ordered backend copies: the next forward sees
  * them. */
 void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions);
-/* Backend bytes one page adds to the pool (compressed entries and indexer keys of every
- * layer), and the positions per page, for a config (before a pool exists). */
-int64_t dsi_kv_page_bytes(const struct dsi_config *cfg);
+/* Backend bytes one page adds to the pool (compressed entries in the key-row format dtype and
+ * indexer keys of every layer), and the positions per page, for a config (before a pool
+ * exists). */
+int64_t dsi_kv_page_bytes(const struct dsi_config *cfg, int dtype);
 int dsi_kv_page_tokens(const struct dsi_config *cfg);
 /* Pages needed to hold n_positions. */
 int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n_positions);

@@ -173,6 +173,18 @@ int dsi_fwd_new(struct dsi_fwd **out,
         DSI_MAX(DSI_MAX(widest, c->hc_dim), DSI_MAX(c->group_in_dim, c->moe_intermediate_size));
     int64_t keys = c->sliding_window + DSI_MAX((int64_t)c->index_topk, kv->max_ctx);
     int64_t need = DSI_MAX(kmax * 4, keys * 16);
+    if (kv->dtype == DSI_KV_FP8) { /* and a row's keys decoded: the window, then the top-k
+                                      (CSA) or every entry (HCA) */
+        int64_t ents = 0;
+        for (int il = 0; il < c->n_layers_total; il++) {
+            const struct dsi_layer_info *li = &c->layers[il];
+            if (li->ratio)
+                ents = DSI_MAX(ents, li->kind == DSI_ATTN_CSA ? (int64_t)c->index_topk
+                                                              : kv->max_ctx / li->ratio);
+        }
+        int64_t k8 = c->sliding_window + ents;
+        need = DSI_MAX(need, k8 * (16 + 4 * c->head_dim));
+    }
     int rc = be->ops->reserve(be, need, err);
     if (rc) {
         dsi_fwd_free(f);
@@ -344,7 +356,7 @@ static void compressor(struct dsi_fwd *f,
                        bool overlap,
                        float *slot_a,
                        float *slot_b,
-                       float *pool,
+                       struct dsi_kv_rows pool,
                        float *tmp,
                        bool index_key) {
     struct dsi_backend *be = f->be;
@@ -452,7 +464,7 @@ static void attention(struct dsi_fwd *f, int il) {
             gemm2(f, &L->idx_comp.wkv, &L->idx_comp.wgate, f->x, n, D, f->ia, 2 * ihd, f->ib,
                   2 * ihd, false, false);
             compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
-                       S->ikeys, f->ient, true);
+                       dsi_kv_rows_f32(S->ikeys, (int)ihd), f->ient, true);
             gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R, f->R);
             rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
             if (f->R) {
@@ -482,7 +494,7 @@ static void attention(struct dsi_fwd *f, int il) {
                                .n_heads = H,
                                .head_dim = hd,
                                .ring = S->ring,
-                               .entries = ratio ? S->entries : NULL,
+                               .entries = ratio ? S->entries : (struct dsi_kv_rows){0},
                                .ratio = ratio,
                                .sel = csa ? f->sel : NULL,
                                .n_sel = csa ? f->n_sel : NULL,

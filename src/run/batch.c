@@ -800,7 +800,7 @@ static int resize_pool(struct dsi_engine *e, const struct dsi_batch_opts *bo, st
     if (bo->kv_pages > 0) {
         want = bo->kv_pages;
     } else if (bo->kv_bytes > 0) {
-        int64_t pb = dsi_kv_page_bytes(&e->m->cfg);
+        int64_t pb = dsi_kv_page_bytes(&e->m->cfg, kv->dtype);
         int64_t fixed = kv->bytes - pb * kv->n_pages;
         if (pb > 0) {
             if (bo->kv_bytes < fixed + pb)
@@ -813,8 +813,11 @@ static int resize_pool(struct dsi_engine *e, const struct dsi_batch_opts *bo, st
     }
     want = DSI_MIN(want, full);
     if (want == kv->n_pages) return DSI_OK;
-    struct dsi_kv_opts ko = {
-        .max_seqs = kv->max_seqs, .max_ctx = kv->max_ctx, .max_rows = e->max_rows, .n_pages = want};
+    struct dsi_kv_opts ko = {.max_seqs = kv->max_seqs,
+                             .max_ctx = kv->max_ctx,
+                             .max_rows = e->max_rows,
+                             .n_pages = want,
+                             .dtype = kv->dtype};
     dsi_fwd_free(e->fwd);
     e->fwd = NULL;
     dsi_kv_free(e->kv);

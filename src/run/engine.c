@@ -49,7 +49,7 @@ static int open_cache(struct dsi_engine *e, struct dsi_kv_opts *ko, struct dsi_e
         if (!rc && be->ops->mem_info(be, &fr, &tot))
             rc = dsi_errf(err, DSI_ERR_DEVICE, "cache: cannot read the device's free memory");
         if (rc) return rc;
-        int64_t pb = dsi_kv_page_bytes(c), pt = dsi_kv_page_tokens(c);
+        int64_t pb = dsi_kv_page_bytes(c, ko->dtype), pt = dsi_kv_page_tokens(c);
         int64_t full = ko->max_seqs * ((ko->max_ctx + pt - 1) / pt);
         int64_t avail = (int64_t)fr + pb - DEVICE_HEADROOM(tot); /* + the one page held now */
         int64_t fit = pb > 0 ? avail / pb : full;
@@ -75,6 +75,36 @@ static int open_cache(struct dsi_engine *e, struct dsi_kv_opts *ko, struct dsi_e
     return rc;
 }
 
+/* The cache's key-row format for the kv_cache option (enum dsi_kv_cache_opt). */
+static int kv_dtype(const struct dsi_engine *e, int opt, int *dtype, struct dsi_err *err) {
+    const struct dsi_config *c = &e->m->cfg;
+    bool qat = e->numerics != DSI_NUMERICS_PLAIN;
+    bool fits = dsi_kv_fp8_ok((int)c->head_dim, (int)c->qk_rope_head_dim);
+    *dtype = DSI_KV_F32;
+    if (opt == DSI_OPT_KV_AUTO || opt == DSI_OPT_KV_F32) {
+        if (opt == DSI_OPT_KV_AUTO && qat && fits && e->be->kv_fp8) *dtype = DSI_KV_FP8;
+        return DSI_OK;
+    }
+    if (opt != DSI_OPT_KV_FP8)
+        return dsi_errf(err, DSI_ERR_INVALID, "kv_cache: unknown option %d (want auto, f32, fp8)",
+                        opt);
+    if (!qat)
+        return dsi_errf(err, DSI_ERR_INVALID,
+                        "kv cache fp8: numerics plain keeps the cache's values in fp32 (they are "
+                        "not FP8 values); use --numerics reference or fast, or the f32 cache");
+    if (!fits)
+        return dsi_errf(err, DSI_ERR_INVALID,
+                        "kv cache fp8: config.json's head_dim - qk_rope_head_dim (%lld) must be a "
+                        "positive multiple of 64 and qk_rope_head_dim (%lld) a multiple of 8",
+                        (long long)(c->head_dim - c->qk_rope_head_dim),
+                        (long long)c->qk_rope_head_dim);
+    if (!e->be->kv_fp8)
+        return dsi_errf(err, DSI_ERR_UNSUPPORTED,
+                        "kv cache fp8: the %s backend stores fp32 rows only", e->be->name);
+    *dtype = DSI_KV_FP8;
+    return DSI_OK;
+}
+
 int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, struct dsi_err *err) {
     *out = NULL;
     struct dsi_engine *e = dsi_calloc(1, sizeof(*e));
@@ -94,6 +124,7 @@ int dsi_engine_open(struct dsi_engine **out, const struct dsi_engine_opts *o, st
     struct dsi_kv_opts ko = {.max_seqs = o->max_seqs > 0 ? o->max_seqs : 16,
                              .max_ctx = e->max_ctx,
                              .max_rows = e->max_rows};
+    if (!rc) rc = kv_dtype(e, o->kv_cache, &ko.dtype, err);
     if (!rc) rc = open_cache(e, &ko, err);
     if (rc) {
         dsi_engine_close(e);

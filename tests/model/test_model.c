@@ -5,7 +5,8 @@
  *    prompts of a case run as several sequences in one batch;
  *  - chunked prefill (chunks 1, 3, 17, whole) bitwise equal, and any thread count bitwise equal;
  *  - the MTP layer's logits vs the spec-written Python reference (ref/mtp_ref.py);
- *  - `reference` numerics: chunk-invariant and close to `plain`. */
+ *  - `reference` numerics: chunk-invariant and close to `plain`; the same bit for bit with the
+ *    fp8 and the f32 cache. */
 #include "test.h"
 
 #include "dsinfer.h"
@@ -80,13 +81,19 @@ static void golden_free(struct golden *g) {
 }
 
 /* Run the prompts as one batch stream; out has total rows (mtp: total - n_prompts rows). */
-static int
-run(const struct golden *g, int chunk, int threads, int numerics, float *out, float *mtp) {
+static int run_kv(const struct golden *g,
+                  int chunk,
+                  int threads,
+                  int numerics,
+                  int kv_cache,
+                  float *out,
+                  float *mtp) {
     struct dsi_engine_opts o = {.model_dir = g->model,
                                 .n_threads = threads,
                                 .max_rows = 1024,
                                 .max_ctx = 1024,
-                                .numerics = numerics};
+                                .numerics = numerics,
+                                .kv_cache = kv_cache};
     struct dsi_engine *e = NULL;
     struct dsi_err err = {0};
     int rc = dsi_engine_open(&e, &o, &err);
@@ -96,6 +103,11 @@ run(const struct golden *g, int chunk, int threads, int numerics, float *out, fl
     if (rc) fprintf(stderr, "  engine: %s\n", err.msg);
     dsi_engine_close(e);
     return rc;
+}
+
+static int
+run(const struct golden *g, int chunk, int threads, int numerics, float *out, float *mtp) {
+    return run_kv(g, chunk, threads, numerics, DSI_OPT_KV_AUTO, out, mtp);
 }
 
 /* Max over rows of max|a-b| / max|b|, and the number of rows whose argmax differs. */
@@ -155,6 +167,16 @@ static int check_case(struct test_ctx *t, const char *name) {
     TEST_ASSERT(run(&g, 5, 0, DSI_OPT_NUMERICS_REFERENCE, other, NULL) == 0);
     TEST_ASSERTF(memcmp(other, ref, sizeof(float) * (size_t)n) == 0,
                  "%s: reference numerics differ between chunked and whole prefill", name);
+    /* The FP8 cache rows (the default with reference numerics) hold the [QAT] values exactly:
+     * the fp32 cache gives the same logits bit for bit, whole and in chunks of 1 (decode). */
+    TEST_ASSERT(run_kv(&g, 0, 0, DSI_OPT_NUMERICS_REFERENCE, DSI_OPT_KV_F32, other, NULL) == 0);
+    TEST_ASSERTF(memcmp(other, ref, sizeof(float) * (size_t)n) == 0,
+                 "%s: reference numerics differ between the fp8 and the f32 cache", name);
+    TEST_ASSERT(run_kv(&g, 1, 0, DSI_OPT_NUMERICS_REFERENCE, DSI_OPT_KV_FP8, other, NULL) == 0);
+    TEST_ASSERTF(memcmp(other, ref, sizeof(float) * (size_t)n) == 0,
+                 "%s: reference numerics with the fp8 cache differ at chunk 1", name);
+    /* The fp8 cache with plain numerics (values that are not FP8's) is refused. */
+    TEST_ASSERT(run_kv(&g, 0, 0, DSI_OPT_NUMERICS_PLAIN, DSI_OPT_KV_FP8, other, NULL) != 0);
     /* `fast` numerics is reference's arithmetic with freedom for a device's GEMMs; the CPU
      * backend, the reference, computes it exactly as reference. */
     TEST_ASSERT(run(&g, 0, 0, DSI_OPT_NUMERICS_FAST, other, NULL) == 0);

@@ -884,9 +884,9 @@ int test_cuda_cache_ops(struct test_ctx *t) {
     float *kv = fnorm(&r, n * hd, 1);
     float *dring = dput(ring, sizeof(float) * (size_t)nring),
           *dkv = dput(kv, sizeof(float) * (size_t)(n * hd));
-    struct dsi_kv_store_args ks = {&s.hst, kv, hd, ring};
+    struct dsi_kv_store_args ks = {&s.hst, kv, hd, dsi_kv_rows_f32(ring, (int)hd)};
     g_cpu->ops->kv_store(g_cpu, &ks);
-    ks = (struct dsi_kv_store_args){&s.dst, dkv, hd, dring};
+    ks = (struct dsi_kv_store_args){&s.dst, dkv, hd, dsi_kv_rows_f32(dring, (int)hd)};
     g_gpu->ops->kv_store(g_gpu, &ks);
     TEST_ASSERT(gsync("kv_store") == 0);
     dget(ringg, dring, sizeof(float) * (size_t)nring);
@@ -955,9 +955,11 @@ int test_cuda_cache_ops(struct test_ctx *t) {
         float *pool = fnorm(&r, npool, 1), *poolg = malloc(sizeof(float) * (size_t)npool);
         float *dpool = dput(pool, sizeof(float) * (size_t)npool);
         float *dsrc = dput(oc, sizeof(float) * (size_t)ne * (size_t)W);
-        struct dsi_entry_store_args es = {&s.hst, emit, entry, ne, R, oc, W, pool};
+        struct dsi_entry_store_args es = {&s.hst, emit, entry, ne,
+                                          R,      oc,   W,     dsi_kv_rows_f32(pool, (int)W)};
         g_cpu->ops->entry_store(g_cpu, &es);
-        es = (struct dsi_entry_store_args){&s.dst, demit, dentry, ne, R, dsrc, W, dpool};
+        es = (struct dsi_entry_store_args){&s.dst, demit, dentry, ne,
+                                           R,      dsrc,  W,      dsi_kv_rows_f32(dpool, (int)W)};
         g_gpu->ops->entry_store(g_gpu, &es);
         TEST_ASSERT(gsync("entry_store") == 0);
         dget(poolg, dpool, sizeof(float) * (size_t)npool);
@@ -1071,8 +1073,8 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
                               .out = oc,
                               .n_heads = H,
                               .head_dim = hd,
-                              .ring = ring,
-                              .entries = ent,
+                              .ring = dsi_kv_rows_f32(ring, (int)hd),
+                              .entries = dsi_kv_rows_f32(ent, (int)hd),
                               .ratio = ac->ratio,
                               .sel = sel,
                               .n_sel = nsel,
@@ -1086,8 +1088,8 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     a.st = &s.dst;
     a.q = dq;
     a.out = dout;
-    a.ring = dring;
-    a.entries = dent;
+    a.ring = dsi_kv_rows_f32(dring, (int)hd);
+    a.entries = dsi_kv_rows_f32(dent, (int)hd);
     a.sel = dsel;
     a.n_sel = dnsel;
     a.sinks = &sinks.d;

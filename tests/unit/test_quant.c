@@ -217,3 +217,62 @@ int test_quant_qat_cases(struct test_ctx *t) {
     TEST_ASSERT(n_cases > 50);
     return 0;
 }
+
+/* The cache's FP8 key rows (spec 5.5): values of the [QAT] steps (nope dims Q8 over 64-blocks,
+ * RoPE dims bf16) come back bit for bit; the bytes are the format's (e4m3 codes of the nope dims
+ * times their block's UE8M0 scale, then the RoPE dims as bf16; 576 + 8 bytes a row at V4-Flash's
+ * shapes); and every finite e4m3 code survives dsi_f32_to_e4m3. */
+int test_quant_kv_rows(struct test_ctx *t) {
+    cpu_tables_init();
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue; /* NaN */
+        TEST_ASSERTF(dsi_f32_to_e4m3(dsi_e4m3_to_f32((uint8_t)c)) == c, "e4m3 code 0x%02x", c);
+    }
+    TEST_ASSERT(dsi_f32_to_e4m3(1000.0f) == 0x7e && dsi_f32_to_e4m3(ldexpf(1, -12)) == 0);
+    enum { DIM = 512, ROPE = 64, NOPE = DIM - ROPE, ROWS = 6 };
+    TEST_ASSERT(dsi_kv_row_bytes(DSI_KV_FP8, DIM, ROPE) == 576 && dsi_kv_sc_bytes(DIM, ROPE) == 8);
+    TEST_ASSERT(dsi_kv_row_total(DSI_KV_FP8, DIM, ROPE) == 584);
+    TEST_ASSERT(dsi_kv_row_total(DSI_KV_F32, DIM, ROPE) == 2048);
+    TEST_ASSERT(dsi_kv_fp8_ok(DIM, ROPE) && dsi_kv_fp8_ok(128, 64) && !dsi_kv_fp8_ok(112, 16) &&
+                !dsi_kv_fp8_ok(64, 64) && !dsi_kv_fp8_ok(132, 4));
+    static uint8_t data[ROWS * 576], sc[ROWS * 8];
+    struct dsi_kv_rows k = {data, sc, DSI_KV_FP8, DIM, ROPE};
+    static float v[ROWS][DIM], back[DIM];
+    uint32_t s = t->seed * 2654435761u + 1;
+    for (int r = 0; r < ROWS; r++) {
+        float mag = ldexpf(1.0f, 4 * r - 12); /* 2^-12 .. 2^8: scales far apart */
+        for (int d = 0; d < DIM; d++) {
+            s = s * 1664525u + 1013904223u;
+            float u = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
+            v[r][d] = u * mag * (d % 64 == 5 ? 37.0f : 1.0f); /* an outlier per block */
+        }
+        if (r == 2)
+            for (int d = 64; d < 128; d++)
+                v[r][d] = 0.0f; /* an all-zero block */
+        dsi_q8_roundtrip(v[r], NOPE, 64);
+        for (int d = NOPE; d < DIM; d++)
+            v[r][d] = dsi_bf16_round(v[r][d]);
+        cpu_kv_row_put(&k, r, v[r]);
+    }
+    for (int r = 0; r < ROWS; r++) {
+        const float *g = cpu_kv_row_get(&k, r, back);
+        TEST_ASSERT(g == back);
+        for (int d = 0; d < DIM; d++)
+            TEST_ASSERTF(same_bits(g[d], v[r][d]), "row %d dim %d: %a, stored %a", r, d,
+                         (double)g[d], (double)v[r][d]);
+        for (int d = 0; d < NOPE; d++) /* the bytes, decoded by the spec's rule */
+            TEST_ASSERTF(
+                same_bits(dsi_e4m3_to_f32(data[r * 576 + d]) * dsi_e8m0_to_f32(sc[r * 8 + d / 64]),
+                          v[r][d]),
+                "row %d dim %d: code 0x%02x scale %d", r, d, data[r * 576 + d], sc[r * 8 + d / 64]);
+        for (int d = NOPE; d < DIM; d++) {
+            uint16_t h;
+            memcpy(&h, data + r * 576 + NOPE + 2 * (d - NOPE), 2);
+            TEST_ASSERT(h == dsi_f32_to_bf16(v[r][d]));
+        }
+    }
+    /* F32 rows: the row itself */
+    struct dsi_kv_rows f = dsi_kv_rows_f32(&v[0][0], DIM);
+    TEST_ASSERT(cpu_kv_row_get(&f, 3, back) == v[3]);
+    return 0;
+}

@@ -13,38 +13,46 @@ struct attn_job {
     int64_t max_keys;
 };
 
-/* Fill keys[] with the row's key pointers; returns the count. */
-static int row_keys(const struct dsi_attn_args *a, int r, const float **keys) {
+/* Fill keys[] with the row's keys (F32 rows in place; FP8 rows decoded into dec, one row of
+ * head_dim floats per key); returns the count. */
+static int row_keys(const struct dsi_attn_args *a, int r, const float **keys, float *dec) {
     const struct dsi_step *st = a->st;
     int64_t t = st->pos[r], hd = a->head_dim;
     int slot = st->slot[r], nk = 0;
-    for (int64_t p = t - st->window + 1 > 0 ? t - st->window + 1 : 0; p <= t; p++)
-        keys[nk++] = a->ring + ((int64_t)slot * st->ring_cap + p % st->ring_cap) * hd;
-    if (!a->entries) return nk;
-    if (a->sel) {
-        for (int i = 0; i < a->n_sel[r]; i++)
-            keys[nk++] =
-                a->entries + cpu_paged(st, slot, a->sel[(int64_t)r * a->topk + i], a->ratio, hd);
-    } else {
-        for (int64_t i = 0; i < (t + 1) / a->ratio; i++)
-            keys[nk++] = a->entries + cpu_paged(st, slot, i, a->ratio, hd);
+    for (int64_t p = t - st->window + 1 > 0 ? t - st->window + 1 : 0; p <= t; p++, nk++)
+        keys[nk] = cpu_kv_row_get(&a->ring, (int64_t)slot * st->ring_cap + p % st->ring_cap,
+                                  dec + nk * hd);
+    if (!a->entries.data) return nk;
+    int64_t ne = a->sel ? a->n_sel[r] : (t + 1) / a->ratio;
+    for (int64_t i = 0; i < ne; i++, nk++) {
+        int64_t e = a->sel ? a->sel[(int64_t)r * a->topk + i] : i;
+        keys[nk] = cpu_kv_row_get(&a->entries, cpu_paged(st, slot, e, a->ratio, 1), dec + nk * hd);
     }
     return nk;
+}
+
+/* Decoded key rows a thread needs (FP8 rows), floats. */
+static int64_t dec_floats(const struct dsi_attn_args *a, int64_t max_keys) {
+    bool f8 = a->ring.dtype == DSI_KV_FP8 || (a->entries.data && a->entries.dtype == DSI_KV_FP8);
+    return f8 ? max_keys * a->head_dim : 0;
 }
 
 static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
     struct attn_job *j = ctx;
     const struct dsi_attn_args *a = j->a;
     int64_t hd = a->head_dim;
-    char *scr = cpu_scratch(j->be, tid, j->max_keys * (int64_t)(sizeof(float) + sizeof(float *)));
+    char *scr = cpu_scratch(j->be, tid,
+                            j->max_keys * (int64_t)(sizeof(float) + sizeof(float *)) +
+                                dec_floats(a, j->max_keys) * (int64_t)sizeof(float));
     const float **keys = (const float **)scr; /* pointers first: aligned */
     float *s = (float *)(scr + j->max_keys * (int64_t)sizeof(float *));
+    float *dec = s + j->max_keys;
     int last_r = -1, nk = 0;
     for (int64_t t = t0; t < t1; t++) {
         int r = (int)(t / a->n_heads);
         int64_t h = t % a->n_heads;
         if (r != last_r) {
-            nk = row_keys(a, r, keys);
+            nk = row_keys(a, r, keys, dec);
             last_r = r;
         }
         const float *q = a->q + (r * a->n_heads + h) * hd;
@@ -75,7 +83,7 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
 
 void cpu_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
     int64_t max_keys = a->st->window;
-    if (a->entries) {
+    if (a->entries.data) {
         if (a->sel)
             max_keys += a->topk;
         else

@@ -5,13 +5,52 @@
 #include <math.h>
 #include <string.h>
 
+void cpu_kv_row_put(const struct dsi_kv_rows *k, int64_t i, const float *v) {
+    if (k->dtype == DSI_KV_F32) {
+        memcpy((float *)k->data + i * k->dim, v, (size_t)k->dim * sizeof(float));
+        return;
+    }
+    int nope = k->dim - k->rope;
+    uint8_t *codes = (uint8_t *)k->data + i * dsi_kv_row_bytes(k->dtype, k->dim, k->rope);
+    uint8_t *sc = k->sc + i * dsi_kv_sc_bytes(k->dim, k->rope);
+    for (int b = 0; b < nope; b += 64) {
+        float amax = 0.0f;
+        for (int j = b; j < b + 64; j++)
+            amax = fmaxf(amax, fabsf(v[j]));
+        float s = dsi_ue8m0_scale(amax, DSI_FP8_MAX, 1e-4f);
+        int e;
+        frexpf(s, &e); /* s = 2^(e - 1) */
+        sc[b / 64] = (uint8_t)(e - 1 + 127);
+        for (int j = b; j < b + 64; j++)
+            codes[j] = dsi_f32_to_e4m3(v[j] / s);
+    }
+    uint16_t *rope = (uint16_t *)(codes + nope);
+    for (int j = 0; j < k->rope; j++)
+        rope[j] = dsi_f32_to_bf16(v[nope + j]);
+}
+
+const float *cpu_kv_row_get(const struct dsi_kv_rows *k, int64_t i, float *buf) {
+    if (k->dtype == DSI_KV_F32) return (const float *)k->data + i * k->dim;
+    int nope = k->dim - k->rope;
+    const uint8_t *codes =
+        (const uint8_t *)k->data + i * dsi_kv_row_bytes(k->dtype, k->dim, k->rope);
+    const uint8_t *sc = k->sc + i * dsi_kv_sc_bytes(k->dim, k->rope);
+    for (int b = 0; b < nope; b += 64) {
+        float s = dsi_e8m0_to_f32(sc[b / 64]);
+        for (int j = b; j < b + 64; j++)
+            buf[j] = cpu_e4m3(codes[j]) * s;
+    }
+    const uint16_t *rope = (const uint16_t *)(codes + nope);
+    for (int j = 0; j < k->rope; j++)
+        buf[nope + j] = dsi_bf16_to_f32(rope[j]);
+    return buf;
+}
+
 void cpu_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
     const struct dsi_step *st = a->st;
-    for (int r = 0; r < st->n; r++) {
-        float *dst = a->ring + ((int64_t)st->slot[r] * st->ring_cap + st->pos[r] % st->ring_cap) *
-                                   a->head_dim;
-        memcpy(dst, a->kv + r * a->head_dim, (size_t)a->head_dim * sizeof(float));
-    }
+    for (int r = 0; r < st->n; r++)
+        cpu_kv_row_put(&a->ring, (int64_t)st->slot[r] * st->ring_cap + st->pos[r] % st->ring_cap,
+                       a->kv + r * a->head_dim);
 }
 
 void cpu_comp_ape(struct dsi_backend *be, const struct dsi_comp_ape_args *a) {
@@ -92,9 +131,8 @@ void cpu_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *
     for (int e = 0; e < a->n_emit; e++) {
         int r = a->emit_rows[e];
         if (r < 0) continue; /* padding */
-        float *dst =
-            a->pool + cpu_paged(a->st, a->st->slot[r], a->emit_entry[e], a->ratio, a->width);
-        memcpy(dst, a->src + (int64_t)e * a->width, (size_t)a->width * sizeof(float));
+        cpu_kv_row_put(&a->pool, cpu_paged(a->st, a->st->slot[r], a->emit_entry[e], a->ratio, 1),
+                       a->src + (int64_t)e * a->width);
     }
 }
 

@@ -93,6 +93,7 @@ int dsi_backend_cpu_new(struct dsi_backend **out, int n_threads, struct dsi_err 
     be->ops = &g_cpu_ops;
     be->ctx = c;
     be->name = "cpu";
+    be->kv_fp8 = true;
     *out = be;
     return DSI_OK;
 fail:

@@ -56,6 +56,12 @@ cpu_paged(const struct dsi_step *st, int slot, int64_t i, int ratio, int64_t wid
     int32_t page = st->page_table[(int64_t)slot * st->max_pages + i / per_page];
     return ((int64_t)page * per_page + i % per_page) * width;
 }
+/* Row i of a cache's key rows: store v (FP8: quantised by the row format's rule, exact for the
+ * [QAT] values it is meant for); read it as floats (F32: the row itself; FP8: decoded into
+ * buf[0 .. dim), which is returned). */
+void cpu_kv_row_put(const struct dsi_kv_rows *k, int64_t i, const float *v);
+const float *cpu_kv_row_get(const struct dsi_kv_rows *k, int64_t i, float *buf);
+float cpu_e4m3(uint8_t b); /* the e4m3 code's value (table) */
 void cpu_hadamard_q4(struct dsi_backend *, const struct dsi_hadamard_q4_args *);
 void cpu_embed(struct dsi_backend *, const struct dsi_embed_args *);
 void cpu_add(struct dsi_backend *, const struct dsi_add_args *);

@@ -72,6 +72,16 @@ float dsi_e4m3_round(float x) {
     float y = round_grid(x, 3, -6);
     return y > DSI_FP8_MAX ? DSI_FP8_MAX : y < -DSI_FP8_MAX ? -DSI_FP8_MAX : y;
 }
+uint8_t dsi_f32_to_e4m3(float x) {
+    if (isnan(x)) return 0x7f;
+    float y = dsi_e4m3_round(x), a = fabsf(y);
+    uint8_t s = signbit(y) ? 0x80 : 0;
+    if (a < ldexpf(1.0f, -6)) return (uint8_t)(s | (uint8_t)ldexpf(a, 9)); /* subnormal: m 2^-9 */
+    int e;
+    float f = frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    return (uint8_t)(s | (e - 1 + 7) << 3 | ((int)ldexpf(f, 4) - 8));
+}
+
 float dsi_e2m1_round(float x) {
     float y = round_grid(x, 1, 0);
     return y > DSI_FP4_MAX ? DSI_FP4_MAX : y < -DSI_FP4_MAX ? -DSI_FP4_MAX : y;

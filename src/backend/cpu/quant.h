@@ -15,6 +15,7 @@ float dsi_e8m0_to_f32(uint8_t b);   /* 2^(b-127); 0xFF NaN */
 float dsi_fp4_to_f32(uint8_t code); /* low 4 bits: bit 3 sign, 0,.5,1,1.5,2,3,4,6 */
 float dsi_e4m3_round(float x);      /* nearest e4m3 value, ties to even, saturating at 448 */
 float dsi_e2m1_round(float x);      /* nearest e2m1 value, ties to even, saturating at 6 */
+uint8_t dsi_f32_to_e4m3(float x);   /* the code of dsi_e4m3_round(x) (NaN: 0x7F) */
 
 #define DSI_FP8_MAX 448.0f
 #define DSI_FP4_MAX 6.0f

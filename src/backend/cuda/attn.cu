@@ -205,12 +205,17 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
         cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: head_dim %d (want a multiple of 32, <= 2048)", hd);
         return;
     }
-    if (a->entries && a->ratio <= 0) {
+    if (a->ring.dtype != DSI_KV_F32 || (a->entries.data && a->entries.dtype != DSI_KV_F32)) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: the CUDA backend reads fp32 cache rows only");
+        return;
+    }
+    if (a->entries.data && a->ratio <= 0) {
         cu_fail(c, DSI_ERR_INVALID, "attn: entries with ratio %d", a->ratio);
         return;
     }
     int64_t maxk = st->window;
-    if (a->entries) maxk += a->sel ? a->topk : (int64_t)st->max_pages * st->page_tokens / a->ratio;
+    if (a->entries.data)
+        maxk += a->sel ? a->topk : (int64_t)st->max_pages * st->page_tokens / a->ratio;
     if (maxk < 1) maxk = 1;
     size_t smem = (size_t)(ATT_HG + ATT_TK) * (hd + 4) * 4;
     static size_t smem_set = 0; /* per process: one device kind */
@@ -229,8 +234,8 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.out = a->out;
     p.H = H;
     p.hd = hd;
-    p.ring = a->ring;
-    p.entries = a->entries;
+    p.ring = (const float *)a->ring.data;
+    p.entries = (const float *)a->entries.data;
     p.ratio = a->ratio;
     p.sel = a->sel;
     p.n_sel = a->n_sel;

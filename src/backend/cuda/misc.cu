@@ -142,8 +142,12 @@ __global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float
 extern "C" void cuda_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
+    if (a->ring.dtype != DSI_KV_F32) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "kv_store: the CUDA backend stores fp32 cache rows only");
+        return;
+    }
     cu_launch(c, k_kv_store, GRID1(a->st->n * a->head_dim), cu_step_of(a->st), a->kv, a->head_dim,
-              a->ring);
+              (float *)a->ring.data);
     cu_check(c, "kv_store");
 }
 
@@ -301,7 +305,13 @@ __global__ void k_entry_store(struct cu_step st,
 extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n_emit <= 0) return;
+    if (a->pool.dtype != DSI_KV_F32) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED,
+                "entry_store: the CUDA backend stores fp32 cache rows only");
+        return;
+    }
     cu_launch(c, k_entry_store, GRID1((int64_t)a->n_emit * a->width), cu_step_of(a->st),
-              a->emit_rows, a->emit_entry, a->n_emit, a->ratio, a->src, a->width, a->pool);
+              a->emit_rows, a->emit_entry, a->n_emit, a->ratio, a->src, a->width,
+              (float *)a->pool.data);
     cu_check(c, "entry_store");
 }
