@@ -8,6 +8,7 @@
  * device every test prints "skipped" and passes. */
 #include "cuda_util.h"
 
+#include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/quant.h"
 #include "core/core.h"
 
@@ -869,6 +870,42 @@ static void scen_free(struct scen *s) {
     dfree(s->d_pt);
 }
 
+/* entry_store into FP8 rows (over random bytes, so that stray writes show): the CPU's and the
+ * GPU's bytes, data and scales, the same. */
+static int entry_store8(struct rng *r,
+                        const struct scen *s,
+                        const int32_t *emit,
+                        const int32_t *entry,
+                        const int32_t *demit,
+                        const int32_t *dentry,
+                        int ne,
+                        int R,
+                        const float *src,
+                        const float *dsrc,
+                        int64_t W,
+                        int64_t rows) {
+    int64_t rb = dsi_kv_row_bytes(DSI_KV_FP8, (int)W, 64), sb = dsi_kv_sc_bytes((int)W, 64);
+    size_t nb = (size_t)(rows * (rb + sb));
+    float *junk = fnorm(r, (int64_t)nb / 4 + 1, 1);
+    uint8_t *h = malloc(nb), *g = malloc(nb);
+    memcpy(h, junk, nb);
+    uint8_t *d = dput(h, nb);
+    struct dsi_kv_rows hk = {h, h + rows * rb, DSI_KV_FP8, (int)W, 64};
+    struct dsi_kv_rows dk = {d, d + rows * rb, DSI_KV_FP8, (int)W, 64};
+    struct dsi_entry_store_args es = {&s->hst, emit, entry, ne, R, src, W, hk};
+    g_cpu->ops->entry_store(g_cpu, &es);
+    es = (struct dsi_entry_store_args){&s->dst, demit, dentry, ne, R, dsrc, W, dk};
+    g_gpu->ops->entry_store(g_gpu, &es);
+    int ok = gsync("entry_store fp8") == 0;
+    dget(g, d, nb);
+    ok = ok && same("entry_store fp8", g, h, nb);
+    dfree(d);
+    free(h);
+    free(g);
+    free(junk);
+    return ok;
+}
+
 int test_cuda_cache_ops(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 8);
@@ -891,6 +928,25 @@ int test_cuda_cache_ops(struct test_ctx *t) {
     TEST_ASSERT(gsync("kv_store") == 0);
     dget(ringg, dring, sizeof(float) * (size_t)nring);
     TEST_ASSERT(same("kv_store", ringg, ring, sizeof(float) * (size_t)nring));
+    { /* FP8 rows (any values: the same bytes), over random bytes */
+        int64_t rows = nring / hd, rb = dsi_kv_row_bytes(DSI_KV_FP8, (int)hd, 64);
+        size_t nb = (size_t)(rows * (rb + dsi_kv_sc_bytes((int)hd, 64)));
+        uint8_t *h = malloc(nb), *g = malloc(nb);
+        memcpy(h, ring, nb); /* ring: random floats, more bytes than nb */
+        uint8_t *d = dput(h, nb);
+        struct dsi_kv_rows hk = {h, h + rows * rb, DSI_KV_FP8, (int)hd, 64};
+        struct dsi_kv_rows dk = {d, d + rows * rb, DSI_KV_FP8, (int)hd, 64};
+        ks = (struct dsi_kv_store_args){&s.hst, kv, hd, hk};
+        g_cpu->ops->kv_store(g_cpu, &ks);
+        ks = (struct dsi_kv_store_args){&s.dst, dkv, hd, dk};
+        g_gpu->ops->kv_store(g_gpu, &ks);
+        TEST_ASSERT(gsync("kv_store fp8") == 0);
+        dget(g, d, nb);
+        TEST_ASSERT(same("kv_store fp8", g, h, nb));
+        dfree(d);
+        free(h);
+        free(g);
+    }
     dfree(dring);
     dfree(dkv);
     free(ring);
@@ -964,6 +1020,9 @@ int test_cuda_cache_ops(struct test_ctx *t) {
         TEST_ASSERT(gsync("entry_store") == 0);
         dget(poolg, dpool, sizeof(float) * (size_t)npool);
         TEST_ASSERT(same("entry_store", poolg, pool, sizeof(float) * (size_t)npool));
+        if (dsi_kv_fp8_ok((int)W, 64)) /* FP8 rows (any values: the same bytes) */
+            TEST_ASSERT(
+                entry_store8(&r, &s, emit, entry, demit, dentry, ne, R, oc, dsrc, W, npool / W));
         /* comp_store */
         float *sag = malloc(sizeof(float) * (size_t)nsl),
               *sbg = malloc(sizeof(float) * (size_t)nsl);
@@ -1021,6 +1080,29 @@ static void round_bf16_all(float *x, int64_t n) {
         x[i] = dsi_bf16_round(x[i]);
 }
 
+/* run_attn with FP8 cache rows (g_attn_fp8): the keys made [QAT] values (nope dims Q8 over
+ * 64-blocks, the 64 rope dims bf16), stored in the FP8 format by the CPU's cpu_kv_row_put, the
+ * same bytes on both backends. */
+static int g_attn_fp8;
+#define ATTN_ROPE 64
+
+/* rows of hd values -> host FP8 rows (data, scales), returned with their device copies */
+static struct dsi_kv_rows attn_rows8(float *v, int64_t rows, int hd, struct dsi_kv_rows *dev) {
+    int64_t rb = dsi_kv_row_bytes(DSI_KV_FP8, hd, ATTN_ROPE), sb = dsi_kv_sc_bytes(hd, ATTN_ROPE);
+    struct dsi_kv_rows h = {malloc((size_t)(rows * rb)), malloc((size_t)(rows * sb)), DSI_KV_FP8,
+                            hd, ATTN_ROPE};
+    for (int64_t i = 0; i < rows; i++) {
+        dsi_q8_roundtrip(v + i * hd, hd - ATTN_ROPE, 64);
+        for (int d = hd - ATTN_ROPE; d < hd; d++)
+            v[i * hd + d] = dsi_bf16_round(v[i * hd + d]);
+        cpu_kv_row_put(&h, i, v + i * hd);
+    }
+    *dev = h;
+    dev->data = dput(h.data, (size_t)(rows * rb));
+    dev->sc = dput(h.sc, (size_t)(rows * sb));
+    return h;
+}
+
 static int run_attn(struct rng *r, const struct attn_case *ac) {
     int maxpos = 0;
     for (int q = 0; q < ac->nseq; q++)
@@ -1035,6 +1117,8 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
         round_bf16_all(ring, nring);
         round_bf16_all(q, (int64_t)n * H * hd);
     }
+    struct dsi_kv_rows hr8 = {0}, dr8 = {0}, he8 = {0}, de8 = {0};
+    if (g_attn_fp8) hr8 = attn_rows8(ring, nring / hd, hd, &dr8);
     float *dring = dput(ring, sizeof(float) * (size_t)nring),
           *dq = dput(q, sizeof(float) * (size_t)n * H * hd);
     float *ent = NULL, *dent = NULL;
@@ -1043,6 +1127,7 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
         nent = (int64_t)S * MP * (PT / ac->ratio) * hd;
         ent = fnorm(r, nent, 1);
         if (ac->fast) round_bf16_all(ent, nent);
+        if (g_attn_fp8) he8 = attn_rows8(ent, nent / hd, hd, &de8);
         dent = dput(ent, sizeof(float) * (size_t)nent);
     }
     int32_t *sel = NULL, *nsel = NULL, *dsel = NULL, *dnsel = NULL;
@@ -1084,12 +1169,16 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
                               .round_probs = ac->reference,
                               .round_bf16 = ac->reference,
                               .fast = ac->fast};
+    if (g_attn_fp8) {
+        a.ring = hr8;
+        a.entries = he8;
+    }
     g_cpu->ops->attn(g_cpu, &a);
     a.st = &s.dst;
     a.q = dq;
     a.out = dout;
-    a.ring = dsi_kv_rows_f32(dring, (int)hd);
-    a.entries = dsi_kv_rows_f32(dent, (int)hd);
+    a.ring = g_attn_fp8 ? dr8 : dsi_kv_rows_f32(dring, (int)hd);
+    a.entries = g_attn_fp8 ? de8 : dsi_kv_rows_f32(dent, (int)hd);
     a.sel = dsel;
     a.n_sel = dnsel;
     a.sinks = &sinks.d;
@@ -1100,6 +1189,14 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     dfree(dring);
     dfree(dq);
     dfree(dent);
+    dfree(dr8.data);
+    dfree(dr8.sc);
+    dfree(de8.data);
+    dfree(de8.sc);
+    free(hr8.data);
+    free(hr8.sc);
+    free(he8.data);
+    free(he8.sc);
     dfree(dsel);
     dfree(dnsel);
     dfree(dout);
@@ -1172,6 +1269,26 @@ int test_cuda_attn(struct test_ctx *t) {
         g_gpu = keep;
         g2->ops->free(g2);
     }
+    TEST_ASSERT(ok);
+    /* FP8 cache rows (DSI_CUDA_KV_FP8): every case on the default paths, the fast ones also on
+       the exact / tensor-core kernels (DSI_CUDA_ATTN_FA=0) */
+    g_attn_fp8 = 1;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+        if (tiny_only() && cases[i].H > 4) continue;
+        ok = run_attn(&r, &cases[i]);
+        if (!ok) fprintf(stderr, "attn case %zu with FP8 rows failed\n", i);
+    }
+    struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_FA=0"), *keep = g_gpu;
+    TEST_ASSERT(g2 != NULL);
+    g_gpu = g2;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+        if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
+        ok = run_attn(&r, &cases[i]);
+        if (!ok) fprintf(stderr, "attn case %zu with FP8 rows (DSI_CUDA_ATTN_FA=0) failed\n", i);
+    }
+    g_gpu = keep;
+    g2->ops->free(g2);
+    g_attn_fp8 = 0;
     TEST_ASSERT(ok);
     return 0;
 }

@@ -42,6 +42,20 @@ __device__ __forceinline__ void stage_rows(float *dst, int dstride, int n, int v
     }
 }
 
+/* Keys kh[0 .. n / v4) (attn_kh), dims d0 .. d0 + 4 v4 of each, into dst's rows: F32 rows as
+ * cp.async copies (the caller waits), FP8 rows decoded through registers. */
+__device__ __forceinline__ void stage_keys(
+    const struct attn_p &p, float *dst, int dstride, int n, int v4, int d0, const int64_t *kh) {
+    if (!p.fp8) {
+        stage_rows(dst, dstride, n, v4, [&](int j) { return attn_kptr(p, kh[j]) + d0; });
+        return;
+    }
+    for (int e = (int)threadIdx.x; e < n; e += 256) {
+        int j = e / v4, c = e - j * v4;
+        *(float4 *)(dst + j * dstride + 4 * c) = attn_k4(p, kh[j], d0 / 4 + c);
+    }
+}
+
 /* Two of cpu_dot's sums at once, q rows qa and qb against the key row k (16-byte aligned shared
  * rows, n % 32 == 0): per 32 elements 8 partial sums of every 8th product, added as a tree into
  * the running sum; each sum's operations are cpu_dot's. The key's loads serve both heads. */
@@ -90,7 +104,7 @@ dot2_smem(const float *qa, const float *qb, const float *k, int n, float *sa, fl
 __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
     cu_pdl_enter();
     extern __shared__ float sm[];
-    __shared__ const float *kp[ATT_TK];
+    __shared__ int64_t kp[ATT_TK];
     int hdp = p.hd + 4;
     float *qs = sm, *ks = sm + ATT_HG * hdp;
     int r = p.r0 + blockIdx.x, h0 = blockIdx.y * ATT_HG, j0 = blockIdx.z * ATT_TK;
@@ -102,9 +116,9 @@ __global__ void __launch_bounds__(256) k_attn_scores(struct attn_p p) {
     /* q's copies first: they need no lookup, and fly while the key pointers are found */
     stage_rows(qs, hdp, nh * v4, v4,
                [&](int h) { return p.q + ((int64_t)r * p.H + h0 + h) * p.hd; });
-    if (threadIdx.x < nt) kp[threadIdx.x] = attn_key(p, r, w0, j0 + threadIdx.x);
+    if (threadIdx.x < nt) kp[threadIdx.x] = attn_kh(p, r, w0, j0 + threadIdx.x);
     __syncthreads();
-    stage_rows(ks, hdp, nt * v4, v4, [&](int j) { return kp[j]; });
+    stage_keys(p, ks, hdp, nt * v4, v4, 0, kp);
     cp_wait_all();
     __syncthreads();
     int ha = 2 * (threadIdx.x >> 5), j = threadIdx.x & 31;
@@ -163,7 +177,7 @@ __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
     cu_pdl_enter();
     __shared__ __align__(16) float ks[PV_TK][PV_DS];
     __shared__ float ps[PV_HG][PV_TK];
-    __shared__ const float *kp[2][PV_TK];
+    __shared__ int64_t kp[2][PV_TK];
     int r = p.r0 + blockIdx.x, hb = blockIdx.y * PV_HG, d0 = blockIdx.z * PV_DS;
     int64_t w0;
     int nk = attn_nkeys(p, r, &w0);
@@ -171,11 +185,11 @@ __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
     const float *Sr = p.S + ((int64_t)(r - p.r0) * p.H + hb) * p.maxk;
     float acc = 0.0f;
     if (threadIdx.x < PV_TK && (int)threadIdx.x < nk)
-        kp[0][threadIdx.x] = attn_key(p, r, w0, threadIdx.x) + d0;
+        kp[0][threadIdx.x] = attn_kh(p, r, w0, threadIdx.x);
     __syncthreads();
     for (int j0 = 0, b = 0; j0 < nk; j0 += PV_TK, b ^= 1) {
         int nt = nk - j0 < PV_TK ? nk - j0 : PV_TK;
-        stage_rows(&ks[0][0], PV_DS, nt * (PV_DS / 4), PV_DS / 4, [&](int j) { return kp[b][j]; });
+        stage_keys(p, &ks[0][0], PV_DS, nt * (PV_DS / 4), PV_DS / 4, d0, kp[b]);
 #pragma unroll
         for (int i = 0; i < PV_HG * PV_TK / 256; i++) {
             int e = i * 256 + threadIdx.x, h = e / PV_TK, j = e % PV_TK;
@@ -185,7 +199,7 @@ __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
                 ps[h][j] = 0.0f;
         }
         int jn = j0 + PV_TK + (int)threadIdx.x; /* the next tile's pointers (other buffer) */
-        if (threadIdx.x < PV_TK && jn < nk) kp[b ^ 1][threadIdx.x] = attn_key(p, r, w0, jn) + d0;
+        if (threadIdx.x < PV_TK && jn < nk) kp[b ^ 1][threadIdx.x] = attn_kh(p, r, w0, jn);
         cp_wait_all();
         __syncthreads();
         for (int j = 0; j < nt; j++)
@@ -205,8 +219,8 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
         cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: head_dim %d (want a multiple of 32, <= 2048)", hd);
         return;
     }
-    if (a->ring.dtype != DSI_KV_F32 || (a->entries.data && a->entries.dtype != DSI_KV_F32)) {
-        cu_fail(c, DSI_ERR_UNSUPPORTED, "attn: the CUDA backend reads fp32 cache rows only");
+    if (a->entries.data && a->entries.dtype != a->ring.dtype) {
+        cu_fail(c, DSI_ERR_INVALID, "attn: ring and entries in different formats");
         return;
     }
     if (a->entries.data && a->ratio <= 0) {
@@ -234,8 +248,16 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.out = a->out;
     p.H = H;
     p.hd = hd;
-    p.ring = (const float *)a->ring.data;
-    p.entries = (const float *)a->entries.data;
+    p.fp8 = a->ring.dtype == DSI_KV_FP8;
+    p.ring = p.fp8 ? NULL : (const float *)a->ring.data;
+    p.entries = p.fp8 ? NULL : (const float *)a->entries.data;
+    p.ring8 = p.fp8 ? (const uint8_t *)a->ring.data : NULL;
+    p.ent8 = p.fp8 ? (const uint8_t *)a->entries.data : NULL;
+    p.ring_sc = a->ring.sc;
+    p.ent_sc = a->entries.sc;
+    p.nope = a->ring.dim - a->ring.rope;
+    p.rb = (int)dsi_kv_row_bytes(a->ring.dtype, a->ring.dim, a->ring.rope);
+    p.sb = (int)dsi_kv_sc_bytes(a->ring.dim, a->ring.rope);
     p.ratio = a->ratio;
     p.sel = a->sel;
     p.n_sel = a->n_sel;

@@ -6,12 +6,20 @@
 
 #include "common.cuh"
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 struct attn_p {
     struct cu_step st;
     const float *q;
     float *out;
     int H, hd;
-    const float *ring, *entries;
+    const float *ring, *entries; /* DSI_KV_F32 rows */
+    /* DSI_KV_FP8 rows (fp8; backend.h's dsi_kv_rows): data rows of rb bytes (nope e4m3 codes,
+       then the rope dims as bf16), scale rows of sb bytes */
+    const uint8_t *ring8, *ring_sc, *ent8, *ent_sc;
+    bool fp8;
+    int nope, rb, sb;
     int ratio;
     const int32_t *sel, *n_sel;
     int topk;
@@ -37,15 +45,44 @@ __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t
     return (int)(nk < p.maxk ? nk : p.maxk);
 }
 
-__device__ __forceinline__ const float *attn_key(const struct attn_p &p, int r, int64_t w0, int j) {
+/* Key j of row r as a handle: its row in the ring (>= 0) or in the entries (bit 62 set);
+ * attn_k4 reads it in either format, attn_kptr gives an F32 row's address. */
+#define ATTN_KH_ENT (1LL << 62)
+__device__ __forceinline__ int64_t attn_kh(const struct attn_p &p, int r, int64_t w0, int j) {
     int64_t t = p.st.pos[r];
     int64_t nwin = t - w0 + 1;
     int slot = p.st.slot[r];
-    if (j < nwin) return p.ring + ((int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap) * p.hd;
+    if (j < nwin) return (int64_t)slot * p.st.ring_cap + (w0 + j) % p.st.ring_cap;
     int64_t i = j - nwin;
     if (p.sel) i = p.sel[(int64_t)r * p.topk + i];
-    return p.entries +
-           paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot, i, p.ratio, p.hd);
+    return ATTN_KH_ENT |
+           paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot, i, p.ratio, 1);
+}
+
+__device__ __forceinline__ const float *attn_kptr(const struct attn_p &p, int64_t h) {
+    return (h & ATTN_KH_ENT ? p.entries : p.ring) + (h & (ATTN_KH_ENT - 1)) * p.hd;
+}
+
+/* dims 4c .. 4c + 3 of key h: F32 rows as they are; FP8 rows decoded (e4m3 code x the block's
+ * UE8M0 scale, exact in fp32; the rope dims' bf16 widened) */
+__device__ __forceinline__ float4 attn_k4(const struct attn_p &p, int64_t h, int c) {
+    if (!p.fp8) return __ldg((const float4 *)attn_kptr(p, h) + c);
+    bool ent = (h & ATTN_KH_ENT) != 0;
+    int64_t row = h & (ATTN_KH_ENT - 1);
+    const uint8_t *d = (ent ? p.ent8 : p.ring8) + row * p.rb;
+    int k = 4 * c;
+    if (k < p.nope) {
+        uint32_t w = __ldg((const unsigned int *)(d + k));
+        uint32_t e = __ldg((ent ? p.ent_sc : p.ring_sc) + row * p.sb + k / 64);
+        float s = __uint_as_float(e ? e << 23 : 0x00400000u); /* 2^(e - 127) */
+        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffff), __NV_E4M3);
+        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+        float2 a = __half22float2(*(const __half2 *)&lo), b = __half22float2(*(const __half2 *)&hi);
+        return make_float4(a.x * s, a.y * s, b.x * s, b.y * s);
+    }
+    uint2 u = __ldg((const uint2 *)(d + p.nope + 2 * (k - p.nope)));
+    return make_float4(bf16_to_f32(u.x & 0xffff), bf16_to_f32(u.x >> 16), bf16_to_f32(u.y & 0xffff),
+                       bf16_to_f32(u.y >> 16));
 }
 
 /* The tensor-core score and p.v kernels (attn_tc.cu) for one batch of rows [p.r0, p.r0 + rows);

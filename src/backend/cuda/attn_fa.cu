@@ -61,7 +61,8 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
     return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd).total <= c->smem_optin &&
            (uintptr_t)p->q % 16 == 0 && (uintptr_t)p->ring % 16 == 0 &&
-           (uintptr_t)p->entries % 16 == 0 && (uintptr_t)p->out % 16 == 0;
+           (uintptr_t)p->entries % 16 == 0 && (uintptr_t)p->out % 16 == 0 &&
+           (uintptr_t)p->ring8 % 8 == 0 && (uintptr_t)p->ent8 % 8 == 0 && p->rb % 8 == 0;
 }
 
 /* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)
@@ -80,7 +81,7 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
     float(*Sp)[FA_HB][FA_LS] = (float(*)[FA_HB][FA_LS])(base + L.sp);
     uint16_t *Ps = (uint16_t *)(base + L.pr);
     float *Ms = (float *)(base + L.st), *Ls = Ms + FA_HB, *Fs = Ls + FA_HB;
-    const float **Kp = (const float **)(base + L.kp); /* [2][16]: the rows of tiles t, t + 1 */
+    int64_t *Kp = (int64_t *)(base + L.kp); /* [2][16]: the keys (attn_kh) of tiles t, t + 1 */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp & 3, wn = warp >> 2;
     int g = lane >> 2, t4 = lane & 3;
     int r = blockIdx.x, h0 = blockIdx.y * FA_HB;
@@ -119,21 +120,18 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
      * up by lanes 0..15 of warp 0 two tiles ahead, kept in a register for a tile and written to
      * Kp before the barrier after which that tile's loads are issued: the chain's latency is
      * hidden behind a tile's work. */
-    auto key_row = [&](int jj) {
-        return jj < nk ? attn_key(p, r, w0, jj) : (const float *)nullptr;
-    };
+    auto key_row = [&](int jj) { return jj < nk ? attn_kh(p, r, w0, jj) : (int64_t)-1; };
     if (tid < 2 * FA_KT) Kp[tid] = key_row(t0 * FA_KT + tid);
-    const float *nrow = nullptr;
+    int64_t nrow = -1;
     float4 kr[NV];
     /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 */
     auto load = [&](int lt) { /* lt: the tile's index in the block's range */
-                              const float **kp = Kp + (lt & 1) * FA_KT;
+                              const int64_t *kp = Kp + (lt & 1) * FA_KT;
 #pragma unroll
                               for (int v = 0; v < NV; v++) {
                                   int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
-                                  const float *kq = kp[j];
-                                  kr[v] =
-                                      kq ? __ldg((const float4 *)kq + c) : make_float4(0, 0, 0, 0);
+                                  int64_t kq = kp[j];
+                                  kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
                               }
     };
     float acc[NT][4];

@@ -33,7 +33,8 @@ static size_t pv_smem(void) { return (size_t)2 * (AT_HB * PV_LDP + PV_KC * PV_LD
 
 bool attn_tc_ok(const struct attn_p *p) {
     return p->hd % PV_DB == 0 && p->hd <= 512 && (uintptr_t)p->q % 16 == 0 &&
-           (uintptr_t)p->ring % 16 == 0 && (uintptr_t)p->entries % 16 == 0;
+           (uintptr_t)p->ring % 16 == 0 && (uintptr_t)p->entries % 16 == 0 &&
+           (uintptr_t)p->ring8 % 8 == 0 && (uintptr_t)p->ent8 % 8 == 0 && p->rb % 8 == 0;
 }
 
 /* grid (rows, heads / 64). */
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(AT_T, 2) k_attn_scores_tc(struct attn_p p) {
 #pragma unroll
         for (int v = 0; v < 4; v++) {
             int idx = tid + v * AT_T, j = idx >> 4, q4 = idx & 15, jj = tile * AT_KT + j;
-            kr[v] = jj < nk ? __ldg((const float4 *)(attn_key(p, r, w0, jj) + ch * AT_DC) + q4)
+            kr[v] = jj < nk ? attn_k4(p, attn_kh(p, r, w0, jj), ch * AT_DC / 4 + q4)
                             : make_float4(0, 0, 0, 0);
         }
     };
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(AT_T, 2) k_attn_pv_tc(struct attn_p p) {
 #pragma unroll
         for (int v = 0; v < 4; v++) { /* keys: 32 x 128 dims */
             int idx = tid + v * AT_T, j = idx >> 5, q4 = idx & 31;
-            vr[v] = j0 + j < nk ? __ldg((const float4 *)(attn_key(p, r, w0, j0 + j) + d0) + q4)
+            vr[v] = j0 + j < nk ? attn_k4(p, attn_kh(p, r, w0, j0 + j), d0 / 4 + q4)
                                 : make_float4(0, 0, 0, 0);
         }
     };

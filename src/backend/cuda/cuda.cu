@@ -608,6 +608,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     be->ops = c->prof ? &g_cuda_prof_ops : &g_cuda_ops;
     be->ctx = c;
     be->name = "cuda";
+    /* FP8 cache rows (misc.cu's stores, attn.cuh's attn_k4): off until the op tests and a
+       benchmark have run on a device (DSI_CUDA_KV_FP8=1: the engine's auto format takes them) */
+    const char *k8 = getenv("DSI_CUDA_KV_FP8");
+    be->kv_fp8 = k8 && *k8 == '1';
     *out = be;
     return DSI_OK;
 }

@@ -4,6 +4,7 @@
 #include "common.cuh"
 
 #include <algorithm>
+#include <cuda_fp8.h>
 
 #define GRID1(t) (unsigned)cu_div_up((t), 256), 256, 0
 
@@ -139,11 +140,60 @@ __global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float
     ring[((int64_t)st.slot[r] * st.ring_cap + st.pos[r] % st.ring_cap) * hd + d] = kv[t];
 }
 
+/* FP8 key rows (backend.h's dsi_kv_rows): one block of 128 threads per row; warp w quantises
+ * the nope dims' 64-blocks w, w + 4, ... (two values a lane; the scale by dsi_ue8m0_scale's
+ * rule on the block's absolute maximum, the codes rounded to nearest even as dsi_f32_to_e4m3:
+ * bit for bit the CPU's bytes), then the rope dims as bf16. dst_row(r): the row's index in the
+ * store, < 0 for none. */
+struct kv8_dst {
+    uint8_t *data, *sc;
+    int nope, rope, rb, sb;
+};
+static kv8_dst kv8_of(const struct dsi_kv_rows *k) {
+    kv8_dst d = {(uint8_t *)k->data,
+                 k->sc,
+                 k->dim - k->rope,
+                 k->rope,
+                 (int)dsi_kv_row_bytes(k->dtype, k->dim, k->rope),
+                 (int)dsi_kv_sc_bytes(k->dim, k->rope)};
+    return d;
+}
+__device__ void kv8_put(const kv8_dst &d, int64_t row, const float *v) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *codes = d.data + row * d.rb;
+    for (int b = warp; b < d.nope / 64; b += 4) {
+        float x0 = v[64 * b + 2 * lane], x1 = v[64 * b + 2 * lane + 1];
+        float amax = fmaxf(fabsf(x0), fabsf(x1));
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (!(amax >= 1e-4f)) amax = 1e-4f;
+        uint32_t u = __float_as_uint(amax / 448.0f);
+        int e = (int)((u >> 23) & 0xff) - 127 + ((u & 0x7fffffu) ? 1 : 0);
+        float inv = __uint_as_float((uint32_t)(127 - e) << 23); /* 2^-e, e in [-22, 127) */
+        __nv_fp8x2_storage_t c2 =
+            __nv_cvt_float2_to_fp8x2(make_float2(x0 * inv, x1 * inv), __NV_SATFINITE, __NV_E4M3);
+        *(uint16_t *)(codes + 64 * b + 2 * lane) = (uint16_t)c2;
+        if (lane == 0) d.sc[row * d.sb + b] = (uint8_t)(e + 127);
+    }
+    uint16_t *rope = (uint16_t *)(codes + d.nope);
+    for (int j = threadIdx.x; j < d.rope; j += blockDim.x)
+        rope[j] = (uint16_t)(__float_as_uint(bf16_round(v[d.nope + j])) >> 16);
+}
+
+__global__ void __launch_bounds__(128)
+    k_kv_store8(struct cu_step st, const float *kv, int64_t hd, kv8_dst d) {
+    cu_pdl_enter();
+    int r = blockIdx.x;
+    kv8_put(d, (int64_t)st.slot[r] * st.ring_cap + st.pos[r] % st.ring_cap, kv + r * hd);
+}
+
 extern "C" void cuda_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
-    if (a->ring.dtype != DSI_KV_F32) {
-        cu_fail(c, DSI_ERR_UNSUPPORTED, "kv_store: the CUDA backend stores fp32 cache rows only");
+    if (a->ring.dtype == DSI_KV_FP8) {
+        cu_launch(c, k_kv_store8, dim3(a->st->n), 128, 0, cu_step_of(a->st), a->kv, a->head_dim,
+                  kv8_of(&a->ring));
+        cu_check(c, "kv_store");
         return;
     }
     cu_launch(c, k_kv_store, GRID1(a->st->n * a->head_dim), cu_step_of(a->st), a->kv, a->head_dim,
@@ -302,12 +352,28 @@ __global__ void k_entry_store(struct cu_step st,
          d] = src[t];
 }
 
+__global__ void __launch_bounds__(128) k_entry_store8(struct cu_step st,
+                                                      const int32_t *emit_rows,
+                                                      const int32_t *emit_entry,
+                                                      int ratio,
+                                                      const float *src,
+                                                      int64_t width,
+                                                      kv8_dst d) {
+    cu_pdl_enter();
+    int e = blockIdx.x, r = emit_rows[e];
+    if (r < 0) return; /* padding */
+    kv8_put(d,
+            paged(st.page_table, st.max_pages, st.page_tokens, st.slot[r], emit_entry[e], ratio, 1),
+            src + (int64_t)e * width);
+}
+
 extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n_emit <= 0) return;
-    if (a->pool.dtype != DSI_KV_F32) {
-        cu_fail(c, DSI_ERR_UNSUPPORTED,
-                "entry_store: the CUDA backend stores fp32 cache rows only");
+    if (a->pool.dtype == DSI_KV_FP8) {
+        cu_launch(c, k_entry_store8, dim3(a->n_emit), 128, 0, cu_step_of(a->st), a->emit_rows,
+                  a->emit_entry, a->ratio, a->src, a->width, kv8_of(&a->pool));
+        cu_check(c, "entry_store");
         return;
     }
     cu_launch(c, k_entry_store, GRID1((int64_t)a->n_emit * a->width), cu_step_of(a->st),
