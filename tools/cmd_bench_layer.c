@@ -56,6 +56,7 @@
 #include "bench_leave.h"
 #include "cache/kv.h"
 #include "core/core.h"
+#include "dsinfer.h"
 #include "model/forward.h"
 #ifdef DSI_CUDA
 #include "backend/cuda/peak.h"
@@ -188,16 +189,24 @@ static double expert_elems(const struct dsi_layer_w *L) {
     return telems(&L->ew1[0]) + telems(&L->ew2[0]) + telems(&L->ew3[0]);
 }
 
-/* Cache bytes one row at position t reads in layer il (fp32 rows). */
+/* The cache's key-row format (--kv-cache, resolved once the backend exists). */
+static int g_kvd = DSI_KV_F32;
+static int64_t key_row_bytes(const struct dsi_config *c) {
+    return dsi_kv_row_total(g_kvd, (int)c->head_dim,
+                            g_kvd == DSI_KV_FP8 ? (int)c->qk_rope_head_dim : 0);
+}
+
+/* Cache bytes one row at position t reads in layer il (key rows in g_kvd's format, fp32
+ * indexer keys). */
 static int64_t cache_bytes(const struct dsi_config *c, int il, int64_t t) {
     const struct dsi_layer_info *li = &c->layers[il];
-    int64_t hd = c->head_dim, win = DSI_MIN(t + 1, (int64_t)c->sliding_window);
-    int64_t b = win * hd * 4;
+    int64_t rb = key_row_bytes(c), win = DSI_MIN(t + 1, (int64_t)c->sliding_window);
+    int64_t b = win * rb;
     if (li->kind == DSI_ATTN_CSA) {
         int64_t vis = (t + 1) / li->ratio;
-        b += DSI_MIN(vis, (int64_t)c->index_topk) * hd * 4 + vis * c->index_head_dim * 4;
+        b += DSI_MIN(vis, (int64_t)c->index_topk) * rb + vis * c->index_head_dim * 4;
     } else if (li->ratio) {
-        b += (t + 1) / li->ratio * hd * 4;
+        b += (t + 1) / li->ratio * rb;
     }
     return b;
 }
@@ -238,15 +247,16 @@ static double kv_pool_bytes(const struct dsi_config *c,
         }
     int64_t page = l * ((256 + l - 1) / l), pages = (max_ctx + page - 1) / page;
     double S = (double)seqs, n_pages = (double)pages * S, hd = c->head_dim;
+    double krow = (double)key_row_bytes(c) / 4; /* a key row, in floats */
     double ihd = c->index_head_dim, ring = c->sliding_window - 1 + (double)max_rows;
     double f = S * (double)pages; /* page table (int32) */
     for (int i = 0; i < n; i++) {
-        f += S * ring * hd;
+        f += S * ring * krow;
         if (!ratios[i]) continue;
         bool csa = kinds[i] == DSI_ATTN_CSA;
         double slots = (csa ? 2 : 1) * ratios[i], width = (csa ? 2 : 1) * hd;
         double per_page = (double)(page / ratios[i]);
-        f += 2 * S * slots * width + n_pages * per_page * hd;
+        f += 2 * S * slots * width + n_pages * per_page * krow;
         if (csa) f += 2 * S * slots * 2 * ihd + n_pages * per_page * ihd;
     }
     return f * 4;
@@ -318,6 +328,8 @@ static void usage(FILE *f) {
         "                         step of a shape runs eagerly, the second is captured)\n"
         "  --numerics plain|reference|fast   (default plain; fast: reference rounding, tensor "
         "cores)\n"
+        "  --kv-cache auto|f32|fp8   the cache's key rows (default auto: fp8 where the numerics\n"
+        "                         and the backend have it; the bytes roofline counts their bytes)\n"
         "  --no-split             leave out the per-layer, MoE and head timings and the "
         "projection\n"
         "  --prefill N            prefill a prompt of N tokens (default 8192; 0 = no prefill)\n"
@@ -631,7 +643,7 @@ static int decode_ctx(struct bench *b,
     int32_t *tok = NULL, *pos = NULL, *slot = NULL;
     int rc = DSI_OK;
     if (S > 0) {
-        struct dsi_kv_opts ko = {.max_seqs = S, .max_ctx = max_ctx, .max_rows = 1};
+        struct dsi_kv_opts ko = {.max_seqs = S, .max_ctx = max_ctx, .max_rows = 1, .dtype = g_kvd};
         rc = dsi_kv_new(&kv, c, b->be, &ko, err);
         if (rc == DSI_ERR_NOMEM) {
             printf("# context %lld: %s: skipped\n", (long long)ctx, err->msg);
@@ -942,7 +954,7 @@ prefill(struct bench *b, int P, int chunk, int reps, struct pre_res *out, struct
     }
     struct dsi_kv *kv = NULL;
     struct dsi_fwd *f = NULL;
-    struct dsi_kv_opts ko = {.max_seqs = 1, .max_ctx = P + 1, .max_rows = chunk};
+    struct dsi_kv_opts ko = {.max_seqs = 1, .max_ctx = P + 1, .max_rows = chunk, .dtype = g_kvd};
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)P), *pos = malloc(sizeof(int32_t) * (size_t)P);
     int32_t *slot = calloc((size_t)chunk, sizeof(int32_t));
     double *ts = calloc((size_t)reps, sizeof(double));
@@ -1066,7 +1078,8 @@ print_targets(const struct bench *b, const struct res *rs, int n, const struct p
 int cmd_bench_layer(int argc, char **argv) {
     const char *dir = NULL, *backend = "cuda", *hf_path = NULL;
     int64_t batches[MAX_LIST] = {1, 2, 4, 8, 16, 32, 64, 128, 256}, ctxs[MAX_LIST] = {4096};
-    int nb = 9, nc = 1, prefill_n = 8192, prefill_chunk = 0, prefill_reps = 2, fp8_size = 8192;
+    int nb = 9, nc = 1, prefill_n = 8192, prefill_chunk = 0, prefill_reps = 2, fp8_size = 8192,
+        kv_opt = DSI_OPT_KV_AUTO;
     double fp8_given = 0;
     struct bench b = {.steps = 10,
                       .warmup = 2,
@@ -1132,6 +1145,8 @@ int cmd_bench_layer(int argc, char **argv) {
                 b.steps = (int)x;
             else
                 prefill_reps = (int)x;
+        } else if (!strcmp(a, "--kv-cache")) {
+            if (args_kv_cache("bench layer", v, &kv_opt)) return 2;
         } else if (!strcmp(a, "--numerics")) {
             int num;
             if (args_numerics("bench layer", v, &num)) return 2;
@@ -1229,6 +1244,20 @@ int cmd_bench_layer(int argc, char **argv) {
     if (dsi_model_import(b.m, b.be, &err) || b.be->ops->sync(b.be, &err)) goto fail;
     t_load = dsi_time_s() - t_load;
     b.c = &b.m->cfg;
+    {
+        bool qat = b.num != DSI_NUMERICS_PLAIN,
+             fits = dsi_kv_fp8_ok((int)b.c->head_dim, (int)b.c->qk_rope_head_dim);
+        if (kv_opt == DSI_OPT_KV_FP8 && !(qat && fits && b.be->kv_fp8)) {
+            dsi_errf(&err, DSI_ERR_INVALID,
+                     "--kv-cache fp8: needs reference or fast numerics, a config whose nope dims "
+                     "are 64-blocks and a backend with FP8 rows (cuda: DSI_CUDA_KV_FP8=1)");
+            goto fail;
+        }
+        g_kvd =
+            kv_opt == DSI_OPT_KV_FP8 || (kv_opt == DSI_OPT_KV_AUTO && qat && fits && b.be->kv_fp8)
+                ? DSI_KV_FP8
+                : DSI_KV_F32;
+    }
     b.L = b.c->num_hidden_layers;
     const struct dsi_config *c = b.c;
     for (int il = 0; il < b.L; il++) {
@@ -1326,10 +1355,11 @@ int cmd_bench_layer(int argc, char **argv) {
     for (int il = 0; il < b.L; il++)
         printf("%s%s%s", il ? ", " : "", kind_name(c->layers[il].kind),
                c->layers[il].hash_routed ? "/hash" : "");
-    printf("), backend %s, numerics %s\n", b.be->name,
+    printf("), backend %s, numerics %s, kv cache %s\n", b.be->name,
            b.num == DSI_NUMERICS_REFERENCE ? "reference"
            : b.num == DSI_NUMERICS_FAST    ? "fast"
-                                           : "plain");
+                                           : "plain",
+           g_kvd == DSI_KV_FP8 ? "fp8" : "f32");
     printf("# device: %s\n", dev[0] ? dev : "?");
     printf(
         "# load+import %.1f s; copy bandwidth %.0f GB/s (read+write); download to host %.1f GB/s; "
