@@ -91,26 +91,25 @@ int args_float(const char *cmd, const char *opt, const char *v, double *out) {
     return 0;
 }
 
-int args_kv_cache(const char *cmd, const char *v, int *out) {
-    static const char *names[] = {"auto", "f32", "fp8"}; /* enum dsi_kv_cache_opt */
+/* v as the index of one of three names (an enum's values 0, 1, 2); a message and -1 otherwise */
+static int
+args_pick3(const char *cmd, const char *flag, const char *const names[3], const char *v, int *out) {
     for (int i = 0; i < 3; i++)
         if (v && !strcmp(v, names[i])) {
             *out = i;
             return 0;
         }
-    fprintf(stderr, "dsinfer %s: --kv-cache: want auto, f32 or fp8, got '%s'\n", cmd,
-            v ? v : "(nothing)");
+    fprintf(stderr, "dsinfer %s: %s: want %s, %s or %s, got '%s'\n", cmd, flag, names[0], names[1],
+            names[2], v ? v : "(nothing)");
     return -1;
 }
 
+int args_kv_cache(const char *cmd, const char *v, int *out) {
+    static const char *const names[3] = {"auto", "f32", "fp8"}; /* enum dsi_kv_cache_opt */
+    return args_pick3(cmd, "--kv-cache", names, v, out);
+}
+
 int args_numerics(const char *cmd, const char *v, int *out) {
-    static const char *names[] = {"plain", "reference", "fast"}; /* enum dsi_numerics_opt */
-    for (int i = 0; i < 3; i++)
-        if (v && !strcmp(v, names[i])) {
-            *out = i;
-            return 0;
-        }
-    fprintf(stderr, "dsinfer %s: --numerics: want plain, reference or fast, got '%s'\n", cmd,
-            v ? v : "(nothing)");
-    return -1;
+    static const char *const names[3] = {"plain", "reference", "fast"}; /* enum dsi_numerics_opt */
+    return args_pick3(cmd, "--numerics", names, v, out);
 }
