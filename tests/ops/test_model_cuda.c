@@ -204,6 +204,22 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
                          "%s %s: CUDA chunk %d differs from the whole-prompt CUDA logits", name, pn,
                          chunks[i]);
         }
+        if (num && !getenv("DSI_CUDA_KV_FP8")) {
+            /* FP8 cache rows (DSI_CUDA_KV_FP8=1: the engine's auto format takes them) hold the
+               reference values exactly: the same logits bit for bit, whole and at chunk 1 */
+            int rc8[2], same8[2];
+            setenv("DSI_CUDA_KV_FP8", "1", 1);
+            for (int ch = 0; ch < 2; ch++) {
+                rc8[ch] = engine_logits(model, "cuda", num, ch, &ps, o, NULL);
+                same8[ch] = !rc8[ch] && !memcmp(o, g, sizeof(float) * (size_t)n);
+            }
+            unsetenv("DSI_CUDA_KV_FP8");
+            TEST_ASSERT(rc8[0] == 0 && rc8[1] == 0);
+            TEST_ASSERTF(same8[0] && same8[1],
+                         "%s %s: CUDA with FP8 cache rows differs from fp32 rows (whole %d, chunk "
+                         "1 %d)",
+                         name, pn, same8[0], same8[1]);
+        }
     }
     for (int i = 0; i < ps.n; i++)
         free(ps.p[i]);
