@@ -196,15 +196,19 @@ static int64_t key_row_bytes(const struct dsi_config *c) {
                             g_kvd == DSI_KV_FP8 ? (int)c->qk_rope_head_dim : 0);
 }
 
-/* Cache bytes one row at position t reads in layer il (key rows in g_kvd's format, fp32
- * indexer keys). */
+static int64_t index_row_bytes(const struct dsi_config *c) {
+    return dsi_kv_row_total(dsi_kv_ikey_dtype(c, g_kvd), (int)c->index_head_dim, 0);
+}
+
+/* Cache bytes one row at position t reads in layer il (key rows and indexer keys in g_kvd's
+ * formats). */
 static int64_t cache_bytes(const struct dsi_config *c, int il, int64_t t) {
     const struct dsi_layer_info *li = &c->layers[il];
     int64_t rb = key_row_bytes(c), win = DSI_MIN(t + 1, (int64_t)c->sliding_window);
     int64_t b = win * rb;
     if (li->kind == DSI_ATTN_CSA) {
         int64_t vis = (t + 1) / li->ratio;
-        b += DSI_MIN(vis, (int64_t)c->index_topk) * rb + vis * c->index_head_dim * 4;
+        b += DSI_MIN(vis, (int64_t)c->index_topk) * rb + vis * index_row_bytes(c);
     } else if (li->ratio) {
         b += (t + 1) / li->ratio * rb;
     }
@@ -257,7 +261,7 @@ static double kv_pool_bytes(const struct dsi_config *c,
         double slots = (csa ? 2 : 1) * ratios[i], width = (csa ? 2 : 1) * hd;
         double per_page = (double)(page / ratios[i]);
         f += 2 * S * slots * width + n_pages * per_page * krow;
-        if (csa) f += 2 * S * slots * 2 * ihd + n_pages * per_page * ihd;
+        if (csa) f += 2 * S * slots * 2 * ihd + n_pages * per_page * (double)index_row_bytes(c) / 4;
     }
     return f * 4;
 }

@@ -233,25 +233,37 @@ struct dsi_step {
  * dsi_kv_sc_bytes) sit in a parallel array, row i's at sc + i * dsi_kv_sc_bytes. The spec's
  * paged layout keeps each page's scale rows after its data rows; one array beside the data
  * holds the same bytes (584 a row at V4-Flash's shapes) with one base pointer each. */
-enum dsi_kv_dtype { DSI_KV_F32 = 0, DSI_KV_FP8 = 1 };
+enum dsi_kv_dtype { DSI_KV_F32 = 0, DSI_KV_FP8 = 1, DSI_KV_FP4 = 2 };
+/* DSI_KV_FP4 (the indexer keys beside FP8 rows; spec 5.4's "FP4 index keys", 4.6: they are
+ * Q4(32) values after the Hadamard rotation): a row is its dims as e2m1 codes, two a byte (low
+ * nibble first; 64 bytes at index_head_dim 128), its UE8M0 scales one byte per 32 dims (padded to
+ * a multiple of 4: 68 bytes a row with them) in the parallel array. */
 struct dsi_kv_rows {
-    void *data;  /* F32: float [rows][dim]; FP8: uint8_t [rows][dsi_kv_row_bytes]; NULL: none */
-    uint8_t *sc; /* FP8: [rows][dsi_kv_sc_bytes]; F32: NULL */
-    int dtype, dim, rope;
+    void
+        *data; /* F32: float [rows][dim]; FP8 / FP4: uint8_t [rows][dsi_kv_row_bytes]; NULL: none */
+    uint8_t *sc;          /* FP8 / FP4: [rows][dsi_kv_sc_bytes]; F32: NULL */
+    int dtype, dim, rope; /* rope: FP8's trailing bf16 dims (0 otherwise) */
 };
-static inline int64_t dsi_kv_sc_bytes(int dim, int rope) { return ((dim - rope) / 64 + 7) / 8 * 8; }
+static inline int64_t dsi_kv_sc_bytes(int dtype, int dim, int rope) {
+    return dtype == DSI_KV_FP8   ? ((dim - rope) / 64 + 7) / 8 * 8
+           : dtype == DSI_KV_FP4 ? (dim / 32 + 3) / 4 * 4
+                                 : 0;
+}
 static inline int64_t dsi_kv_row_bytes(int dtype, int dim, int rope) {
-    return dtype == DSI_KV_FP8 ? (int64_t)(dim - rope) + 2 * (int64_t)rope : 4 * (int64_t)dim;
+    return dtype == DSI_KV_FP8   ? (int64_t)(dim - rope) + 2 * (int64_t)rope
+           : dtype == DSI_KV_FP4 ? (int64_t)dim / 2
+                                 : 4 * (int64_t)dim;
 }
 /* Bytes per row with the scales (the pool's sizing). */
 static inline int64_t dsi_kv_row_total(int dtype, int dim, int rope) {
-    return dsi_kv_row_bytes(dtype, dim, rope) +
-           (dtype == DSI_KV_FP8 ? dsi_kv_sc_bytes(dim, rope) : 0);
+    return dsi_kv_row_bytes(dtype, dim, rope) + dsi_kv_sc_bytes(dtype, dim, rope);
 }
 /* FP8 rows need: nope dims a positive multiple of 64, rope dims a multiple of 8. */
 static inline bool dsi_kv_fp8_ok(int dim, int rope) {
     return rope >= 0 && rope % 8 == 0 && dim - rope >= 64 && (dim - rope) % 64 == 0;
 }
+/* FP4 rows need dims a positive multiple of 32. */
+static inline bool dsi_kv_fp4_ok(int dim) { return dim >= 32 && dim % 32 == 0; }
 static inline struct dsi_kv_rows dsi_kv_rows_f32(float *p, int dim) {
     struct dsi_kv_rows r = {p, NULL, DSI_KV_F32, dim, 0};
     return r;
@@ -263,7 +275,8 @@ struct dsi_layer_cache {
     float *slot_a, *slot_b;     /* [max_seqs, n_slots, comp_width] compressor token slots */
     struct dsi_kv_rows entries; /* [n_pages, page_tokens / ratio] rows of head_dim */
     float *islot_a, *islot_b;   /* [max_seqs, n_slots, 2 * index_head_dim] (CSA) */
-    float *ikeys;               /* [n_pages, page_tokens / ratio, index_head_dim] (CSA) */
+    struct dsi_kv_rows ikeys;   /* [n_pages, page_tokens / ratio] rows of index_head_dim (CSA;
+                                   FP4 beside FP8 key rows, else F32) */
     int ratio, n_slots, comp_width;
 };
 
@@ -351,7 +364,7 @@ struct dsi_indexer_args {
     const float *q; /* [n, n_heads, head_dim] */
     const float *w; /* [n, n_heads] */
     int64_t n_heads, head_dim;
-    const float *keys; /* paged pool [n_pages, page_tokens / ratio, head_dim] */
+    struct dsi_kv_rows keys; /* paged pool [n_pages, page_tokens / ratio] rows (read only) */
     int ratio;
     float score_scale, w_scale;
     int topk;

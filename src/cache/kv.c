@@ -14,14 +14,19 @@ static float *kalloc(struct dsi_kv *kv, int64_t n_floats, bool *ok) {
 }
 
 /* rows of dim values in the pool's key-row format (dsi_kv_rows; FP8: data and scales) */
-static struct dsi_kv_rows rows_alloc(struct dsi_kv *kv, int64_t rows, int dim, bool *ok) {
-    int rope = kv->cfg->qk_rope_head_dim;
-    struct dsi_kv_rows r = {NULL, NULL, kv->dtype, dim, kv->dtype == DSI_KV_FP8 ? rope : 0};
-    int64_t rb = dsi_kv_row_bytes(r.dtype, dim, r.rope);
-    r.data = kalloc(kv, rows * rb / 4, ok);
-    if (r.dtype == DSI_KV_FP8)
-        r.sc = (uint8_t *)kalloc(kv, rows * dsi_kv_sc_bytes(dim, rope) / 4, ok);
+static struct dsi_kv_rows
+rows_alloc(struct dsi_kv *kv, int64_t rows, int dtype, int dim, int rope, bool *ok) {
+    struct dsi_kv_rows r = {NULL, NULL, dtype, dim, rope};
+    r.data = kalloc(kv, rows * dsi_kv_row_bytes(dtype, dim, rope) / 4, ok);
+    if (dtype != DSI_KV_F32)
+        r.sc = (uint8_t *)kalloc(kv, rows * dsi_kv_sc_bytes(dtype, dim, rope) / 4, ok);
     return r;
+}
+
+/* The indexer keys' format beside key rows of format dtype: FP4 beside FP8 (where the width
+ * is made of 32-blocks: the [QAT] Q4 blocks), else F32. */
+int dsi_kv_ikey_dtype(const struct dsi_config *cfg, int dtype) {
+    return dtype == DSI_KV_FP8 && dsi_kv_fp4_ok((int)cfg->index_head_dim) ? DSI_KV_FP4 : DSI_KV_F32;
 }
 
 int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n) {
@@ -43,7 +48,8 @@ int64_t dsi_kv_page_bytes(const struct dsi_config *cfg, int dtype) {
         if (!li->ratio) continue;
         int64_t per = pt / li->ratio;
         b += per * dsi_kv_row_total(dtype, (int)cfg->head_dim, (int)cfg->qk_rope_head_dim);
-        if (li->kind == DSI_ATTN_CSA) b += per * cfg->index_head_dim * 4;
+        if (li->kind == DSI_ATTN_CSA)
+            b += per * dsi_kv_row_total(dsi_kv_ikey_dtype(cfg, dtype), (int)cfg->index_head_dim, 0);
     }
     return b;
 }
@@ -83,10 +89,11 @@ int dsi_kv_new(struct dsi_kv **out,
     kv->pt_dev = ok ? be->ops->alloc(be, (size_t)kv->max_seqs * (size_t)kv->max_pages * 4) : NULL;
     ok = ok && kv->pt_dev;
     int64_t S = kv->max_seqs, hd = cfg->head_dim, ihd = cfg->index_head_dim;
+    int rope = kv->dtype == DSI_KV_FP8 ? (int)cfg->qk_rope_head_dim : 0;
     for (int il = 0; ok && il < cfg->n_layers_total; il++) {
         struct dsi_layer_cache *L = &kv->layers[il];
         const struct dsi_layer_info *li = &cfg->layers[il];
-        L->ring = rows_alloc(kv, S * kv->ring_cap, (int)hd, &ok);
+        L->ring = rows_alloc(kv, S * kv->ring_cap, kv->dtype, (int)hd, rope, &ok);
         L->ratio = li->ratio;
         if (!li->ratio) continue;
         bool csa = li->kind == DSI_ATTN_CSA;
@@ -95,11 +102,12 @@ int dsi_kv_new(struct dsi_kv **out,
         int64_t per_page = kv->page_tokens / li->ratio;
         L->slot_a = kalloc(kv, S * L->n_slots * L->comp_width, &ok);
         L->slot_b = kalloc(kv, S * L->n_slots * L->comp_width, &ok);
-        L->entries = rows_alloc(kv, kv->n_pages * per_page, (int)hd, &ok);
+        L->entries = rows_alloc(kv, kv->n_pages * per_page, kv->dtype, (int)hd, rope, &ok);
         if (!csa) continue;
         L->islot_a = kalloc(kv, S * L->n_slots * 2 * ihd, &ok);
         L->islot_b = kalloc(kv, S * L->n_slots * 2 * ihd, &ok);
-        L->ikeys = kalloc(kv, kv->n_pages * per_page * ihd, &ok);
+        L->ikeys = rows_alloc(kv, kv->n_pages * per_page, dsi_kv_ikey_dtype(cfg, kv->dtype),
+                              (int)ihd, 0, &ok);
     }
     if (!ok) {
         int64_t b = kv->bytes;
@@ -121,8 +129,8 @@ void dsi_kv_free(struct dsi_kv *kv) {
     struct dsi_backend *be = kv->be;
     for (int il = 0; kv->layers && il < kv->cfg->n_layers_total; il++) {
         struct dsi_layer_cache *L = &kv->layers[il];
-        void *ps[] = {L->ring.data,  L->ring.sc, L->slot_a,  L->slot_b, L->entries.data,
-                      L->entries.sc, L->islot_a, L->islot_b, L->ikeys};
+        void *ps[] = {L->ring.data,  L->ring.sc, L->slot_a,  L->slot_b,     L->entries.data,
+                      L->entries.sc, L->islot_a, L->islot_b, L->ikeys.data, L->ikeys.sc};
         for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
             if (ps[i]) be->ops->mfree(be, ps[i]);
     }
@@ -191,7 +199,8 @@ static void copy_floats(struct dsi_backend *be, float *dst, const float *src, in
 /* rows [d, d + n) = rows [s, s + n) of a key-row store (data and scales) */
 static void
 copy_rows(struct dsi_backend *be, const struct dsi_kv_rows *r, int64_t d, int64_t s, int64_t n) {
-    int64_t rb = dsi_kv_row_bytes(r->dtype, r->dim, r->rope), sb = dsi_kv_sc_bytes(r->dim, r->rope);
+    int64_t rb = dsi_kv_row_bytes(r->dtype, r->dim, r->rope),
+            sb = dsi_kv_sc_bytes(r->dtype, r->dim, r->rope);
     copy_floats(be, (float *)((char *)r->data + d * rb), (const float *)((char *)r->data + s * rb),
                 n * rb / 4);
     if (r->sc)
@@ -221,9 +230,7 @@ void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions) {
             int64_t ps = kv->pt_host[(int64_t)src * kv->max_pages + j];
             int64_t pd = kv->pt_host[(int64_t)dst * kv->max_pages + j];
             copy_rows(be, &L->entries, pd * per_page, ps * per_page, per_page);
-            if (csa)
-                copy_floats(be, L->ikeys + pd * per_page * ihd, L->ikeys + ps * per_page * ihd,
-                            per_page * ihd);
+            if (csa) copy_rows(be, &L->ikeys, pd * per_page, ps * per_page, per_page);
         }
     }
     kv->seqs[dst].n_past = n_positions;

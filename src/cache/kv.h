@@ -64,6 +64,8 @@ void dsi_kv_fork(struct dsi_kv *kv, int src, int dst, int64_t n_positions);
  * indexer keys of every layer), and the positions per page, for a config (before a pool
  * exists). */
 int64_t dsi_kv_page_bytes(const struct dsi_config *cfg, int dtype);
+/* The indexer keys' row format beside key rows of format dtype (FP4 beside FP8). */
+int dsi_kv_ikey_dtype(const struct dsi_config *cfg, int dtype);
 int dsi_kv_page_tokens(const struct dsi_config *cfg);
 /* Pages needed to hold n_positions. */
 int64_t dsi_kv_pages_for(const struct dsi_kv *kv, int64_t n_positions);

@@ -464,7 +464,7 @@ static void attention(struct dsi_fwd *f, int il) {
             gemm2(f, &L->idx_comp.wkv, &L->idx_comp.wgate, f->x, n, D, f->ia, 2 * ihd, f->ib,
                   2 * ihd, false, false);
             compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
-                       dsi_kv_rows_f32(S->ikeys, (int)ihd), f->ient, true);
+                       S->ikeys, f->ient, true);
             gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R, f->R);
             rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
             if (f->R) {

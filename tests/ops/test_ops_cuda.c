@@ -870,9 +870,10 @@ static void scen_free(struct scen *s) {
     dfree(s->d_pt);
 }
 
-/* entry_store into FP8 rows (over random bytes, so that stray writes show): the CPU's and the
- * GPU's bytes, data and scales, the same. */
-static int entry_store8(struct rng *r,
+/* entry_store into FP8 / FP4 rows (over random bytes, so that stray writes show): the CPU's and
+ * the GPU's bytes, data and scales, the same. */
+static int entry_storeq(struct rng *r,
+                        int dtype,
                         const struct scen *s,
                         const int32_t *emit,
                         const int32_t *entry,
@@ -884,21 +885,22 @@ static int entry_store8(struct rng *r,
                         const float *dsrc,
                         int64_t W,
                         int64_t rows) {
-    int64_t rb = dsi_kv_row_bytes(DSI_KV_FP8, (int)W, 64), sb = dsi_kv_sc_bytes((int)W, 64);
+    int rope = dtype == DSI_KV_FP8 ? 64 : 0;
+    int64_t rb = dsi_kv_row_bytes(dtype, (int)W, rope), sb = dsi_kv_sc_bytes(dtype, (int)W, rope);
     size_t nb = (size_t)(rows * (rb + sb));
     float *junk = fnorm(r, (int64_t)nb / 4 + 1, 1);
     uint8_t *h = malloc(nb), *g = malloc(nb);
     memcpy(h, junk, nb);
     uint8_t *d = dput(h, nb);
-    struct dsi_kv_rows hk = {h, h + rows * rb, DSI_KV_FP8, (int)W, 64};
-    struct dsi_kv_rows dk = {d, d + rows * rb, DSI_KV_FP8, (int)W, 64};
+    struct dsi_kv_rows hk = {h, h + rows * rb, dtype, (int)W, rope};
+    struct dsi_kv_rows dk = {d, d + rows * rb, dtype, (int)W, rope};
     struct dsi_entry_store_args es = {&s->hst, emit, entry, ne, R, src, W, hk};
     g_cpu->ops->entry_store(g_cpu, &es);
     es = (struct dsi_entry_store_args){&s->dst, demit, dentry, ne, R, dsrc, W, dk};
     g_gpu->ops->entry_store(g_gpu, &es);
-    int ok = gsync("entry_store fp8") == 0;
+    int ok = gsync("entry_store fp8/fp4") == 0;
     dget(g, d, nb);
-    ok = ok && same("entry_store fp8", g, h, nb);
+    ok = ok && same(dtype == DSI_KV_FP8 ? "entry_store fp8" : "entry_store fp4", g, h, nb);
     dfree(d);
     free(h);
     free(g);
@@ -930,7 +932,7 @@ int test_cuda_cache_ops(struct test_ctx *t) {
     TEST_ASSERT(same("kv_store", ringg, ring, sizeof(float) * (size_t)nring));
     { /* FP8 rows (any values: the same bytes), over random bytes */
         int64_t rows = nring / hd, rb = dsi_kv_row_bytes(DSI_KV_FP8, (int)hd, 64);
-        size_t nb = (size_t)(rows * (rb + dsi_kv_sc_bytes((int)hd, 64)));
+        size_t nb = (size_t)(rows * (rb + dsi_kv_sc_bytes(DSI_KV_FP8, (int)hd, 64)));
         uint8_t *h = malloc(nb), *g = malloc(nb);
         memcpy(h, ring, nb); /* ring: random floats, more bytes than nb */
         uint8_t *d = dput(h, nb);
@@ -1021,8 +1023,11 @@ int test_cuda_cache_ops(struct test_ctx *t) {
         dget(poolg, dpool, sizeof(float) * (size_t)npool);
         TEST_ASSERT(same("entry_store", poolg, pool, sizeof(float) * (size_t)npool));
         if (dsi_kv_fp8_ok((int)W, 64)) /* FP8 rows (any values: the same bytes) */
-            TEST_ASSERT(
-                entry_store8(&r, &s, emit, entry, demit, dentry, ne, R, oc, dsrc, W, npool / W));
+            TEST_ASSERT(entry_storeq(&r, DSI_KV_FP8, &s, emit, entry, demit, dentry, ne, R, oc,
+                                     dsrc, W, npool / W));
+        if (dsi_kv_fp4_ok((int)W)) /* FP4 rows */
+            TEST_ASSERT(entry_storeq(&r, DSI_KV_FP4, &s, emit, entry, demit, dentry, ne, R, oc,
+                                     dsrc, W, npool / W));
         /* comp_store */
         float *sag = malloc(sizeof(float) * (size_t)nsl),
               *sbg = malloc(sizeof(float) * (size_t)nsl);
@@ -1088,7 +1093,8 @@ static int g_attn_fp8;
 
 /* rows of hd values -> host FP8 rows (data, scales), returned with their device copies */
 static struct dsi_kv_rows attn_rows8(float *v, int64_t rows, int hd, struct dsi_kv_rows *dev) {
-    int64_t rb = dsi_kv_row_bytes(DSI_KV_FP8, hd, ATTN_ROPE), sb = dsi_kv_sc_bytes(hd, ATTN_ROPE);
+    int64_t rb = dsi_kv_row_bytes(DSI_KV_FP8, hd, ATTN_ROPE),
+            sb = dsi_kv_sc_bytes(DSI_KV_FP8, hd, ATTN_ROPE);
     struct dsi_kv_rows h = {malloc((size_t)(rows * rb)), malloc((size_t)(rows * sb)), DSI_KV_FP8,
                             hd, ATTN_ROPE};
     for (int64_t i = 0; i < rows; i++) {
@@ -1320,9 +1326,10 @@ static int idx_check_fast(const struct dsi_indexer_args *a,
         double *ex = malloc(sizeof(double) * (size_t)(2 * nv + 1)), *srt = ex + nv, mx = 0.0;
         const float *q = a->q + r * H * hd, *w = a->w + r * H;
         for (int i = 0; i < nv; i++) {
-            const float *key =
-                a->keys +
-                ((int64_t)s->pt[s->slot[r] * s->MP + i / per_page] * per_page + i % per_page) * hd;
+            float kb[1024]; /* the key decoded (FP4 rows) */
+            const float *key = cpu_kv_row_get(
+                &a->keys,
+                (int64_t)s->pt[s->slot[r] * s->MP + i / per_page] * per_page + i % per_page, kb);
             double acc = 0.0;
             for (int64_t h = 0; h < H; h++) {
                 double d = 0.0;
@@ -1353,6 +1360,8 @@ static int idx_check_fast(const struct dsi_indexer_args *a,
     }
     return 1;
 }
+
+static int g_idx_fp4; /* run_indexer with FP4 key rows */
 
 static int run_indexer(
     struct rng *r, int H, int hd, int topk, int nseq, const int *start, const int *len, bool fast) {
@@ -1385,6 +1394,22 @@ static int run_indexer(
         round_bf16_all(keys, nk);
         round_bf16_all(qv, (int64_t)n * H * hd);
     }
+    /* FP4 key rows (g_idx_fp4): the keys made Q4(32) values, stored by cpu_kv_row_put, the same
+       bytes on both backends */
+    struct dsi_kv_rows hk4 = {0}, dk4 = {0};
+    if (g_idx_fp4) {
+        int64_t rows = nk / hd, rb = dsi_kv_row_bytes(DSI_KV_FP4, hd, 0),
+                sb = dsi_kv_sc_bytes(DSI_KV_FP4, hd, 0);
+        hk4 = (struct dsi_kv_rows){malloc((size_t)(rows * rb)), malloc((size_t)(rows * sb)),
+                                   DSI_KV_FP4, hd, 0};
+        for (int64_t i = 0; i < rows; i++) {
+            dsi_q4_roundtrip(keys + i * hd, hd, 32);
+            cpu_kv_row_put(&hk4, i, keys + i * hd);
+        }
+        dk4 = hk4;
+        dk4.data = dput(hk4.data, (size_t)(rows * rb));
+        dk4.sc = dput(hk4.sc, (size_t)(rows * sb));
+    }
     float *dk = dput(keys, sizeof(float) * (size_t)nk),
           *dqv = dput(qv, sizeof(float) * (size_t)n * H * hd),
           *dw = dput(w, sizeof(float) * (size_t)n * H);
@@ -1400,7 +1425,7 @@ static int run_indexer(
                                  .w = w,
                                  .n_heads = H,
                                  .head_dim = hd,
-                                 .keys = keys,
+                                 .keys = g_idx_fp4 ? hk4 : dsi_kv_rows_f32(keys, hd),
                                  .ratio = ratio,
                                  .score_scale = 1.0f / sqrtf((float)hd),
                                  .w_scale = 1.0f / sqrtf((float)H),
@@ -1413,7 +1438,7 @@ static int run_indexer(
     a.st = &s.dst;
     a.q = dqv;
     a.w = dw;
-    a.keys = dk;
+    a.keys = g_idx_fp4 ? dk4 : dsi_kv_rows_f32(dk, hd);
     a.sel = dsel;
     a.n_sel = dn;
     g_gpu->ops->indexer(g_gpu, &a);
@@ -1427,6 +1452,10 @@ static int run_indexer(
         ok = ok && same("indexer sel", selg, selc, sizeof(int32_t) * (size_t)n * topk);
     }
     dfree(dk);
+    dfree(dk4.data);
+    dfree(dk4.sc);
+    free(hk4.data);
+    free(hk4.sc);
     dfree(dqv);
     dfree(dw);
     dfree(dsel);
@@ -1466,6 +1495,14 @@ int test_cuda_indexer(struct test_ctx *t) {
              (tiny_only() || run_indexer(&r, 64, 128, 512, 5, s2, l2, true));
     g_gpu = keep;
     g3->ops->free(g3);
+    TEST_ASSERT(ok);
+    /* FP4 key rows (beside FP8 cache rows): the exact and the tensor-core scores */
+    g_idx_fp4 = 1;
+    ok = run_indexer(&r, 4, 128, 4, 5, s1, l1, false) &&
+         run_indexer(&r, 16, 128, 4, 5, s1, l1, true) &&
+         run_indexer(&r, 32, 64, 8, 4, s3, l3, true) &&
+         (tiny_only() || run_indexer(&r, 64, 128, 512, 5, s2, l2, true));
+    g_idx_fp4 = 0;
     TEST_ASSERT(ok);
     return 0;
 }

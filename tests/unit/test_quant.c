@@ -230,7 +230,8 @@ int test_quant_kv_rows(struct test_ctx *t) {
     }
     TEST_ASSERT(dsi_f32_to_e4m3(1000.0f) == 0x7e && dsi_f32_to_e4m3(ldexpf(1, -12)) == 0);
     enum { DIM = 512, ROPE = 64, NOPE = DIM - ROPE, ROWS = 6 };
-    TEST_ASSERT(dsi_kv_row_bytes(DSI_KV_FP8, DIM, ROPE) == 576 && dsi_kv_sc_bytes(DIM, ROPE) == 8);
+    TEST_ASSERT(dsi_kv_row_bytes(DSI_KV_FP8, DIM, ROPE) == 576 &&
+                dsi_kv_sc_bytes(DSI_KV_FP8, DIM, ROPE) == 8);
     TEST_ASSERT(dsi_kv_row_total(DSI_KV_FP8, DIM, ROPE) == 584);
     TEST_ASSERT(dsi_kv_row_total(DSI_KV_F32, DIM, ROPE) == 2048);
     TEST_ASSERT(dsi_kv_fp8_ok(DIM, ROPE) && dsi_kv_fp8_ok(128, 64) && !dsi_kv_fp8_ok(112, 16) &&
@@ -274,5 +275,29 @@ int test_quant_kv_rows(struct test_ctx *t) {
     /* F32 rows: the row itself */
     struct dsi_kv_rows f = dsi_kv_rows_f32(&v[0][0], DIM);
     TEST_ASSERT(cpu_kv_row_get(&f, 3, back) == v[3]);
+    /* FP4 rows (the indexer keys beside FP8 rows): 128 dims in 64 bytes of codes, low nibble
+       first, and 4 scale bytes; Q4(32) values back bit for bit; every e2m1 code survives */
+    for (int c = 0; c < 16; c++)
+        TEST_ASSERTF(dsi_f32_to_e2m1(dsi_fp4_to_f32((uint8_t)c)) == c, "e2m1 code %d", c);
+    TEST_ASSERT(dsi_f32_to_e2m1(7.0f) == 7 && dsi_f32_to_e2m1(-2.6f) == 13);
+    enum { IDIM = 128 };
+    TEST_ASSERT(dsi_kv_row_total(DSI_KV_FP4, IDIM, 0) == 68 &&
+                dsi_kv_sc_bytes(DSI_KV_FP4, IDIM, 0) == 4);
+    TEST_ASSERT(dsi_kv_fp4_ok(IDIM) && !dsi_kv_fp4_ok(48));
+    struct dsi_kv_rows k4 = {data, sc, DSI_KV_FP4, IDIM, 0};
+    for (int r = 0; r < ROWS; r++) {
+        dsi_q4_roundtrip(v[r], IDIM, 32);
+        cpu_kv_row_put(&k4, r, v[r]);
+    }
+    for (int r = 0; r < ROWS; r++) {
+        const float *g = cpu_kv_row_get(&k4, r, back);
+        for (int d = 0; d < IDIM; d++) {
+            TEST_ASSERTF(same_bits(g[d], v[r][d]), "fp4 row %d dim %d: %a, stored %a", r, d,
+                         (double)g[d], (double)v[r][d]);
+            uint8_t code = (uint8_t)(data[r * 64 + d / 2] >> (4 * (d & 1)) & 15);
+            TEST_ASSERT(
+                same_bits(dsi_fp4_to_f32(code) * dsi_e8m0_to_f32(sc[r * 4 + d / 32]), v[r][d]));
+        }
+    }
     return 0;
 }

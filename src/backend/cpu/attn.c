@@ -122,10 +122,13 @@ static void indexer_part(void *ctx, int64_t r0, int64_t r1, int tid) {
     int64_t hd = a->head_dim, nh = a->n_heads;
     for (int64_t r = r0; r < r1; r++) {
         int nv = (int)((st->pos[r] + 1) / a->ratio);
-        struct scored *sc = cpu_scratch(j->be, tid, (int64_t)nv * (int64_t)sizeof(*sc));
+        struct scored *sc = cpu_scratch(
+            j->be, tid, (int64_t)nv * (int64_t)sizeof(*sc) + hd * (int64_t)sizeof(float));
+        float *kbuf = (float *)(sc + nv); /* a decoded key (FP4 rows) */
         const float *q = a->q + r * nh * hd, *w = a->w + r * nh;
         for (int i = 0; i < nv; i++) {
-            const float *k = a->keys + cpu_paged(st, st->slot[r], i, a->ratio, hd);
+            const float *k =
+                cpu_kv_row_get(&a->keys, cpu_paged(st, st->slot[r], i, a->ratio, 1), kbuf);
             float acc = 0.0f;
             for (int64_t h = 0; h < nh; h++) {
                 float d = cpu_dot(q + h * hd, k, hd);

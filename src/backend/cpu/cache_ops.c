@@ -5,22 +5,39 @@
 #include <math.h>
 #include <string.h>
 
+/* UE8M0 scale byte and value of a block by dsi_ue8m0_scale's rule */
+static uint8_t scale_byte(float amax, float fmt_max, float amax_floor, float *s) {
+    *s = dsi_ue8m0_scale(amax, fmt_max, amax_floor);
+    int e;
+    frexpf(*s, &e); /* s = 2^(e - 1) */
+    return (uint8_t)(e - 1 + 127);
+}
+
 void cpu_kv_row_put(const struct dsi_kv_rows *k, int64_t i, const float *v) {
     if (k->dtype == DSI_KV_F32) {
         memcpy((float *)k->data + i * k->dim, v, (size_t)k->dim * sizeof(float));
         return;
     }
-    int nope = k->dim - k->rope;
     uint8_t *codes = (uint8_t *)k->data + i * dsi_kv_row_bytes(k->dtype, k->dim, k->rope);
-    uint8_t *sc = k->sc + i * dsi_kv_sc_bytes(k->dim, k->rope);
+    uint8_t *sc = k->sc + i * dsi_kv_sc_bytes(k->dtype, k->dim, k->rope);
+    if (k->dtype == DSI_KV_FP4) {
+        for (int b = 0; b < k->dim; b += 32) {
+            float amax = 0.0f, s;
+            for (int j = b; j < b + 32; j++)
+                amax = fmaxf(amax, fabsf(v[j]));
+            sc[b / 32] = scale_byte(amax, DSI_FP4_MAX, DSI_FP4_MAX * ldexpf(1.0f, -126), &s);
+            for (int j = b; j < b + 32; j += 2)
+                codes[j / 2] =
+                    (uint8_t)(dsi_f32_to_e2m1(v[j] / s) | dsi_f32_to_e2m1(v[j + 1] / s) << 4);
+        }
+        return;
+    }
+    int nope = k->dim - k->rope;
     for (int b = 0; b < nope; b += 64) {
-        float amax = 0.0f;
+        float amax = 0.0f, s;
         for (int j = b; j < b + 64; j++)
             amax = fmaxf(amax, fabsf(v[j]));
-        float s = dsi_ue8m0_scale(amax, DSI_FP8_MAX, 1e-4f);
-        int e;
-        frexpf(s, &e); /* s = 2^(e - 1) */
-        sc[b / 64] = (uint8_t)(e - 1 + 127);
+        sc[b / 64] = scale_byte(amax, DSI_FP8_MAX, 1e-4f, &s);
         for (int j = b; j < b + 64; j++)
             codes[j] = dsi_f32_to_e4m3(v[j] / s);
     }
@@ -31,10 +48,21 @@ void cpu_kv_row_put(const struct dsi_kv_rows *k, int64_t i, const float *v) {
 
 const float *cpu_kv_row_get(const struct dsi_kv_rows *k, int64_t i, float *buf) {
     if (k->dtype == DSI_KV_F32) return (const float *)k->data + i * k->dim;
-    int nope = k->dim - k->rope;
     const uint8_t *codes =
         (const uint8_t *)k->data + i * dsi_kv_row_bytes(k->dtype, k->dim, k->rope);
-    const uint8_t *sc = k->sc + i * dsi_kv_sc_bytes(k->dim, k->rope);
+    const uint8_t *sc = k->sc + i * dsi_kv_sc_bytes(k->dtype, k->dim, k->rope);
+    if (k->dtype == DSI_KV_FP4) {
+        for (int b = 0; b < k->dim; b += 32) {
+            float s = dsi_e8m0_to_f32(sc[b / 32]);
+            for (int j = b; j < b + 32; j += 2) {
+                const float *v = cpu_fp4_pair(codes[j / 2]);
+                buf[j] = v[0] * s;
+                buf[j + 1] = v[1] * s;
+            }
+        }
+        return buf;
+    }
+    int nope = k->dim - k->rope;
     for (int b = 0; b < nope; b += 64) {
         float s = dsi_e8m0_to_f32(sc[b / 64]);
         for (int j = b; j < b + 64; j++)

@@ -61,7 +61,12 @@ cpu_paged(const struct dsi_step *st, int slot, int64_t i, int ratio, int64_t wid
  * buf[0 .. dim), which is returned). */
 void cpu_kv_row_put(const struct dsi_kv_rows *k, int64_t i, const float *v);
 const float *cpu_kv_row_get(const struct dsi_kv_rows *k, int64_t i, float *buf);
-float cpu_e4m3(uint8_t b); /* the e4m3 code's value (table) */
+/* Decoding tables (gemm.c, filled by cpu_tables_init): an e4m3 code's value; a byte's two e2m1
+ * values, low nibble first. */
+extern float g_e4m3[256];
+extern float g_fp4_pair[256][2];
+static inline float cpu_e4m3(uint8_t b) { return g_e4m3[b]; }
+static inline const float *cpu_fp4_pair(uint8_t b) { return g_fp4_pair[b]; }
 void cpu_hadamard_q4(struct dsi_backend *, const struct dsi_hadamard_q4_args *);
 void cpu_embed(struct dsi_backend *, const struct dsi_embed_args *);
 void cpu_add(struct dsi_backend *, const struct dsi_add_args *);

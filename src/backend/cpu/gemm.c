@@ -27,9 +27,8 @@ float cpu_vec_get(const struct dsi_tensor *t, int64_t i) {
 }
 
 /* Decoding tables, filled once by cpu_tables_init (the backend's constructor). */
-static float g_e4m3[256];
-float cpu_e4m3(uint8_t b) { return g_e4m3[b]; }
-static float g_fp4_pair[256][2]; /* byte -> (low nibble, high nibble) values */
+float g_e4m3[256];
+float g_fp4_pair[256][2]; /* byte -> (low nibble, high nibble) values */
 
 void cpu_tables_init(void) {
     for (int i = 0; i < 256; i++) {

@@ -82,6 +82,15 @@ uint8_t dsi_f32_to_e4m3(float x) {
     return (uint8_t)(s | (e - 1 + 7) << 3 | ((int)ldexpf(f, 4) - 8));
 }
 
+uint8_t dsi_f32_to_e2m1(float x) {
+    float y = dsi_e2m1_round(x), a = fabsf(y);
+    uint8_t s = signbit(y) ? 8 : 0;
+    uint8_t m = a < 2.0f   ? (uint8_t)(a * 2.0f)
+                : a < 4.0f ? (uint8_t)(a + 2.0f)
+                           : (uint8_t)(a / 2.0f + 4.0f);
+    return (uint8_t)(s | m); /* magnitudes 0 .5 1 1.5 2 3 4 6 -> 0 .. 7 */
+}
+
 float dsi_e2m1_round(float x) {
     float y = round_grid(x, 1, 0);
     return y > DSI_FP4_MAX ? DSI_FP4_MAX : y < -DSI_FP4_MAX ? -DSI_FP4_MAX : y;

@@ -16,6 +16,7 @@ float dsi_fp4_to_f32(uint8_t code); /* low 4 bits: bit 3 sign, 0,.5,1,1.5,2,3,4,
 float dsi_e4m3_round(float x);      /* nearest e4m3 value, ties to even, saturating at 448 */
 float dsi_e2m1_round(float x);      /* nearest e2m1 value, ties to even, saturating at 6 */
 uint8_t dsi_f32_to_e4m3(float x);   /* the code of dsi_e4m3_round(x) (NaN: 0x7F) */
+uint8_t dsi_f32_to_e2m1(float x);   /* the 4-bit code of dsi_e2m1_round(x) (NaN: not handled) */
 
 #define DSI_FP8_MAX 448.0f
 #define DSI_FP4_MAX 6.0f

@@ -257,7 +257,7 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.ent_sc = a->entries.sc;
     p.nope = a->ring.dim - a->ring.rope;
     p.rb = (int)dsi_kv_row_bytes(a->ring.dtype, a->ring.dim, a->ring.rope);
-    p.sb = (int)dsi_kv_sc_bytes(a->ring.dim, a->ring.rope);
+    p.sb = (int)dsi_kv_sc_bytes(a->ring.dtype, a->ring.dim, a->ring.rope);
     p.ratio = a->ratio;
     p.sel = a->sel;
     p.n_sel = a->n_sel;

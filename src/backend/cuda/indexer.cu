@@ -17,7 +17,9 @@ struct idx_p {
     struct cu_step st;
     const float *q, *w;
     int H, hd;
-    const float *keys;
+    const float *keys;            /* F32 rows */
+    const uint8_t *keys4, *k4_sc; /* FP4 rows (fp4: backend.h's dsi_kv_rows) */
+    bool fp4;
     int ratio;
     float score_scale, w_scale;
     int topk;
@@ -27,6 +29,23 @@ struct idx_p {
     int r0;
     int tpb; /* k_idx_scores_tc: key tiles per block (blockIdx.y: tiles tpb y .. tpb y + tpb - 1) */
 };
+
+/* dims 4c .. 4c + 3 of key row `row`: F32 as they are; FP4 (two bytes of codes, low nibble
+ * first, times the 32-block's UE8M0 scale: exact in fp32) */
+__device__ __forceinline__ float4 idx_k4(const struct idx_p &p, int64_t row, int c) {
+    if (!p.fp4) return __ldg((const float4 *)(p.keys + row * p.hd) + c);
+    uint32_t w = __ldg((const unsigned short *)(p.keys4 + row * (p.hd / 2)) + c);
+    uint32_t e = __ldg(p.k4_sc + row * ((p.hd / 32 + 3) / 4 * 4) + c / 8);
+    float s = __uint_as_float(e ? e << 23 : 0x00400000u); /* 2^(e - 127) */
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* e2m1: sign, 2 exponent bits, 1 mantissa bit */
+        uint32_t n = (w >> (4 * i)) & 15, ex = (n >> 1) & 3, m = n & 1;
+        float a = ex ? __uint_as_float((ex + 126) << 23 | m << 22) : 0.5f * (float)m;
+        v[i] = (n & 8 ? -a : a) * s;
+    }
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
 
 /* cpu_dot on 16-byte aligned shared rows, n % 32 == 0. */
 __device__ __forceinline__ float dot_sm(const float *a, const float *b, int n) {
@@ -71,9 +90,9 @@ __global__ void __launch_bounds__(IDX_TK) k_idx_scores(struct idx_p p) {
         ws[e] = p.w[(int64_t)r * p.H + e];
     for (int e = threadIdx.x; e < nt * v4; e += blockDim.x) {
         int j = e / v4, c = e % v4;
-        const float *k = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
-                                        i0 + j, p.ratio, p.hd);
-        *(float4 *)(ks + j * hdp + 4 * c) = ((const float4 *)k)[c];
+        int64_t row =
+            paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot, i0 + j, p.ratio, 1);
+        *(float4 *)(ks + j * hdp + 4 * c) = idx_k4(p, row, c);
     }
     __syncthreads();
     int j = threadIdx.x;
@@ -139,18 +158,18 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
         int nt = nv - i0 < IDX_TN ? (int)(nv - i0) : IDX_TN;
         __syncthreads(); /* the tile before: its reads of Ks and red are done */
         for (int e0 = tid; e0 < IDX_TN * v4; e0 += IDX_SB * bd) {
-            const float *kr[IDX_SB];
+            int64_t kr[IDX_SB];
 #pragma unroll
             for (int u = 0; u < IDX_SB; u++) { /* the page-table lookups, all in flight */
                 int j = (e0 + u * bd) / v4;
-                kr[u] = p.keys + paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
-                                       i0 + (j < nt ? j : 0), p.ratio, hd);
+                kr[u] = paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
+                              i0 + (j < nt ? j : 0), p.ratio, 1);
             }
             float4 f[IDX_SB];
 #pragma unroll
             for (int u = 0; u < IDX_SB; u++) {
                 int e = e0 + u * bd;
-                f[u] = ((const float4 *)kr[u])[e < IDX_TN * v4 ? e % v4 : 0];
+                f[u] = idx_k4(p, kr[u], e < IDX_TN * v4 ? e % v4 : 0);
             }
 #pragma unroll
             for (int u = 0; u < IDX_SB; u++) {
@@ -302,6 +321,11 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
     const struct dsi_step *st = a->st;
     int n = st->n, H = (int)a->n_heads, hd = (int)a->head_dim;
     if (n <= 0) return;
+    if (a->keys.dtype != DSI_KV_F32 && a->keys.dtype != DSI_KV_FP4) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED, "indexer: keys in format %d (want f32 or fp4)",
+                a->keys.dtype);
+        return;
+    }
     if (hd % 32 || H <= 0 || a->ratio <= 0 || a->topk <= 0) {
         cu_fail(c, DSI_ERR_UNSUPPORTED, "indexer: head_dim %d, heads %d, ratio %d, topk %d", hd, H,
                 a->ratio, a->topk);
@@ -334,7 +358,10 @@ extern "C" void cuda_indexer(struct dsi_backend *be, const struct dsi_indexer_ar
     p.w = a->w;
     p.H = H;
     p.hd = hd;
-    p.keys = a->keys;
+    p.fp4 = a->keys.dtype == DSI_KV_FP4;
+    p.keys = p.fp4 ? NULL : (const float *)a->keys.data;
+    p.keys4 = p.fp4 ? (const uint8_t *)a->keys.data : NULL;
+    p.k4_sc = a->keys.sc;
     p.ratio = a->ratio;
     p.score_scale = a->score_scale;
     p.w_scale = a->w_scale;

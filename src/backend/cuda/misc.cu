@@ -140,35 +140,65 @@ __global__ void k_kv_store(struct cu_step st, const float *kv, int64_t hd, float
     ring[((int64_t)st.slot[r] * st.ring_cap + st.pos[r] % st.ring_cap) * hd + d] = kv[t];
 }
 
-/* FP8 key rows (backend.h's dsi_kv_rows): one block of 128 threads per row; warp w quantises
- * the nope dims' 64-blocks w, w + 4, ... (two values a lane; the scale by dsi_ue8m0_scale's
- * rule on the block's absolute maximum, the codes rounded to nearest even as dsi_f32_to_e4m3:
- * bit for bit the CPU's bytes), then the rope dims as bf16. dst_row(r): the row's index in the
- * store, < 0 for none. */
-struct kv8_dst {
+/* FP8 / FP4 rows (backend.h's dsi_kv_rows), one block of 128 threads per row, bit for bit the
+ * CPU's bytes (cpu_kv_row_put): the scales by dsi_ue8m0_scale's rule on each block's absolute
+ * maximum (warp shuffles), the codes rounded to nearest even. FP8: warp w takes the nope dims'
+ * 64-blocks w, w + 4, ... (two values a lane, cvt.rn.satfinite.e4m3x2), then the rope dims as
+ * bf16. FP4: warp w the 32-blocks w, w + 4, ... (a value a lane; e2m1 by its thresholds, as
+ * dsi_e2m1_round: sm_90 has no e2m1 cvt), even lanes writing a byte of two codes. */
+struct kvq_dst {
     uint8_t *data, *sc;
-    int nope, rope, rb, sb;
+    int dtype, dim, nope, rope, rb, sb;
 };
-static kv8_dst kv8_of(const struct dsi_kv_rows *k) {
-    kv8_dst d = {(uint8_t *)k->data,
+static kvq_dst kvq_of(const struct dsi_kv_rows *k) {
+    kvq_dst d = {(uint8_t *)k->data,
                  k->sc,
+                 k->dtype,
+                 k->dim,
                  k->dim - k->rope,
                  k->rope,
                  (int)dsi_kv_row_bytes(k->dtype, k->dim, k->rope),
-                 (int)dsi_kv_sc_bytes(k->dim, k->rope)};
+                 (int)dsi_kv_sc_bytes(k->dtype, k->dim, k->rope)};
     return d;
 }
-__device__ void kv8_put(const kv8_dst &d, int64_t row, const float *v) {
+/* the UE8M0 exponent e of a block (2^e = dsi_ue8m0_scale(amax, fmt_max, floor)) */
+__device__ __forceinline__ int kvq_exp(float amax, float fmt_max, float floor_) {
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (!(amax >= floor_)) amax = floor_;
+    uint32_t u = __float_as_uint(amax / fmt_max);
+    return (int)((u >> 23) & 0xff) - 127 + ((u & 0x7fffffu) ? 1 : 0);
+}
+/* e2m1 code of x (round to nearest even on 0, .5, 1, 1.5, 2, 3, 4, 6; saturating) */
+__device__ __forceinline__ uint32_t kvq_e2m1(float x) {
+    float a = fminf(fabsf(x), 6.0f);
+    uint32_t m = a <= 0.25f   ? 0
+                 : a < 0.75f  ? 1
+                 : a <= 1.25f ? 2
+                 : a < 1.75f  ? 3
+                 : a <= 2.5f  ? 4
+                 : a < 3.5f   ? 5
+                 : a <= 5.0f  ? 6
+                              : 7;
+    return (__float_as_uint(x) >> 28 & 8) | m;
+}
+__device__ void kvq_put(const kvq_dst &d, int64_t row, const float *v) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint8_t *codes = d.data + row * d.rb;
+    if (d.dtype == DSI_KV_FP4) {
+        for (int b = warp; b < d.dim / 32; b += 4) {
+            float x = v[32 * b + lane];
+            int e = kvq_exp(fabsf(x), 6.0f, 6.0f * 1.17549435e-38f); /* 6 x 2^-126 */
+            uint32_t c = kvq_e2m1(x * __uint_as_float((uint32_t)(127 - e) << 23));
+            uint32_t hi = __shfl_down_sync(0xffffffffu, c, 1);
+            if (!(lane & 1)) codes[16 * b + lane / 2] = (uint8_t)(c | hi << 4);
+            if (lane == 0) d.sc[row * d.sb + b] = (uint8_t)(e + 127);
+        }
+        return;
+    }
     for (int b = warp; b < d.nope / 64; b += 4) {
         float x0 = v[64 * b + 2 * lane], x1 = v[64 * b + 2 * lane + 1];
-        float amax = fmaxf(fabsf(x0), fabsf(x1));
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (!(amax >= 1e-4f)) amax = 1e-4f;
-        uint32_t u = __float_as_uint(amax / 448.0f);
-        int e = (int)((u >> 23) & 0xff) - 127 + ((u & 0x7fffffu) ? 1 : 0);
+        int e = kvq_exp(fmaxf(fabsf(x0), fabsf(x1)), 448.0f, 1e-4f);
         float inv = __uint_as_float((uint32_t)(127 - e) << 23); /* 2^-e, e in [-22, 127) */
         __nv_fp8x2_storage_t c2 =
             __nv_cvt_float2_to_fp8x2(make_float2(x0 * inv, x1 * inv), __NV_SATFINITE, __NV_E4M3);
@@ -181,18 +211,18 @@ __device__ void kv8_put(const kv8_dst &d, int64_t row, const float *v) {
 }
 
 __global__ void __launch_bounds__(128)
-    k_kv_store8(struct cu_step st, const float *kv, int64_t hd, kv8_dst d) {
+    k_kv_storeq(struct cu_step st, const float *kv, int64_t hd, kvq_dst d) {
     cu_pdl_enter();
     int r = blockIdx.x;
-    kv8_put(d, (int64_t)st.slot[r] * st.ring_cap + st.pos[r] % st.ring_cap, kv + r * hd);
+    kvq_put(d, (int64_t)st.slot[r] * st.ring_cap + st.pos[r] % st.ring_cap, kv + r * hd);
 }
 
 extern "C" void cuda_kv_store(struct dsi_backend *be, const struct dsi_kv_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->st->n <= 0) return;
-    if (a->ring.dtype == DSI_KV_FP8) {
-        cu_launch(c, k_kv_store8, dim3(a->st->n), 128, 0, cu_step_of(a->st), a->kv, a->head_dim,
-                  kv8_of(&a->ring));
+    if (a->ring.dtype != DSI_KV_F32) {
+        cu_launch(c, k_kv_storeq, dim3(a->st->n), 128, 0, cu_step_of(a->st), a->kv, a->head_dim,
+                  kvq_of(&a->ring));
         cu_check(c, "kv_store");
         return;
     }
@@ -352,17 +382,17 @@ __global__ void k_entry_store(struct cu_step st,
          d] = src[t];
 }
 
-__global__ void __launch_bounds__(128) k_entry_store8(struct cu_step st,
+__global__ void __launch_bounds__(128) k_entry_storeq(struct cu_step st,
                                                       const int32_t *emit_rows,
                                                       const int32_t *emit_entry,
                                                       int ratio,
                                                       const float *src,
                                                       int64_t width,
-                                                      kv8_dst d) {
+                                                      kvq_dst d) {
     cu_pdl_enter();
     int e = blockIdx.x, r = emit_rows[e];
     if (r < 0) return; /* padding */
-    kv8_put(d,
+    kvq_put(d,
             paged(st.page_table, st.max_pages, st.page_tokens, st.slot[r], emit_entry[e], ratio, 1),
             src + (int64_t)e * width);
 }
@@ -370,9 +400,9 @@ __global__ void __launch_bounds__(128) k_entry_store8(struct cu_step st,
 extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_store_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n_emit <= 0) return;
-    if (a->pool.dtype == DSI_KV_FP8) {
-        cu_launch(c, k_entry_store8, dim3(a->n_emit), 128, 0, cu_step_of(a->st), a->emit_rows,
-                  a->emit_entry, a->ratio, a->src, a->width, kv8_of(&a->pool));
+    if (a->pool.dtype != DSI_KV_F32) {
+        cu_launch(c, k_entry_storeq, dim3(a->n_emit), 128, 0, cu_step_of(a->st), a->emit_rows,
+                  a->emit_entry, a->ratio, a->src, a->width, kvq_of(&a->pool));
         cu_check(c, "entry_store");
         return;
     }
