@@ -32,6 +32,12 @@ cmp -s "$T/a.f32" "$T/b.f32" || fail "chunked logits differ"
 [ "$(wc -c <"$T/a.f32")" -eq $((23 * 1024 * 4)) ] || fail "logits file size"
 $DSINFER logits -m $M --prompt-ids $P --out "$T/r.f32" --numerics reference || fail "reference"
 cmp -s "$T/a.f32" "$T/r.f32" && fail "reference numerics equal plain"
+# the FP8 cache (the default with reference numerics) and the f32 cache: the same bytes
+$DSINFER logits -m $M --prompt-ids $P --out "$T/r8.f32" --numerics reference --kv-cache f32 --chunk 3 ||
+    fail "reference --kv-cache f32"
+cmp -s "$T/r.f32" "$T/r8.f32" || fail "reference logits differ between the fp8 and the f32 cache"
+expect_error "kv cache fp8" $DSINFER logits -m $M --prompt-ids $P --out "$T/x" --kv-cache fp8
+expect_error "want auto, f32 or fp8" $DSINFER logits -m $M --prompt-ids $P --out "$T/x" --kv-cache fp16
 
 out=$($DSINFER generate -m $M --prompt-ids 5,6,7 -n 8 --temperature 0) || fail "generate"
 [ "$(echo "$out" | wc -w)" -ge 1 ] || fail "generate printed no ids"
