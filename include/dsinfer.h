@@ -23,9 +23,10 @@ enum dsi_numerics_opt {
 };
 
 /* The cache's key rows (window rings, compressed entries): fp32, or FP8 (spec 5.5: e4m3 nope
- * dims with a UE8M0 scale per 64, bf16 RoPE dims; 584 bytes a row of 512 dims against 2048),
- * which holds the values of the reference and fast profiles exactly (their [QAT] steps round
- * them to it) and so changes no result. auto: FP8 where the numerics profile has those steps
+ * dims with a UE8M0 scale per 64, bf16 RoPE dims; 584 bytes a row of 512 dims against 2048)
+ * with the indexer keys in FP4 (e2m1 with a UE8M0 scale per 32; 68 bytes a key of 128 dims
+ * against 512), which hold the values of the reference and fast profiles exactly (their [QAT]
+ * steps round them to those grids) and so change no result. auto: FP8 where the numerics profile has those steps
  * and the backend stores FP8 rows, else fp32. fp8 with plain numerics is an error. */
 enum dsi_kv_cache_opt { DSI_OPT_KV_AUTO = 0, DSI_OPT_KV_F32 = 1, DSI_OPT_KV_FP8 = 2 };
 
