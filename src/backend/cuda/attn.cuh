@@ -41,7 +41,7 @@ __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t
     int64_t t = p.st.pos[r];
     *w0 = t - p.st.window + 1 > 0 ? t - p.st.window + 1 : 0;
     int64_t nk = t - *w0 + 1;
-    if (p.entries) nk += p.sel ? p.n_sel[r] : (t + 1) / p.ratio;
+    if (p.entries || p.ent8) nk += p.sel ? p.n_sel[r] : (t + 1) / p.ratio;
     return (int)(nk < p.maxk ? nk : p.maxk);
 }
 
