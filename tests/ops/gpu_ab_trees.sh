@@ -6,7 +6,8 @@
 # itself is built once (build/cuda); each variant is a copy of it with the variant's files in
 # place of the tree's (the folders it holds replace the tree's), rebuilt (only the files that
 # differ recompile). Then the CUDA tests on the variants named in
-# AB_TEST_TREES (default: all; a failing one makes the run also test the others), and
+# AB_TEST_TREES (default: all; none: no tests; a failing one makes the run also test the others,
+# unless AB_RETEST=0), and
 # `dsinfer bench layer` at context 4096 (decode at AB_BATCH, `fast` numerics, AB_PREFILL) for each
 # variant, alternated, AB_REPS rounds; AB_PROFILE=1 adds a per-op profile per variant (a decode
 # step at batch AB_PROFILE_BATCH, default 1 (a list such as 1,256 profiles each), and a prefill of
@@ -70,8 +71,9 @@ test_tree() { # name
     return $rc
 }
 FAILED=0
-for v in ${AB_TEST_TREES:-$TREES}; do test_tree $v || FAILED=1; done
-if [ $FAILED = 1 ] && [ -n "${AB_TEST_TREES:-}" ]; then
+[ "${AB_TEST_TREES:-}" = none ] && AB_TEST_TREES= TREES_T= || TREES_T=${AB_TEST_TREES:-$TREES}
+for v in $TREES_T; do test_tree $v || FAILED=1; done
+if [ $FAILED = 1 ] && [ -n "${AB_TEST_TREES:-}" ] && [ "${AB_RETEST:-1}" != 0 ]; then
     for v in $TREES; do [[ " $AB_TEST_TREES " == *" $v "* ]] || test_tree $v; done
 fi
 wait $GEN
