@@ -26,8 +26,9 @@ enum dsi_numerics_opt {
  * dims with a UE8M0 scale per 64, bf16 RoPE dims; 584 bytes a row of 512 dims against 2048)
  * with the indexer keys in FP4 (e2m1 with a UE8M0 scale per 32; 68 bytes a key of 128 dims
  * against 512), which hold the values of the reference and fast profiles exactly (their [QAT]
- * steps round them to those grids) and so change no result. auto: FP8 where the numerics profile has those steps
- * and the backend stores FP8 rows, else fp32. fp8 with plain numerics is an error. */
+ * steps round them to those grids) and so change no result. auto: FP8 where the numerics
+ * profile has those steps and the backend stores FP8 rows, else fp32. fp8 with plain numerics
+ * is an error. */
 enum dsi_kv_cache_opt { DSI_OPT_KV_AUTO = 0, DSI_OPT_KV_F32 = 1, DSI_OPT_KV_FP8 = 2 };
 
 struct dsi_engine_opts {
