@@ -1,0 +1,344 @@
+/* test_hc_cuda.c - the CUDA backend's mHC ops (hc_pre, hc_post, hc_head) against the CPU
+ * backend on random inputs, as test_ops_cuda.c does for the other ops (bitwise where no
+ * transcendental function is involved; the mix at other row counts and on other paths bitwise
+ * the same as the whole run). Without a CUDA device the test prints "skipped" and passes. */
+#include "cuda_util.h"
+
+#include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/quant.h"
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- mHC
+ * -------------------------------------------------------------------------------------------- */
+
+/* The last k rows of a GPU run of hc_pre or hc_head (n rows; its outputs fetched to y, post,
+ * comb) again on their own on backend be: bitwise the same. k < n: the mix at fewer rows (another
+ * grid of k_hc_mix, or k_hc_pre_one); be another backend (k = n): the mix on another path. */
+static int hc_tail_same(struct dsi_backend *be,
+                        const struct dsi_hc_pre_args *pre,
+                        const struct dsi_hc_head_args *head,
+                        const float *y,
+                        const float *post,
+                        const float *comb,
+                        int64_t k) {
+    int64_t n = pre ? pre->n : head->n, D = pre ? pre->dim : head->dim,
+            hc = pre ? pre->hc : head->hc, r0 = n - k;
+    float *dy = dpoison(sizeof(float) * (size_t)(k * D)),
+          *dp = dpoison(sizeof(float) * (size_t)(k * hc)),
+          *dc = dpoison(sizeof(float) * (size_t)(k * hc * hc));
+    if (pre) {
+        struct dsi_hc_pre_args a = *pre;
+        a.X += r0 * hc * D;
+        a.n = k;
+        a.y = dy;
+        a.post = dp;
+        a.comb = dc;
+        be->ops->hc_pre(be, &a);
+    } else {
+        struct dsi_hc_head_args a = *head;
+        a.X += r0 * hc * D;
+        a.n = k;
+        a.y = dy;
+        be->ops->hc_head(be, &a);
+    }
+    int ok = gsync_on(be, "hc tail") == 0;
+    float *yt = hpoison(k * D), *pt = hpoison(k * hc), *ct = hpoison(k * hc * hc);
+    dget(yt, dy, sizeof(float) * (size_t)(k * D));
+    dget(pt, dp, sizeof(float) * (size_t)(k * hc));
+    dget(ct, dc, sizeof(float) * (size_t)(k * hc * hc));
+    ok = ok && same("hc tail y", yt, y + r0 * D, sizeof(float) * (size_t)(k * D));
+    ok = ok && (!pre || same("hc tail post", pt, post + r0 * hc, sizeof(float) * (size_t)(k * hc)));
+    ok = ok && (!pre || same("hc tail comb", ct, comb + r0 * hc * hc,
+                             sizeof(float) * (size_t)(k * hc * hc)));
+    dfree(dy);
+    dfree(dp);
+    dfree(dc);
+    free(yt);
+    free(pt);
+    free(ct);
+    return ok;
+}
+
+/* hc_pre with the norm after it in the same op (norm_w: BF16 weights when rnd, else F32; zq
+ * where dim % 128 == 0) on the GPU (pre: the device pointers): y, post and comb bit for bit
+ * those of the GPU run without the norm (yg, pg, cg), z within 1e-6 of the CPU's rms_norm of the
+ * GPU's own y, zq bit for bit the CPU's act_quant of the GPU's own z; and the CPU's fused op
+ * (host rows X, host tensors fn_h ...): its z within hc_pre's tolerance of the GPU's. */
+static int hc_norm_same(struct rng *r,
+                        const struct dsi_hc_pre_args *pre,
+                        const struct dsi_tensor *fn_h,
+                        const struct dsi_tensor *base_h,
+                        const struct dsi_tensor *scale_h,
+                        const float *X,
+                        const float *yg,
+                        const float *pg,
+                        const float *cg,
+                        int rnd) {
+    int64_t n = pre->n, D = pre->dim, hc = pre->hc, nz = n * D;
+    bool q = D % 128 == 0;
+    float *wv = fnorm(r, D, 0.2f);
+    for (int64_t i = 0; i < D; i++)
+        wv[i] += 1.0f;
+    struct wt w;
+    vec_make(&w, wv, D, rnd ? DSI_TYPE_BF16 : DSI_TYPE_F32);
+    float *dy = dpoison(sizeof(float) * (size_t)nz),
+          *dp = dpoison(sizeof(float) * (size_t)(n * hc)),
+          *dc = dpoison(sizeof(float) * (size_t)(n * hc * hc)),
+          *dz = dpoison(sizeof(float) * (size_t)nz),
+          *dq = q ? dpoison(sizeof(float) * (size_t)nz) : NULL;
+    struct dsi_hc_pre_args a = *pre;
+    a.y = dy;
+    a.post = dp;
+    a.comb = dc;
+    a.norm_w = &w.d;
+    a.z_eps = 1e-6f;
+    a.z = dz;
+    a.zq = dq;
+    g_gpu->ops->hc_pre(g_gpu, &a);
+    int ok = gsync("hc_pre with norm") == 0;
+    float *y2 = hpoison(nz), *p2 = hpoison(n * hc), *c2 = hpoison(n * hc * hc), *zg = hpoison(nz),
+          *qg = hpoison(nz), *zc = hpoison(nz), *qc = hpoison(nz), *yc = hpoison(nz),
+          *pc = hpoison(n * hc), *cc = hpoison(n * hc * hc);
+    dget(y2, dy, sizeof(float) * (size_t)nz);
+    dget(p2, dp, sizeof(float) * (size_t)(n * hc));
+    dget(c2, dc, sizeof(float) * (size_t)(n * hc * hc));
+    dget(zg, dz, sizeof(float) * (size_t)nz);
+    ok = ok && same("hc_pre+norm y", y2, yg, sizeof(float) * (size_t)nz);
+    ok = ok && same("hc_pre+norm post", p2, pg, sizeof(float) * (size_t)(n * hc));
+    ok = ok && same("hc_pre+norm comb", c2, cg, sizeof(float) * (size_t)(n * hc * hc));
+    if (q) { /* zq: the CPU's act_quant of the GPU's own z */
+        dget(qg, dq, sizeof(float) * (size_t)nz);
+        struct dsi_act_quant_args aq = {zg, qc, n, D, D, D, 128};
+        g_cpu->ops->act_quant(g_cpu, &aq);
+        ok = ok && same("hc_pre+norm zq", qg, qc, sizeof(float) * (size_t)nz);
+    }
+    /* the CPU's own fused op (hc_pre, then rms_norm) on the host rows: z within hc_pre's
+       tolerance of the GPU's */
+    struct dsi_hc_pre_args ac = *pre;
+    ac.X = X;
+    ac.fn = fn_h;
+    ac.base = base_h;
+    ac.scale = scale_h;
+    ac.y = yc;
+    ac.post = pc;
+    ac.comb = cc;
+    ac.norm_w = &w.h;
+    ac.z_eps = 1e-6f;
+    ac.z = zc;
+    ac.zq = NULL;
+    g_cpu->ops->hc_pre(g_cpu, &ac);
+    ok = ok && close_to("hc_pre+norm z (CPU op)", zg, zc, nz, rnd ? 2e-2 : 2e-5);
+    /* z against the CPU's norm of the GPU's own y (the CPU's y may differ within hc_pre's
+       tolerance) */
+    struct dsi_rms_norm_args na = {.x = yg,
+                                   .y = zc,
+                                   .n = n,
+                                   .n_groups = 1,
+                                   .dim = D,
+                                   .ldx = D,
+                                   .ldy = D,
+                                   .w = &w.h,
+                                   .eps = 1e-6f,
+                                   .round_bf16 = rnd == 1};
+    g_cpu->ops->rms_norm(g_cpu, &na);
+    ok = ok && close_to("hc_pre+norm z", zg, zc, nz, 1e-6);
+    dfree(dy);
+    dfree(dp);
+    dfree(dc);
+    dfree(dz);
+    if (dq) dfree(dq);
+    free(y2);
+    free(p2);
+    free(c2);
+    free(zg);
+    free(qg);
+    free(zc);
+    free(qc);
+    free(yc);
+    free(pc);
+    free(cc);
+    free(wv);
+    wt_free(&w);
+    return ok;
+}
+
+/* hc_pre takes k_hc_pre_one up to 32 rows, then k_hc_mix (hc_head: from 2 rows): n = 40 and 601
+ * have a partial last block of 8 and 25 rows, split along K; D = 200: 25 chunks of 32, the last
+ * piece of K one chunk. Each run again on backends with the mix on the other paths (bitwise):
+ * launch_gemm (DSI_CUDA_HC_MIX_MIN=0), k_hc_mix without the split (all of K in a block, the
+ * chunk values added there), the split's values added by hc_pre's finish (DSI_CUDA_HC_FUSE=1),
+ * k_hc_mix with one row per lane where it takes two by default (from 33 rows; step 25:
+ * DSI_CUDA_HC_MIX_RPL=1), and two rows per lane with all of K in a block (the prefill's way:
+ * DSI_CUDA_HC_MIX_SPLIT=0 with DSI_CUDA_HC_MIX_RPL=3, as these rows would take one). */
+int test_cuda_hc(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 7);
+    enum { NALT = 5 };
+    struct dsi_backend *alt[NALT] = {
+        cuda_backend_with("DSI_CUDA_HC_MIX_MIN=0"), cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0"),
+        cuda_backend_with("DSI_CUDA_HC_FUSE=1"), cuda_backend_with("DSI_CUDA_HC_MIX_RPL=1"),
+        cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0,DSI_CUDA_HC_MIX_RPL=3")};
+    for (int i = 0; i < NALT; i++)
+        TEST_ASSERT(alt[i] != NULL);
+    const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
+    for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
+        for (int ni = 0; ni < 5; ni++)
+            for (int rnd = 0; rnd < 2; rnd++) {
+                int64_t D = dims[di], n = ns[ni], hc = 4, len = hc * D, mix = (2 + hc) * hc;
+                struct wt fn, base, scale, hfn, hbase, hscale;
+                wt_make(&fn, &r, DSI_TYPE_F32, mix, len, 1.0f / sqrtf((float)len));
+                float *bv = fnorm(&r, mix, 0.5f), sv[3];
+                for (int i = 0; i < 3; i++)
+                    sv[i] = 1.0f + 0.1f * rnorm(&r);
+                vec_make(&base, bv, mix, DSI_TYPE_F32);
+                vec_make(&scale, sv, 3, DSI_TYPE_F32);
+                float *X = fnorm(&r, n * len, 1.0f);
+                float *dX = dput(X, sizeof(float) * (size_t)(n * len));
+                float *yc = hpoison(n * D), *pc = hpoison(n * hc), *cc = hpoison(n * hc * hc);
+                float *yg = hpoison(n * D), *pg = hpoison(n * hc), *cg = hpoison(n * hc * hc);
+                float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
+                      *dp = dpoison(sizeof(float) * (size_t)(n * hc)),
+                      *dc = dpoison(sizeof(float) * (size_t)(n * hc * hc));
+                struct dsi_hc_pre_args a = {.X = X,
+                                            .n = n,
+                                            .hc = hc,
+                                            .dim = D,
+                                            .fn = &fn.h,
+                                            .base = &base.h,
+                                            .scale = &scale.h,
+                                            .iters = 20,
+                                            .norm_eps = 1e-6f,
+                                            .hc_eps = 1e-6f,
+                                            .y = yc,
+                                            .post = pc,
+                                            .comb = cc,
+                                            .round_bf16 = rnd == 1};
+                g_cpu->ops->hc_pre(g_cpu, &a);
+                a.X = dX;
+                a.fn = &fn.d;
+                a.base = &base.d;
+                a.scale = &scale.d;
+                a.y = dy;
+                a.post = dp;
+                a.comb = dc;
+                g_gpu->ops->hc_pre(g_gpu, &a);
+                TEST_ASSERT(gsync("hc_pre") == 0);
+                dget(yg, dy, sizeof(float) * (size_t)(n * D));
+                dget(pg, dp, sizeof(float) * (size_t)(n * hc));
+                dget(cg, dc, sizeof(float) * (size_t)(n * hc * hc));
+                TEST_ASSERT(close_to("hc_pre y", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
+                TEST_ASSERT(close_to("hc_pre post", pg, pc, n * hc, 1e-5));
+                TEST_ASSERT(close_to("hc_pre comb", cg, cc, n * hc * hc, 1e-5));
+                if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, &a, NULL, yg, pg, cg, 17));
+                for (int i = 0; i < NALT && n > 32; i++)
+                    TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
+                TEST_ASSERT(hc_norm_same(&r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
+                /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
+                float *f = fnorm(&r, n * D, 1.0f);
+                float *df = dput(f, sizeof(float) * (size_t)(n * D));
+                float *dpc = dput(pc, sizeof(float) * (size_t)(n * hc)),
+                      *dcc = dput(cc, sizeof(float) * (size_t)(n * hc * hc));
+                float *Xc = hpoison(n * len), *Xg = hpoison(n * len);
+                float *dXo = dpoison(sizeof(float) * (size_t)(n * len));
+                struct dsi_hc_post_args pa = {f, X, pc, cc, Xc, n, hc, D, rnd == 1};
+                g_cpu->ops->hc_post(g_cpu, &pa);
+                pa = (struct dsi_hc_post_args){df, dX, dpc, dcc, dXo, n, hc, D, rnd == 1};
+                g_gpu->ops->hc_post(g_gpu, &pa);
+                TEST_ASSERT(gsync("hc_post") == 0);
+                dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
+                TEST_ASSERT(same("hc_post", Xg, Xc, sizeof(float) * (size_t)(n * len)));
+                /* hc_head */
+                wt_make(&hfn, &r, DSI_TYPE_F32, hc, len, 1.0f / sqrtf((float)len));
+                float *hb = fnorm(&r, hc, 0.5f), hs = 1.0f + 0.1f * rnorm(&r);
+                vec_make(&hbase, hb, hc, DSI_TYPE_F32);
+                vec_make(&hscale, &hs, 1, DSI_TYPE_F32);
+                struct dsi_hc_head_args ha = {.X = X,
+                                              .n = n,
+                                              .hc = hc,
+                                              .dim = D,
+                                              .fn = &hfn.h,
+                                              .base = &hbase.h,
+                                              .scale = &hscale.h,
+                                              .norm_eps = 1e-6f,
+                                              .hc_eps = 1e-6f,
+                                              .y = yc,
+                                              .round_bf16 = rnd == 1};
+                g_cpu->ops->hc_head(g_cpu, &ha);
+                ha.X = dX;
+                ha.fn = &hfn.d;
+                ha.base = &hbase.d;
+                ha.scale = &hscale.d;
+                ha.y = dy;
+                g_gpu->ops->hc_head(g_gpu, &ha);
+                TEST_ASSERT(gsync("hc_head") == 0);
+                dget(yg, dy, sizeof(float) * (size_t)(n * D));
+                TEST_ASSERT(close_to("hc_head", yg, yc, n * D, rnd ? 1e-2 : 1e-5));
+                if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, NULL, &ha, yg, NULL, NULL, 17));
+                for (int i = 0; i < NALT && n > 1; i++)
+                    TEST_ASSERT(hc_tail_same(alt[i], NULL, &ha, yg, NULL, NULL, n));
+                dfree(dX);
+                dfree(dy);
+                dfree(dp);
+                dfree(dc);
+                dfree(df);
+                dfree(dpc);
+                dfree(dcc);
+                dfree(dXo);
+                free(X);
+                free(f);
+                free(bv);
+                free(hb);
+                free(yc);
+                free(pc);
+                free(cc);
+                free(yg);
+                free(pg);
+                free(cg);
+                free(Xc);
+                free(Xg);
+                wt_free(&fn);
+                wt_free(&base);
+                wt_free(&scale);
+                wt_free(&hfn);
+                wt_free(&hbase);
+                wt_free(&hscale);
+            }
+    for (int i = 0; i < NALT; i++)
+        alt[i]->ops->free(alt[i]);
+    /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
+    const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
+    for (int c = 0; c < 3; c++) {
+        int64_t hc = pd[c][0], D = pd[c][1], n = 5, len = hc * D;
+        float *X = fnorm(&r, n * len, 1.0f), *f = fnorm(&r, n * D, 1.0f),
+              *post = fnorm(&r, n * hc, 1.0f), *comb = fnorm(&r, n * hc * hc, 0.5f);
+        float *Xc = hpoison(n * len), *Xg = hpoison(n * len);
+        float *dX = dput(X, sizeof(float) * (size_t)(n * len)),
+              *df = dput(f, sizeof(float) * (size_t)(n * D)),
+              *dp = dput(post, sizeof(float) * (size_t)(n * hc)),
+              *dc = dput(comb, sizeof(float) * (size_t)(n * hc * hc)),
+              *dXo = dpoison(sizeof(float) * (size_t)(n * len));
+        struct dsi_hc_post_args pa = {f, X, post, comb, Xc, n, hc, D, c == 1};
+        g_cpu->ops->hc_post(g_cpu, &pa);
+        pa = (struct dsi_hc_post_args){df, dX, dp, dc, dXo, n, hc, D, c == 1};
+        g_gpu->ops->hc_post(g_gpu, &pa);
+        TEST_ASSERT(gsync("hc_post") == 0);
+        dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
+        TEST_ASSERT(same("hc_post (other shapes)", Xg, Xc, sizeof(float) * (size_t)(n * len)));
+        dfree(dX);
+        dfree(df);
+        dfree(dp);
+        dfree(dc);
+        dfree(dXo);
+        free(X);
+        free(f);
+        free(post);
+        free(comb);
+        free(Xc);
+        free(Xg);
+    }
+    return 0;
+}
