@@ -2,7 +2,19 @@
  * the validation result of binding every tensor. */
 #include "dsinfer.h"
 
+#include "cache/kv.h"
 #include "model/dsv4.h"
+
+/* The cache's bytes in format dtype: per position of context (compressed entries and indexer
+ * keys, from a page's bytes) and per sequence (the window rings of every layer, window rows). */
+static void cache_line(FILE *f, const struct dsi_config *c, int dtype, const char *name) {
+    int rope = dtype == DSI_KV_FP8 ? c->qk_rope_head_dim : 0;
+    double per_pos = (double)dsi_kv_page_bytes(c, dtype) / dsi_kv_page_tokens(c);
+    double ring = (double)c->n_layers_total * c->sliding_window *
+                  (double)dsi_kv_row_total(dtype, c->head_dim, rope);
+    fprintf(f, "  %-4s %8.1f bytes a position of context, %.2f MiB a sequence (window rings)\n",
+            name, per_pos, ring / (1 << 20));
+}
 
 int dsi_inspect(const char *dir, void *file, struct dsi_err *err) {
     FILE *f = file;
@@ -32,6 +44,9 @@ int dsi_inspect(const char *dir, void *file, struct dsi_err *err) {
                 l->hash_routed ? "/hash" : "", i >= cfg.num_hidden_layers ? "(mtp)" : "");
     }
     fprintf(f, "\n");
+    fprintf(f, "cache (--kv-cache; fp8: the reference and fast profiles' default):\n");
+    cache_line(f, &cfg, DSI_KV_F32, "f32");
+    if (dsi_kv_fp8_ok(cfg.head_dim, cfg.qk_rope_head_dim)) cache_line(f, &cfg, DSI_KV_FP8, "fp8");
     struct dsi_st *st = NULL;
     rc = dsi_st_open(&st, dir, err);
     if (rc) return rc;

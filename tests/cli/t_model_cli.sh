@@ -24,6 +24,11 @@ for c in generate logits inspect bench; do $DSINFER $c --help >/dev/null || fail
 $DSINFER inspect -m $M >"$T/inspect" || fail "inspect"
 grep -q "validation: ok" "$T/inspect" || fail "inspect: no validation line"
 grep -q "F8_E4M3" "$T/inspect" || fail "inspect: no dtype table"
+# the cache's bytes a position (tiny-a: CSA ratio 4 twice, HCA ratio 8; head_dim 128, rope 64,
+# index_head_dim 128): f32 2 x (512 + 512) / 4 + 512 / 8 = 576; fp8 rows 64 + 128 + 8 = 200 and
+# FP4 keys 64 + 4 = 68: 2 x 268 / 4 + 200 / 8 = 159
+grep -q "f32 *576.0 bytes a position" "$T/inspect" || fail "inspect: f32 cache bytes"
+grep -q "fp8 *159.0 bytes a position" "$T/inspect" || fail "inspect: fp8 cache bytes"
 
 P=5,17,300,42,8,999,3,77,128,64,11,12,13,14,15,16,17,18,19,20,21,22,23
 $DSINFER logits -m $M --prompt-ids $P --out "$T/a.f32" || fail "logits"
