@@ -114,6 +114,16 @@ static bool g_moe_drop;
 
 /* reference: FP8 activations and bf16 roundings; fast (implies reference): the `fast` flag
  * (tensor-core kernels for tiles of many rows). */
+/* The bound of `fast` / `reference` results against the CPU's reference: 1e-2 of the largest
+ * output, 2e-2 on wgq.cu's FP8 tensor cores (set around its variants). There the 128-k step sums
+ * are added by the tensor cores' truncating FP8 adds (DeepGEMM's numerics: promoted to fp32 once
+ * per 128 k), not exactly as on the bf16 kernels, and the up projection's error moves some of h's
+ * e4m3 codes (act_quant before the down projection) by a unit of their 3-bit mantissa: on the
+ * H200 (step 30) 2.5e-3 .. 8.6e-3 with FP4 weights (whose products have few significant bits),
+ * 1.1e-2 .. 1.45e-2 with FP8 ones (the FP8 experts, and the shared expert from 512 rows), against
+ * at most 2.2e-3 on wgr.cu with the same cases. */
+static double g_moe_tol = 1e-2;
+
 static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
     int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
@@ -210,7 +220,7 @@ static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference
              fast        ? "fast"
              : reference ? "ref"
                          : "plain");
-    ok = ok && close_to(what, yg, yc, n * D, reference ? 1e-2 : 1e-5);
+    ok = ok && close_to(what, yg, yc, n * D, reference ? g_moe_tol : 1e-5);
     dfree(dx);
     dfree(dwt);
     dfree(didx);
@@ -308,7 +318,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        memory, blocks up to 256 rows), also with blocks of 64 rows only (DSI_CUDA_WG_BN=64) and
        with step 24's tiles; wgr.cu's blocks of 256 rows (DSI_CUDA_WG_BN=256) and of 224 at full
        width (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27); wgr.cu's
-       activation tiles by TMA (DSI_CUDA_WGR_TMA=1, also with blocks of 256 rows; step 27);
+       activation tiles by TMA (step 27; the default from step 30, so the cases run once more on
+       each thread's cp.async copies, DSI_CUDA_WGR_TMA=0, also with blocks of 256 rows);
        wgq.cu's FP8 tensor cores on act_quant's codes (DSI_CUDA_WG_Q8=1, its DYN and full-width
        blocks of 64 and 128 rows, FP4 and FP8 experts, the shared expert from 512 rows; and from
        3 rows with the routed tiles there from 1 row per expert, DSI_CUDA_WGQ_MIN=1, blocks of
@@ -326,8 +337,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=256", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_TMA=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_TMA=1,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
+                 {"DSI_CUDA_WGR_TMA=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
@@ -340,6 +351,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
+        g_moe_tol = strstr(other[b].env, "DSI_CUDA_WG_Q8=1") ? 2e-2 : 1e-2;
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
             if (cases[i].n < other[b].nmin || cases[i].n > other[b].nmax ||
                 (tiny_only() && cases[i].D > 256))
@@ -351,6 +363,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         }
         g_gpu = keep;
         g3->ops->free(g3);
+        g_moe_tol = 1e-2;
     }
     TEST_ASSERT(ok);
     return 0;
@@ -358,7 +371,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
 
 /* A slot whose expert id is out of range adds 0 (step 25: the combine reads the ids instead of
  * the buffer being cleared first): against the CPU with that slot's weight 0, on the exact
- * kernels, the tensor-core tiles and wg.cu's, and wgr.cu's with the TMA copies, and wgq.cu's. */
+ * kernels, the tensor-core tiles and wg.cu's, and wgr.cu's with and without the TMA copies, and
+ * wgq.cu's. */
 int test_cuda_moe_drop(struct test_ctx *t) {
     NEED_GPU();
     struct rng r = rng_of(t, 31);
@@ -373,16 +387,19 @@ int test_cuda_moe_drop(struct test_ctx *t) {
         ok = run_moe_mode(&r, &cases[i], true, i > 0);
         if (!ok) fprintf(stderr, "[moe drop case %zu] ", i);
     }
-    /* and wgr.cu's TMA copies by position (a position no slot holds: zeros, step 27), wgq.cu's
-       FP8 codes (step 28) */
-    const char *envs[] = {"DSI_CUDA_WGR_TMA=1", "DSI_CUDA_WG_Q8=1"};
+    /* (wgr.cu's TMA copies by position, the default from step 30: a position no slot holds gets
+       zeros) and without them, each thread's cp.async copies (step 27); wgq.cu's FP8 codes
+       (step 28) */
+    const char *envs[] = {"DSI_CUDA_WGR_TMA=0", "DSI_CUDA_WG_Q8=1"};
     struct dsi_backend *keep = g_gpu;
     for (size_t b = 0; b < sizeof(envs) / sizeof(envs[0]) && ok; b++) {
         struct dsi_backend *g3 = cuda_backend_with(envs[b]);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
+        g_moe_tol = strstr(envs[b], "DSI_CUDA_WG_Q8=1") ? 2e-2 : 1e-2;
         ok = run_moe_mode(&r, &cases[2], true, true);
         if (!ok) fprintf(stderr, "[moe drop case 2 with %s] ", envs[b]);
+        g_moe_tol = 1e-2;
         g_gpu = keep;
         g3->ops->free(g3);
     }

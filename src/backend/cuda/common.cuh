@@ -137,9 +137,9 @@ struct cu_ctx {
                         wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
     bool wg_rs;      /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in
                         registers (DSI_CUDA_WG_RS=0: off; on from step 26) */
-    /* wgr.cu's MoE blocks read their activation tiles by TMA (DSI_CUDA_WGR_TMA=1; off: step
-       27's experiment, not yet run on a GPU); tmap_encode: the driver's cuTensorMapEncodeTiled
-       (from the runtime's entry point at creation; NULL: wgr_tma is off) */
+    /* wgr.cu's MoE blocks read their activation tiles by TMA (step 27's; on from step 30,
+       DSI_CUDA_WGR_TMA=0: each thread's cp.async copies); tmap_encode: the driver's
+       cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */
     bool wgr_tma;
     void *tmap_encode;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,

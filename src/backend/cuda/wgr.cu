@@ -29,7 +29,7 @@
  * barrier of step s both warpgroups have waited for every group of step s - 2, so stage (s + 2) %
  * 4 = (s - 2) % 4 can be refilled (3 stages: (s + 1) % 3 = (s - 2) % 3).
  *
- * TMA (c->wgr_tma, DSI_CUDA_WGR_TMA=1, the MoE's DYN tiles; step 27's experiment): the tiles
+ * TMA (c->wgr_tma, on from step 30, DSI_CUDA_WGR_TMA=0: off; the MoE's DYN tiles): the tiles
  * come by TMA from copies with a row per position (x: launch_wg_bf16_pos; h: as it is), thread 0
  * issuing a step's two boxes on the stage's mbarrier (k_wgr's TMA comment).
  *
