@@ -945,24 +945,28 @@ int test_cuda_attn(struct test_ctx *t) {
         g2->ops->free(g2);
     }
     TEST_ASSERT(ok);
-    /* FP8 cache rows (DSI_CUDA_KV_FP8): every case on the default paths, the fast ones also on
-       the exact / tensor-core kernels (DSI_CUDA_ATTN_FA=0) */
+    /* FP8 cache rows (DSI_CUDA_KV_FP8): every case on the default paths (the fused kernel's
+       16-byte chunks, step 30), the fast ones also on the exact / tensor-core kernels
+       (DSI_CUDA_ATTN_FA=0) and on the fused kernel's float4 loads (DSI_CUDA_ATTN_FA_K8=0) */
     g_attn_fp8 = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         ok = run_attn(&r, &cases[i]);
         if (!ok) fprintf(stderr, "attn case %zu with FP8 rows failed\n", i);
     }
-    struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_FA=0"), *keep = g_gpu;
-    TEST_ASSERT(g2 != NULL);
-    g_gpu = g2;
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
-        if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
-        ok = run_attn(&r, &cases[i]);
-        if (!ok) fprintf(stderr, "attn case %zu with FP8 rows (DSI_CUDA_ATTN_FA=0) failed\n", i);
+    for (int e = 0; e < 2 && ok; e++) {
+        const char *env = e ? "DSI_CUDA_ATTN_FA_K8=0" : "DSI_CUDA_ATTN_FA=0";
+        struct dsi_backend *g2 = cuda_backend_with(env), *keep = g_gpu;
+        TEST_ASSERT(g2 != NULL);
+        g_gpu = g2;
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+            if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
+            ok = run_attn(&r, &cases[i]);
+            if (!ok) fprintf(stderr, "attn case %zu with FP8 rows (%s) failed\n", i, env);
+        }
+        g_gpu = keep;
+        g2->ops->free(g2);
     }
-    g_gpu = keep;
-    g2->ops->free(g2);
     g_attn_fp8 = 0;
     TEST_ASSERT(ok);
     return 0;

@@ -58,6 +58,15 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
     return l;
 }
 
+/* FP8 rows read as 16-byte chunks (k_attn_fa's K8; c->attn_fa_k8, DSI_CUDA_ATTN_FA_K8=0: off,
+ * each float4 through attn_k4): chunk q of a key's row is, for q < nope / 16, its 16 e4m3 codes
+ * of dims 16 q .. 16 q + 15 with their 64-block's scale byte, else the 8 rope dims' bf16 of dims
+ * nope + 8 (q - nope / 16) ..; row bytes and bases 16-byte aligned. */
+static bool fa_k8_ok(const struct attn_p *p) {
+    return p->fp8 && p->nope % 16 == 0 && (p->hd - p->nope) % 8 == 0 && p->rb % 16 == 0 &&
+           (uintptr_t)p->ring8 % 16 == 0 && (uintptr_t)p->ent8 % 16 == 0;
+}
+
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
     return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd).total <= c->smem_optin &&
            (uintptr_t)p->q % 16 == 0 && (uintptr_t)p->ring % 16 == 0 &&
@@ -69,11 +78,13 @@ bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
  * the single-precision exp (a few ulp; the value is rounded to bf16 next) */
 __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf(x) : exp_ref(x); }
 
-/* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. */
-template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct attn_p p) {
+/* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. K8:
+ * FP8 rows as 16-byte chunks (fa_k8_ok), decoded to bf16 as FP8 weights are (tc_decode_w). */
+template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct attn_p p) {
     cu_pdl_enter();
     constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8,
-                  NV = FA_KT * HD / 4 / FA_T; /* float4 of a tile's keys per thread */
+                  NV = K8 ? 1 : FA_KT * HD / 4 / FA_T, /* float4 of a tile's keys per thread */
+        NC = (FA_KT * HD / 8 + FA_T - 1) / FA_T;       /* K8: a tile's chunks per thread at most */
     extern __shared__ uint4 fa_smem[];
     const fa_smem_layout L = fa_layout(HD);
     char *base = (char *)fa_smem;
@@ -124,16 +135,42 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
     if (tid < 2 * FA_KT) Kp[tid] = key_row(t0 * FA_KT + tid);
     int64_t nrow = -1;
     float4 kr[NV];
-    /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 */
-    auto load = [&](int lt) { /* lt: the tile's index in the block's range */
-                              const int64_t *kp = Kp + (lt & 1) * FA_KT;
+    /* K8: chunks tid + i FA_T of the tile (nq code chunks and the rope's a key) */
+    const int nq = p.nope / 16, cpk = nq + (HD - p.nope) / 8;
+    uint4 kc[K8 ? NC : 1];
+    uint32_t ks[K8 ? NC : 1];
+    /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 (K8: its chunks) */
+    auto load =
+        [&](int lt) { /* lt: the tile's index in the block's range */
+                      const int64_t *kp = Kp + (lt & 1) * FA_KT;
+                      if constexpr (K8) {
 #pragma unroll
-                              for (int v = 0; v < NV; v++) {
-                                  int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
-                                  int64_t kq = kp[j];
-                                  kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
+                          for (int i = 0; i < NC; i++) {
+                              int ch = tid + i * FA_T, j = ch / cpk, q = ch - j * cpk;
+                              int64_t kq = j < FA_KT ? kp[j] : -1;
+                              kc[i] = make_uint4(0, 0, 0, 0);
+                              ks[i] = 127;
+                              if (kq >= 0) {
+                                  bool ent = (kq & ATTN_KH_ENT) != 0;
+                                  int64_t row = kq & (ATTN_KH_ENT - 1);
+                                  const uint8_t *d = (ent ? p.ent8 : p.ring8) + row * p.rb;
+                                  kc[i] =
+                                      __ldg((const uint4 *)(d + (q < nq ? 16 * q
+                                                                        : p.nope + 16 * (q - nq))));
+                                  if (q < nq)
+                                      ks[i] =
+                                          __ldg((ent ? p.ent_sc : p.ring_sc) + row * p.sb + q / 4);
                               }
-    };
+                          }
+                      } else {
+#pragma unroll
+                          for (int v = 0; v < NV; v++) {
+                              int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+                              int64_t kq = kp[j];
+                              kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
+                          }
+                      }
+        };
     float acc[NT][4];
     acc_zero(acc);
     __syncthreads(); /* Kp of tiles 0 and 1 */
@@ -144,11 +181,30 @@ template <int HQ> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct at
         /* tile + 1's rows into the slot of tile - 1 (read by its loads, before barrier B of
            tile - 1, which every thread has passed) */
         if (lt > 0 && tid < FA_KT) Kp[((lt + 1) & 1) * FA_KT + tid] = nrow;
+        if constexpr (K8) { /* (a key past the tile's: zeros, scale 1) */
 #pragma unroll
-        for (int v = 0; v < NV; v++) {
-            int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
-            *(uint2 *)(K + j * LDK + 4 * c) =
-                make_uint2(bf16x2_rn(kr[v].x, kr[v].y), bf16x2_rn(kr[v].z, kr[v].w));
+            for (int i = 0; i < NC; i++) {
+                int ch = tid + i * FA_T, j = ch / cpk, q = ch - j * cpk;
+                if (j >= FA_KT) continue;
+                if (q < nq) {
+                    struct tc_wraw w;
+                    w.v[0] = kc[i];
+                    w.sb = ks[i];
+                    uint4 o[2];
+                    tc_decode_w<DSI_TYPE_F8_E4M3, 0, 2>(w, true, o);
+                    *(uint4 *)(K + j * LDK + 16 * q) = o[0];
+                    *(uint4 *)(K + j * LDK + 16 * q + 8) = o[1];
+                } else {
+                    *(uint4 *)(K + j * LDK + p.nope + 8 * (q - nq)) = kc[i];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+                *(uint2 *)(K + j * LDK + 4 * c) =
+                    make_uint2(bf16x2_rn(kr[v].x, kr[v].y), bf16x2_rn(kr[v].z, kr[v].w));
+            }
         }
         __syncthreads(); /* A: the tile's keys, tile + 1's rows (and, first, q, statistics) */
         if (lt + 1 < nt) load(lt + 1);
@@ -324,13 +380,13 @@ __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int sp
     }
 }
 
-template <int HQ>
+template <int HQ, bool K8>
 static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows, int splits) {
     static bool done = false;
     size_t sm = fa_layout(128 * HQ).total;
-    if (!smem_limit(c, k_attn_fa<HQ>, sm, &done, "attn (fused)")) return false;
+    if (!smem_limit(c, k_attn_fa<HQ, K8>, sm, &done, "attn (fused)")) return false;
     dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, FA_HB), (unsigned)splits);
-    cu_launch(c, k_attn_fa<HQ>, g, FA_T, sm, *p);
+    cu_launch(c, k_attn_fa<HQ, K8>, g, FA_T, sm, *p);
     if (p->fa_o)
         cu_launch(c, k_attn_fa_merge, dim3((unsigned)rows, (unsigned)p->H), FA_MT, 0, *p, splits);
     return cu_check(c, "attn (fused)");
@@ -358,14 +414,19 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
         p.fa_ml = (float *)(s + ob);
         p.fa_tps = (int)tps;
     }
+    bool k8 = c->attn_fa_k8 && fa_k8_ok(&p);
     switch (p.hd / 128) {
     case 1:
-        return fa_go<1>(c, &p, rows, (int)splits);
+        return k8 ? fa_go<1, true>(c, &p, rows, (int)splits)
+                  : fa_go<1, false>(c, &p, rows, (int)splits);
     case 2:
-        return fa_go<2>(c, &p, rows, (int)splits);
+        return k8 ? fa_go<2, true>(c, &p, rows, (int)splits)
+                  : fa_go<2, false>(c, &p, rows, (int)splits);
     case 3:
-        return fa_go<3>(c, &p, rows, (int)splits);
+        return k8 ? fa_go<3, true>(c, &p, rows, (int)splits)
+                  : fa_go<3, false>(c, &p, rows, (int)splits);
     default:
-        return fa_go<4>(c, &p, rows, (int)splits);
+        return k8 ? fa_go<4, true>(c, &p, rows, (int)splits)
+                  : fa_go<4, false>(c, &p, rows, (int)splits);
     }
 }

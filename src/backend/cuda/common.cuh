@@ -112,6 +112,8 @@ struct cu_ctx {
     bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
+    bool attn_fa_k8;    /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
+                           each float4 through attn_k4, step 29's) */
     int hc_split;       /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
     int hc_mix_min;     /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
                            (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */

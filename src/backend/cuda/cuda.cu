@@ -579,6 +579,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *fa = getenv("DSI_CUDA_ATTN_FA"), *fs = getenv("DSI_CUDA_ATTN_FA_SPLIT");
     c->attn_fa_min = fa && *fa ? atoi(fa) : 1;
     c->attn_fa_split = !(fs && *fs == '0');
+    const char *f8 = getenv("DSI_CUDA_ATTN_FA_K8");
+    c->attn_fa_k8 = !(f8 && *f8 == '0');
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");
