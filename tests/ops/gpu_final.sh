@@ -9,7 +9,8 @@
 # FINAL_TESTS=0 leaves out the CUDA tests (run before by gpu_ab_env.sh in the same command),
 # FINAL_SAN=0 the sanitizers and the CLI check, FINAL_CLI=0 the CLI check only (the SASS instruction mixes of gvf.o, wg.o and
 # attn_fa.o go to $OUT/sass_*.txt in every run), FINAL_KEEP_CKPT=1 keeps a checkpoint already in
-# /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command). Logs
+# /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command);
+# FINAL_TEST_TIMEOUT (260 s) and FINAL_BUDGET (the bench's --budget, 150 s) for short runs. Logs
 # under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
@@ -38,7 +39,7 @@ for o in gvf wg attn_fa; do
     bash tests/ops/sass_hist.sh build/cuda/src/backend/cuda/$o.o >"$OUT/sass_$o.txt" 2>&1 || true
 done
 if [ "${FINAL_TESTS:-1}" != 0 ]; then # FINAL_TESTS=0: the CUDA tests ran already (gpu_ab_env.sh)
-    timeout 260 build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
+    timeout ${FINAL_TEST_TIMEOUT:-260} build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/test_cuda.log" 2>&1
     log "test_cuda rc $?: $(tail -1 "$OUT/test_cuda.log")"
     grep -oE "\[[^]]*(fast|FAIL)[^]]*\]|FAIL.*" "$OUT/test_cuda.log" | head -40 | tee -a "$OUT/summary.txt"
 fi
@@ -68,7 +69,7 @@ fi
 if [ "${FINAL_BENCH:-1}" != 0 ]; then
     [ -n "$GEN" ] && wait $GEN && log "checkpoint: $(tail -1 /tmp/final-gen.log)"
     timeout 200 build/cuda/dsinfer bench layer -m $M --ctx ${FINAL_CTX:-4096,65536} --steps 5 --batch $B --prefill 8192 \
-        --prefill-reps 1 --budget 150 "${HF[@]}" --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
+        --prefill-reps 1 --budget ${FINAL_BUDGET:-150} "${HF[@]}" --numerics fast 2>&1 | tee -a "$OUT/bench_layer.txt" |
         grep -E "^ +[0-9]+ |batch +step|tokens +chunk|^#  " | tee -a "$OUT/summary.txt"
     log "bench layer fast rc ${PIPESTATUS[0]}"
 fi
