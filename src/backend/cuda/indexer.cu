@@ -129,6 +129,8 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
     int64_t nv = (p.st.pos[r] + 1) / p.ratio, t0 = (int64_t)blockIdx.y * p.tpb;
     if (t0 * IDX_TN >= nv) return;
     int v4 = hd / 4, slot = p.st.slot[r];
+    const bool c16 = p.fp4 && hd % 32 == 0 && (uintptr_t)p.keys4 % 16 == 0;
+    const int64_t scs = (hd / 32 + 3) / 4 * 4; /* FP4 scale bytes a key row (idx_k4's) */
     /* q and the keys in rounds of IDX_SB float4 per thread, the loads of a round first (step 24:
        a load then its store per step, the keys' behind a branch and a page-table lookup, made
        ~48 dependent round trips per block): past the end a round reads its first float4 again,
@@ -157,7 +159,33 @@ __global__ void __launch_bounds__(128) k_idx_scores_tc(struct idx_p p) {
         if (i0 >= nv) break;
         int nt = nv - i0 < IDX_TN ? (int)(nv - i0) : IDX_TN;
         __syncthreads(); /* the tile before: its reads of Ks and red are done */
-        for (int e0 = tid; e0 < IDX_TN * v4; e0 += IDX_SB * bd) {
+        /* FP4 keys (16-byte aligned rows, hd % 32 == 0; step 30): 16-byte chunks of 32 codes,
+           each with its 32-block's scale byte, decoded to bf16 as FP4 weights are
+           (tc_decode_w: exact), two chunks in flight per thread (a 64-key tile of 128 dims is
+           256 chunks); else (F32 keys, step 29's FP4 path) float4 by float4 */
+        const int cpk = hd / 32, nch = IDX_TN * cpk;
+        for (int e0 = tid; c16 && e0 < nch; e0 += 2 * bd) {
+            struct tc_wraw w[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int e = e0 + u * bd < nch ? e0 + u * bd : e0, j = e / cpk, c = e - j * cpk;
+                int64_t kr = paged(p.st.page_table, p.st.max_pages, p.st.page_tokens, slot,
+                                   i0 + (j < nt ? j : 0), p.ratio, 1);
+                w[u].v[0] = __ldg((const uint4 *)(p.keys4 + kr * (hd / 2)) + c);
+                w[u].sb = __ldg(p.k4_sc + kr * scs + c);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int e = e0 + u * bd, j = e / cpk, c = e - j * cpk;
+                if (e >= nch) break;
+                uint4 d[4];
+                tc_decode_w<DSI_TYPE_FP4_E2M1>(w[u], j < nt, d);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    *(uint4 *)(Ks + j * ld + 32 * c + 8 * i) = d[i];
+            }
+        }
+        for (int e0 = tid; !c16 && e0 < IDX_TN * v4; e0 += IDX_SB * bd) {
             int64_t kr[IDX_SB];
 #pragma unroll
             for (int u = 0; u < IDX_SB; u++) { /* the page-table lookups, all in flight */
