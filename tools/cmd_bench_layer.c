@@ -13,7 +13,7 @@
  * e4m3 x e4m3 -> bf16, fp32 accumulation, src/backend/cuda/peak.cu). For a step:
  *   bytes roofline = bytes it must move / copy bandwidth; bytes = every non-expert weight of every
  *     layer once, each routed expert expected to be hit (E (1 - (1 - k/E)^B) experts for B rows
- *     of uniform routing) once, and the cache rows each row reads (fp32, this engine's layout);
+ *     of uniform routing) once, and the cache rows each row reads (in the cache format used);
  *     activations not counted;
  *   FP8 roofline = FLOPs / FP8 rate; FLOPs = 2 x rows x (weights of the non-expert GEMMs + k
  *     routed experts + the shared expert), plus attention (4 x heads x head_dim per key read: the
@@ -803,7 +803,7 @@ static struct proj project(const struct bench *b, const struct res *r, int *miss
         p.t2 += nk[k] * (DSI_MAX(kt[k] - moe / 2, kt[k] / 2) + a2a);
         nonexp += nk[k] * kind_bytes(b, k);
     }
-    /* the cache of the 43 layers + MTP at this context and batch, this engine's fp32 layout */
+    /* the cache of the 43 layers + MTP at this context and batch, in g_kvd's layout */
     int kinds[FLASH_LAYERS + 1], ratios[FLASH_LAYERS + 1];
     for (int i = 0; i <= FLASH_LAYERS; i++) {
         bool win = i < 2 || i == FLASH_LAYERS, csa = !win && i % 2 == 0;
@@ -858,10 +858,9 @@ static void print_split(const struct bench *b, const struct res *rs, int nb, int
         "bf16 each way at %.0f GB/s + %.0f us each); memory per GPU = non-expert weights + half "
         "the experts + the whole cache\n",
         b->c->hidden_size, b->nvlink_gbs, b->a2a_us);
-    printf(
-        "#   memory: weights + cache of 43 layers (+ MTP window) in this engine's layout (fp32) + "
-        "activations, against %.1f GB per device\n",
-        b->mem_total / 1e9);
+    printf("#   memory: weights + cache of 43 layers (+ MTP window) in this engine's layout (%s) + "
+           "activations, against %.1f GB per device\n",
+           g_kvd == DSI_KV_FP8 ? "fp8" : "fp32", b->mem_total / 1e9);
     printf("%6s %10s %11s %9s %5s %10s %11s %9s %5s\n", "batch", "1gpu_ms", "1gpu_tok/s", "mem_GB",
            "fits", "2gpu_ms", "2gpu_tok/s", "GB/gpu", "fits");
     int miss_all = 0;
