@@ -149,7 +149,8 @@ struct cu_ctx {
     bool wg_q8;
     double wgq_min; /* with wg_q8, the routed tiles on wgq.cu from this many rows per expert too
                        (DSI_CUDA_WGQ_MIN; 0: only where wg.cu's rule takes them) */
-    bool wgq_stg;   /* wgq.cu's warpgroups staggered by half a step (DSI_CUDA_WGQ_STG=0: off) */
+    bool wgq_stg;   /* wgq.cu's warpgroups staggered by half a step (DSI_CUDA_WGQ_STG=1; off
+                       from step 30) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

@@ -215,9 +215,9 @@ wq_mma_step(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0
 #endif
 
 /* MODE TC_UP (x8) or TC_DOWN (h8); DYN: each block's wgmma as wide as its tile's rows rounded up
- * to 32 (wg.cu's). STG (c->wgq_stg, the default; DSI_CUDA_WGQ_STG=0: off): the warpgroups
- * staggered by half a step, so that each one's promotion runs beside the other's wgmma: the
- * second waits for and promotes step s - 1 after the barrier of step s, before issuing step s
+ * to 32 (wg.cu's). STG (c->wgq_stg, DSI_CUDA_WGQ_STG=1; off from step 30: 6% slower): the
+ * warpgroups staggered by half a step, so that each one's promotion runs beside the other's wgmma:
+ * the second waits for and promotes step s - 1 after the barrier of step s, before issuing step s
  * (its wgmma run across the barrier; no more registers: the same partial sums, promoted later),
  * and the first issues right after the barrier and promotes at the end of its step; the stage
  * refilled after the barrier of step s is then that of step s - 2 (2 steps ahead). The outputs as
