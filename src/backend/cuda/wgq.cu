@@ -195,22 +195,32 @@ __device__ __forceinline__ void wq_decode(const struct tc_wraw (&w)[2],
 }
 
 #ifdef WG_HAVE
-/* A step's 4 wgmma of width 32 M (M = nsel down from BN / 32, uniform in the block) into d, the
- * first overwriting it (DYN: all adding, the caller clears d: with the first's scale-d 0 in
- * blocks of several widths, ptxas serialised every wgmma, C7511); fenced and committed inside
- * each branch (wg.cu's wg_mma_step). */
-template <int BN, bool DYN, int M = BN / 32>
+/* A step's 4 wgmma of width N into d, the first overwriting it; fenced and committed. */
+template <int N, int NR>
 __device__ __forceinline__ void
-wq_mma_step(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0) {
-    if (nsel >= M || M == 1) {
-        wg_fence();
+wq_mma_step(float (&d)[NR], const uint32_t (&a)[4][4], uint32_t b0) {
+    static_assert(N / 2 <= NR, "wq_mma_step: the accumulators");
+    wg_fence();
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            wg_mma_q8_k32<32 * M>(d, a[i], wg_desc(b0 + i * 32), DYN ? 1u : (uint32_t)i);
-        wg_commit();
-    } else if constexpr (M > 1) {
-        wq_mma_step<BN, DYN, M - 1>(d, nsel, a, b0);
+    for (int i = 0; i < 4; i++)
+        wg_mma_q8_k32<N>(d, a[i], wg_desc(b0 + i * 32), (uint32_t)i);
+    wg_commit();
+}
+
+/* f(std::integral_constant<int, M>) for M = nsel down from MX (at least 1): the K loop's copy
+ * for wgmma of width 32 M (DYN). One copy per width, each with its first wgmma overwriting the
+ * partial sums: step 31 replaced one loop choosing the width per step, whose wgmma all added
+ * (ptxas serialised the scale-d-0 form across several widths, C7511) onto sums cleared after
+ * each promotion, and whose promotion stopped at the live columns by a branch: ptxas re-zeroed
+ * every earlier partial sum at each exit, ~500 moves a thread a step at BN 128. */
+template <int MX, typename F> __device__ __forceinline__ void wq_width(int nsel, F f) {
+    if constexpr (MX > 1) {
+        if (nsel < MX) {
+            wq_width<MX - 1>(nsel, f);
+            return;
+        }
     }
+    f(std::integral_constant<int, MX>{});
 }
 #endif
 
@@ -295,15 +305,16 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
         for (int h = 0; h < 2; h++)
             wq_load_w<WT>(wrow[h], wsrow[h], (uint32_t)s, t4, w[h]);
     };
-    /* the promotion of step s (u = s % 2): wait for its wgmma, then acc += part x the stage's
-       activation scales (x the step's weight scales: FP8) */
-    auto promote = [&](int64_t s, int u) {
+    /* the promotion of step s (u = s % 2) for the first NJ x 8 activation rows (those the
+       step's wgmma wrote): wait for its wgmma, then acc += part x the stage's activation scales
+       (x the step's weight scales: FP8) */
+    auto promote = [&](int64_t s, int u, auto nj_c) {
+        constexpr int NJ = decltype(nj_c)::value;
         const float *sc = scs + (uint32_t)(s % WQ_ST) * BN;
         wg_wait<0>();
         wg_pin(part);
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+        for (int j = 0; j < NJ; j++) {
             float2 as = *(const float2 *)(sc + 8 * j + 2 * t4);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -312,15 +323,16 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
                     acc[4 * j + i] = fmaf(part[4 * j + i], a_s, acc[4 * j + i]);
                 else
                     acc[4 * j + i] = fmaf(part[4 * j + i] * a_s, ws[u][i >> 1], acc[4 * j + i]);
-                if (DYN) part[4 * j + i] = 0.0f; /* (wq_mma_step) */
             }
         }
     };
-    /* the K loop; LATE (STG's warpgroup 1, a separate copy of the loop, so that ptxas sees each
-       warpgroup's wgmma pipeline whole: with one loop and a runtime test it serialised every
-       wgmma, C7513): step s promotes step s - 1 first */
-    auto kloop = [&](auto late_c) {
+    /* the K loop with wgmma of width 32 M; LATE (STG's warpgroup 1, a separate copy of the
+       loop, so that ptxas sees each warpgroup's wgmma pipeline whole: with one loop and a
+       runtime test it serialised every wgmma, C7513): step s promotes step s - 1 first */
+    auto kloop = [&](auto late_c, auto m_c) {
         constexpr bool LATE = decltype(late_c)::value;
+        constexpr int M = decltype(m_c)::value;
+        constexpr std::integral_constant<int, 4 * M> nj{};
         /* step s, u = s % 2 (a constant in each copy of wg_k_loop's body) */
         auto step = [&](int64_t s, int u) {
             cu_cp_wait<WQ_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
@@ -330,19 +342,28 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
                non-aligned one need not) */
             asm volatile("barrier.sync 0;\n" ::: "memory");
             load_x(s + WQ_AH);
-            if (LATE && s > 0) promote(s - 1, 1 - u);
-            wq_mma_step<BN, DYN>(part, nv >> 5, fr[u], base + (uint32_t)(s % WQ_ST) * STAGE);
+            if (LATE && s > 0) promote(s - 1, 1 - u, nj);
+            wq_mma_step<32 * M>(part, fr[u], base + (uint32_t)(s % WQ_ST) * STAGE);
             wq_decode<WT>(wr[1 - u], valid, wb, fr[1 - u], ws[1 - u]); /* step s + 1's */
             if (s + 3 < steps) load_w(s + 3, wr[1 - u]);
-            if (!LATE) promote(s, u);
+            if (!LATE) promote(s, u, nj);
         };
         wg_k_loop<2>(steps, [&](int64_t s, int u) { step(s, u); });
         if (LATE && steps > 0) { /* the last step's promotion (u a constant in each branch) */
             if ((steps - 1) & 1)
-                promote(steps - 1, 1);
+                promote(steps - 1, 1, nj);
             else
-                promote(steps - 1, 0);
+                promote(steps - 1, 0, nj);
         }
+    };
+    /* DYN: the copy of the loop for the block's width (uniform in the block); with STG the
+       full width (copies per width there: C7515, the wgmma serialised), the columns past nv
+       computing on stale stage bytes that no output reads */
+    auto kloops = [&](auto late_c) {
+        if constexpr (DYN && !STG)
+            wq_width<BN / 32>(nv >> 5, [&](auto m_c) { kloop(late_c, m_c); });
+        else
+            kloop(late_c, std::integral_constant<int, BN / 32>{});
     };
 #pragma unroll
     for (int u = 0; u < 2; u++)
@@ -362,9 +383,9 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
     wq_decode<WT>(wr[0], valid, wb, fr[0], ws[0]);
     if (2 < steps) load_w(2, wr[0]);
     if (STG && wgi == 1) /* (warpgroup-uniform) */
-        kloop(std::integral_constant<bool, true>{});
+        kloops(std::integral_constant<bool, true>{});
     else
-        kloop(std::integral_constant<bool, false>{});
+        kloops(std::integral_constant<bool, false>{});
     if (WT == DSI_TYPE_FP4_E2M1) {
         wg_wait<0>(); /* (none in flight: each step waited for its own) */
 #pragma unroll

@@ -1,0 +1,55 @@
+#!/bin/bash
+# gpu_pre.sh - a device run on binaries built on the development machine, so that the device's
+# minutes go to measuring instead of compiling (~200 s saved): build/pre/pre.tgz holds stripped
+# build/cuda/dsinfer and dsinfer-test (make it with `sh tests/ops/gpu_pre.sh --pack` here, after
+# `make BUILD=build/cuda CUDA=1 all`; carry build/pre and build/deps). On the device: the CUDA
+# tests (PRE_TESTS, default 'test_cuda_*'; "none": none), while the 4-layer real-shape checkpoint
+# is written to /tmp/flash4; then `dsinfer bench layer --numerics fast` at context 4096 (decode at
+# PRE_BATCH, default 1, and the 8k prefill) for each variant of PRE_VARIANTS ("base" = the
+# defaults, else comma-separated VAR=value settings), alternated PRE_REPS (2) rounds; with
+# PRE_PROFILE (variants) a per-op profile (DSI_CUDA_PROFILE=1) of the prefill for each. Key lines
+# in $OUT/summary.txt, logs under $OUT. Usage (repository root, on the GPU machine):
+#   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" bash tests/ops/gpu_pre.sh
+set -u
+if [ "${1:-}" = --pack ]; then
+    mkdir -p build/pre/x && strip -o build/pre/x/dsinfer build/cuda/dsinfer &&
+        strip -o build/pre/x/dsinfer-test build/cuda/dsinfer-test &&
+        tar czf build/pre/pre.tgz -C build/pre/x dsinfer dsinfer-test && rm -rf build/pre/x &&
+        ls -la build/pre/pre.tgz
+    exit $?
+fi
+OUT=${OUT:-/tmp/dsinfer-gpu-out}
+mkdir -p "$OUT"
+. tests/ops/gpu_env.sh
+export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
+mkdir -p build/cuda && tar xzf build/pre/pre.tgz -C build/cuda || { log "no build/pre/pre.tgz"; exit 1; }
+log "binaries unpacked"
+start_flash4 "$OUT"
+if [ "${PRE_TESTS:-test_cuda_*}" != none ]; then
+    timeout ${PRE_TEST_TIMEOUT:-220} build/cuda/dsinfer-test --root . --only "${PRE_TESTS:-test_cuda_*}" \
+        >"$OUT/test_cuda.log" 2>&1
+    log "tests rc $?: $(tail -1 "$OUT/test_cuda.log")"
+    grep -E "FAIL|fail[^e]" "$OUT/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
+fi
+wait $GEN
+log "checkpoint: $(tail -1 "$OUT/gen.log")"
+for rep in $(seq 1 "${PRE_REPS:-2}"); do
+    for v in ${PRE_VARIANTS:-base}; do
+        envs=()
+        [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+        f="$OUT/bench_${v//[=,]/_}_$rep.txt"
+        env "${envs[@]}" timeout 120 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
+            --batch "${PRE_BATCH:-1}" --no-split --prefill 8192 --prefill-reps 1 --numerics fast >"$f" 2>&1
+        log "$v rep $rep rc $?"
+        grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
+    done
+done
+for v in ${PRE_PROFILE:-}; do
+    envs=()
+    [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+    env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
+        --steps 2 --batch 1 --no-split --prefill 8192 --prefill-reps 1 --numerics fast \
+        >"$OUT/profile_${v//[=,]/_}.txt" 2>&1
+    log "profile $v rc $?"
+done
+log "done"
