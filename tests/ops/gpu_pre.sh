@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpu_pre.sh - a device run on binaries built on the development machine, so that the device's
-# minutes go to measuring instead of compiling (~200 s saved): build/pre/pre.tgz holds stripped
+# minutes go to measuring instead of compiling (~200 s saved): build/pre/pre.txz (xz: the carry limit) holds stripped
 # build/cuda/dsinfer and dsinfer-test (make it with `sh tests/ops/gpu_pre.sh --pack` here, after
 # `make BUILD=build/cuda CUDA=1 all`; carry build/pre and build/deps). On the device: the CUDA
 # tests (PRE_TESTS, default 'test_cuda_*'; "none": none), while the 4-layer real-shape checkpoint
@@ -14,15 +14,15 @@ set -u
 if [ "${1:-}" = --pack ]; then
     mkdir -p build/pre/x && strip -o build/pre/x/dsinfer build/cuda/dsinfer &&
         strip -o build/pre/x/dsinfer-test build/cuda/dsinfer-test &&
-        tar czf build/pre/pre.tgz -C build/pre/x dsinfer dsinfer-test && rm -rf build/pre/x &&
-        ls -la build/pre/pre.tgz
+        tar cJf build/pre/pre.txz -C build/pre/x dsinfer dsinfer-test && rm -rf build/pre/x &&
+        ls -la build/pre/pre.txz
     exit $?
 fi
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
 mkdir -p "$OUT"
 . tests/ops/gpu_env.sh
 export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
-mkdir -p build/cuda && tar xzf build/pre/pre.tgz -C build/cuda || { log "no build/pre/pre.tgz"; exit 1; }
+mkdir -p build/cuda && tar xJf build/pre/pre.txz -C build/cuda || { log "no build/pre/pre.txz"; exit 1; }
 log "binaries unpacked"
 start_flash4 "$OUT"
 if [ "${PRE_TESTS:-test_cuda_*}" != none ]; then
