@@ -114,15 +114,19 @@ static bool g_moe_drop;
 
 /* reference: FP8 activations and bf16 roundings; fast (implies reference): the `fast` flag
  * (tensor-core kernels for tiles of many rows). */
-/* The bound of `fast` / `reference` results against the CPU's reference: 1e-2 of the largest
- * output, 2e-2 on wgq.cu's FP8 tensor cores (set around its variants). There the 128-k step sums
- * are added by the tensor cores' truncating FP8 adds (DeepGEMM's numerics: promoted to fp32 once
- * per 128 k), not exactly as on the bf16 kernels, and the up projection's error moves some of h's
- * e4m3 codes (act_quant before the down projection) by a unit of their 3-bit mantissa: on the
- * H200 (step 30) 2.5e-3 .. 8.6e-3 with FP4 weights (whose products have few significant bits),
- * 1.1e-2 .. 1.45e-2 with FP8 ones (the FP8 experts, and the shared expert from 512 rows), against
- * at most 2.2e-3 on wgr.cu with the same cases. */
-static double g_moe_tol = 1e-2;
+/* The bound of `fast` / `reference` results against the CPU's reference: 2e-2 of the largest
+ * output (the issue's bound for the model's logits). The GPU adds its fp32 sums in another order;
+ * where one lands next to a rounding boundary of the bf16 roundings of the SwiGLU or of h's e4m3
+ * codes (act_quant before the down projection), that element of h moves by a unit of a 3-bit
+ * mantissa (6-12% of it), and with I = 128 one such code moves an output by up to ~1.5e-2 of the
+ * largest: step 31 met 1.02e-2 (case 18, DSI_CUDA_MOE_LT=0) and 1.49e-2 (case 4 in tiny mode,
+ * DSI_CUDA_WG_RS=0,DSI_CUDA_WG_DYN=0) once new variants shifted the random inputs, where the
+ * bound was 1e-2 (2e-2 only on wgq.cu's). On wgq.cu's FP8 tensor cores the 128-k step sums are
+ * moreover added by truncating FP8 adds (DeepGEMM's numerics: promoted to fp32 once per 128 k):
+ * on the H200 (step 30) 2.5e-3 .. 8.6e-3 with FP4 weights, 1.1e-2 .. 1.45e-2 with FP8 ones,
+ * against at most 2.2e-3 on wgr.cu with the same inputs. A wrong tile or fragment moves outputs
+ * by their own size, far past the bound. */
+static const double g_moe_tol = 2e-2;
 
 static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
@@ -355,7 +359,6 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
-        g_moe_tol = strstr(other[b].env, "DSI_CUDA_WG_Q8=1") ? 2e-2 : 1e-2;
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
             if (cases[i].n < other[b].nmin || cases[i].n > other[b].nmax ||
                 (tiny_only() && cases[i].D > 256))
@@ -367,7 +370,6 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         }
         g_gpu = keep;
         g3->ops->free(g3);
-        g_moe_tol = 1e-2;
     }
     TEST_ASSERT(ok);
     return 0;
@@ -400,10 +402,8 @@ int test_cuda_moe_drop(struct test_ctx *t) {
         struct dsi_backend *g3 = cuda_backend_with(envs[b]);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
-        g_moe_tol = strstr(envs[b], "DSI_CUDA_WG_Q8=1") ? 2e-2 : 1e-2;
         ok = run_moe_mode(&r, &cases[2], true, true);
         if (!ok) fprintf(stderr, "[moe drop case 2 with %s] ", envs[b]);
-        g_moe_tol = 1e-2;
         g_gpu = keep;
         g3->ops->free(g3);
     }

@@ -61,7 +61,7 @@ wd_mma(float (&d)[4], const uint32_t (&a)[4], uint64_t db, uint32_t sd) {
 /* The thread's weight rows (its rows g and g + 8: up, the W1 and the W3 row of column col; down,
  * W2 rows o and o + 8) in weight tile 0 of the matrix (w[h], their scale rows sw[h]; past the
  * matrix too: only addresses), their indices r0[h], and the bytes between tiles (dw, ds: FP4
- * rows are linear, data and scales). A row r0 + tile dr is valid below lim. */
+ * rows are linear, data and scales). Row h of tile t is valid while r0[h] + t dr < lim. */
 template <int MODE> struct wd_rows {
     const uint8_t *w[2], *sw[2];
     int64_t r0[2], dw, ds, lim;
@@ -77,12 +77,6 @@ template <int MODE> struct wd_rows {
             r0[h] = MODE == TC_UP ? w4 * 8 + g : w4 * 16 + g + 8 * h;
             tc_wsrc<MODE>(p, e, MODE == TC_UP ? h : 0, r0[h], &w[h], &sw[h], &sh1, &sb1);
         }
-    }
-    /* row h of tile `tile` (NULL: past the matrix) and its scales */
-    __device__ __forceinline__ const uint8_t *row(int h, int64_t tile, const uint8_t **srow) const {
-        bool ok = r0[h] + tile * dr < lim;
-        *srow = ok ? sw[h] + tile * ds : nullptr;
-        return ok ? w[h] + tile * dw : nullptr;
     }
 };
 
@@ -119,24 +113,47 @@ template <int MODE> __global__ void __launch_bounds__(WD_T) k_wgd(struct tc_p p)
     }
     /* the weight stream: step q of the block is step q % steps of its weight tile q / steps */
     const int64_t tile0 = (int64_t)blockIdx.x * WD_TPB;
-    const int64_t ntiles = MODE == TC_UP ? (p.m.I + WD_BM / 2 - 1) / (WD_BM / 2)
-                                         : (p.m.D + WD_BM - 1) / WD_BM;
+    const int64_t ntiles =
+        MODE == TC_UP ? (p.m.I + WD_BM / 2 - 1) / (WD_BM / 2) : (p.m.D + WD_BM - 1) / WD_BM;
     const int nt = (int)min((int64_t)WD_TPB, ntiles - tile0);
-    const int total = nt * steps;
+    /* the streams walk (tile it, step s) pairs with counters, not divisions (step 31's first
+       form divided per step: 350 instructions a step, issue-bound at 1.6 TB/s); row h of the
+       block's tile it is valid while it < vt[h] */
     const wd_rows<MODE> wrs(p, e, w4, g);
-    struct tc_wraw wr[WD_PF][2] = {};
-    auto load_w = [&](int q, struct tc_wraw(&w)[2]) {
-        if (q >= total) return;
-        int it = q / steps, s = q - it * steps;
+    int vt[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *sr, *r = wrs.row(h, tile0 + it, &sr);
-            wq_load_w<DSI_TYPE_FP4_E2M1>(r, sr, (uint32_t)s, t4, w[h]);
+    for (int h = 0; h < 2; h++) {
+        int64_t left = wrs.lim - wrs.r0[h] - tile0 * wrs.dr; /* rows left from tile 0's */
+        vt[h] = left <= 0 ? 0 : (int)min((int64_t)nt, (left + wrs.dr - 1) / wrs.dr);
+    }
+    /* the load stream (WD_PF steps ahead): its step, tile and rows */
+    int ls = 0, lit = 0;
+    const uint8_t *lw[2], *lsw[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        lw[h] = wrs.w[h] + tile0 * wrs.dw;
+        lsw[h] = wrs.sw[h] + tile0 * wrs.ds;
+    }
+    struct tc_wraw wr[WD_PF][2] = {};
+    auto load_w = [&](struct tc_wraw(&w)[2]) {
+        if (lit >= nt) return;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wq_load_w<DSI_TYPE_FP4_E2M1>(lit < vt[h] ? lw[h] : nullptr, lsw[h], (uint32_t)ls, t4,
+                                         w[h]);
+        if (++ls == steps) {
+            ls = 0;
+            lit++;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                lw[h] += wrs.dw;
+                lsw[h] += wrs.ds;
+            }
         }
     };
 #pragma unroll
     for (int u = 0; u < WD_PF; u++)
-        load_w(u, wr[u]);
+        load_w(wr[u]);
     cu_cp_wait<0>();
     wg_fence_smem();
     __syncthreads();
@@ -144,13 +161,12 @@ template <int MODE> __global__ void __launch_bounds__(WD_T) k_wgd(struct tc_p p)
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, part[4];
     uint32_t fr[2][4][4]; /* the fragments of steps q (set q % 2) and q + 1 */
     float wsc[2][2];      /* their weight scales (rows g, g + 8) */
-    /* step q's fragments and weight scales into set v from its raw weights w (then the raw
-       registers take step q + WD_PF's loads) */
-    auto decode = [&](int q, int v, struct tc_wraw(&w)[2]) {
-        if (q >= total) return;
-        const int64_t tile = tile0 + q / steps;
-        const bool valid[2] = {wrs.r0[0] + tile * wrs.dr < wrs.lim,
-                               wrs.r0[1] + tile * wrs.dr < wrs.lim};
+    int dit = 0, ds_ = 0; /* the decode stream's tile and step (one ahead of the wgmma) */
+    /* the next step's fragments and weight scales into set v from its raw weights w (then the
+       raw registers take the load stream's next step) */
+    auto decode = [&](int v, struct tc_wraw(&w)[2]) {
+        if (dit >= nt) return;
+        const bool valid[2] = {dit < vt[0], dit < vt[1]};
         /* B per row and step: the largest of the 4 lanes' scale bytes */
         uint32_t b[2];
 #pragma unroll
@@ -162,7 +178,11 @@ template <int MODE> __global__ void __launch_bounds__(WD_T) k_wgd(struct tc_p p)
         }
         float unused[2];
         wq_decode<DSI_TYPE_FP4_E2M1>(w, valid, b, fr[v], unused);
-        load_w(q + WD_PF, w);
+        load_w(w);
+        if (++ds_ == steps) {
+            ds_ = 0;
+            dit++;
+        }
     };
     /* the outputs of weight tile it, then the accumulators cleared */
     auto finish = [&](int it) {
@@ -181,29 +201,33 @@ template <int MODE> __global__ void __launch_bounds__(WD_T) k_wgd(struct tc_p p)
         for (int i = 0; i < 4; i++)
             acc[i] = 0.0f;
     };
-    /* step q (u = q % WD_PF): its wgmma on set q % 2, step q + 1's decode while they run, then
-       the wait and the promotion (one set of partial sums: ptxas serialised two sets read across
-       a wait_group 1, C7514) */
-    auto step = [&](int q, int u) {
+    int it = 0, s = 0; /* the wgmma's tile and step */
+    /* a step (u = its index % WD_PF): its wgmma on fragment set u % 2, the next step's decode
+       while they run, then the wait and the promotion (one set of partial sums: ptxas
+       serialised two sets read across a wait_group 1, C7514) */
+    auto step = [&](int u) {
         const int v = u & 1;
-        int it = q / steps, s = q - it * steps;
         wg_fence();
 #pragma unroll
         for (int i = 0; i < 4; i++)
             wd_mma(part, fr[v][i], wg_desc(base + (uint32_t)s * (WD_N * WQ_BK) + i * 32),
                    (uint32_t)i);
         wg_commit();
-        decode(q + 1, 1 - v, wr[(u + 1) % WD_PF]);
+        decode(1 - v, wr[(u + 1) % WD_PF]);
         wg_wait<0>();
         wg_pin(part);
         float2 as = *(const float2 *)(scs + s * WD_N + 2 * t4);
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[i] = fmaf(part[i] * ((i & 1) ? as.y : as.x), wsc[v][i >> 1], acc[i]);
-        if (s == steps - 1) finish(it);
+        if (++s == steps) {
+            finish(it);
+            s = 0;
+            it++;
+        }
     };
-    decode(0, 0, wr[0]);
-    wg_k_loop<WD_PF>(total, [&](int64_t q, int u) { step((int)q, u); });
+    decode(0, wr[0]);
+    wg_k_loop<WD_PF>((int64_t)nt * steps, [&](int64_t, int u) { step(u); });
 #endif
 }
 
