@@ -328,8 +328,6 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        blocks of 64 and 128 rows, FP4 and FP8 experts, the shared expert from 512 rows; and from
        3 rows with the routed tiles there from 1 row per expert, DSI_CUDA_WGQ_MIN=1, blocks of
        32 rows; its warpgroups staggered, DSI_CUDA_WGQ_STG=1, off by default from step 30);
-       the decode's routed FP4 tiles of up to 8 rows on wgd.cu's FP8 walks (DSI_CUDA_WGD=1, step
-       31; also with tc.cu's threshold raised, so that tiles of 10-150 rows per expert take it);
        the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0) */
@@ -350,8 +348,6 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WGQ_MIN=1", 3, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WGQ_STG=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WGD=1", 1, INT64_MAX},
-                 {"DSI_CUDA_WGD=1,DSI_CUDA_TC_MOE=1000", 1, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX}};
     /* Every variant and case runs, so one failure names all the cases that share it. */

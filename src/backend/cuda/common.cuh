@@ -151,8 +151,6 @@ struct cu_ctx {
                        (DSI_CUDA_WGQ_MIN; 0: only where wg.cu's rule takes them) */
     bool wgq_stg;   /* wgq.cu's warpgroups staggered by half a step (DSI_CUDA_WGQ_STG=1; off
                        from step 30) */
-    bool wgd;       /* the decode's routed FP4 experts (tiles of up to 8 rows) on wgd.cu's FP8
-                       walks (DSI_CUDA_WGD=1; off: step 31's, not yet measured) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

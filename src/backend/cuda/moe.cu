@@ -766,21 +766,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool wg = (tc && c->wg && (double)nk / E > 32) ||
               (rfast && q8 && c->wgq_min > 0 && (double)nk / E >= c->wgq_min);
     gv = gv && !wg;
-    /* wgd.cu (c->wgd): those routed tiles (FP4 experts, tiles of up to 8 rows) on FP8 walks of
-       act_quant's codes instead (the shared expert stays on its kernels: below 512 rows, so not
-       on wgr.cu / wgq.cu, which would share the codes) */
-    bool wgd = gv && c->wgd && a->act_quant && n < 512 && wgd_ok(D, I) &&
-               r1.type == DSI_TYPE_FP4_E2M1 && wgq_w_ok(&r1) && wgq_w_ok(&r3) && wgq_w_ok(&r2);
-    gv = gv && !wgd;
     /* (wg.cu's tiles of equal rows, each block's wgmma as wide as its tile's rows: c->wg_dyn) */
     bool wdyn = c->wg_dyn;
-    int rx = wg    ? q8   ? wgq_pick_bn(c, (double)nk / E)
-                     : rs ? wgr_pick_bn(c, (double)nk / E)
-                          : wg_pick_bn(c, (double)nk / E, wdyn)
-                : tc ? tc_pick_bn(c, (double)nk / E)
-             : wgd ? 8
-             : gv  ? 8 * gnt
-                   : pick_rx((double)nk / E);
+    int rx = wg   ? q8   ? wgq_pick_bn(c, (double)nk / E)
+                    : rs ? wgr_pick_bn(c, (double)nk / E)
+                         : wg_pick_bn(c, (double)nk / E, wdyn)
+               : tc ? tc_pick_bn(c, (double)nk / E)
+             : gv ? 8 * gnt
+                  : pick_rx((double)nk / E);
     /* the shared expert: implicit tiles over all rows */
     bool stc = a->fast && n >= c->tc_dense_min && tc_moe_ok(&s1, &s3, &s2, D, I, a->x);
     /* (below tc.cu's floor: tiles of 32 rows, or 16 or 8 where those do not fit in shared
@@ -802,7 +795,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        step 27's experiment) */
     bool tma = rs && !q8 && c->wgr_tma && (wg || swg) && wdyn;
     q8 = q8 && (wg || swg);
-    bool codes = q8 || wgd; /* the FP8 codes of x and h */
     int64_t max_tiles = nk / rx + 1 + (nk < E ? nk : E);
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
@@ -811,11 +803,11 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* wg.cu reads bf16 copies of x and h; wgq.cu their FP8 codes and scales */
     size_t o_x16 = o_out + cu_align((size_t)((nk + n) * D) * 4);
     size_t xs8 = cu_align((size_t)(n * D)), hs8 = cu_align((size_t)((nk + n) * I));
-    size_t o_h16 = o_x16 + (codes ? xs8 + cu_align((size_t)(n * (D / 128)) * 4)
-                                  : cu_align((size_t)((tma ? nk + n : n) * D) * 2));
-    size_t total = codes          ? o_h16 + hs8 + cu_align((size_t)((nk + n) * (I / 128)) * 4)
-                   : !(wg || swg) ? o_x16
-                                  : o_h16 + cu_align((size_t)((nk + n) * I) * 2);
+    size_t o_h16 = o_x16 + (q8 ? xs8 + cu_align((size_t)(n * (D / 128)) * 4)
+                               : cu_align((size_t)((tma ? nk + n : n) * D) * 2));
+    size_t total = !(wg || swg) ? o_x16
+                   : q8         ? o_h16 + hs8 + cu_align((size_t)((nk + n) * (I / 128)) * 4)
+                                : o_h16 + cu_align((size_t)((nk + n) * I) * 2);
     char *s = (char *)cu_scratch(c, CU_SCR_OP, total);
     if (!s) return;
     struct moe_p p;
@@ -840,13 +832,13 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.x16 = (wg || swg) && !q8 ? (const uint16_t *)(s + o_x16) : NULL;
     p.h16 = (wg || swg) && !q8 ? (const uint16_t *)(s + o_h16) : NULL;
     p.x16_pos = tma;
-    p.x8 = codes ? (const uint8_t *)(s + o_x16) : NULL;
-    p.x8s = codes ? (const float *)(s + o_x16 + xs8) : NULL;
-    p.h8 = codes ? (const uint8_t *)(s + o_h16) : NULL;
-    p.h8s = codes ? (const float *)(s + o_h16 + hs8) : NULL;
+    p.x8 = q8 ? (const uint8_t *)(s + o_x16) : NULL;
+    p.x8s = q8 ? (const float *)(s + o_x16 + xs8) : NULL;
+    p.h8 = q8 ? (const uint8_t *)(s + o_h16) : NULL;
+    p.h8s = q8 ? (const float *)(s + o_h16 + hs8) : NULL;
     if (p.x16 && !tma) launch_wg_bf16(c, a->x, n, D, D, (uint16_t *)p.x16, D, rs);
     /* (x is act_quant's output: its codes, exact) */
-    if (codes && !launch_wgq_codes(c, a->x, n, D, D, (uint8_t *)p.x8, (float *)p.x8s, NULL, n)) {
+    if (q8 && !launch_wgq_codes(c, a->x, n, D, D, (uint8_t *)p.x8, (float *)p.x8s, NULL, n)) {
         cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: FP8 codes of x (%lld columns) not taken",
                 (long long)D);
         return;
@@ -858,11 +850,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     /* routed experts */
     dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
     int pp = cu_prof_begin(c, "moe.up");
-    bool ok = wg    ? launch_wg_moe(c, &p, true, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
-              : tc  ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
-              : wgd ? launch_wgd_moe(c, &p, true, (unsigned)max_tiles) && !c->sticky
-              : gv  ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
-                    : moe_up(c, &p, r1.type, rx, gu);
+    bool ok = wg   ? launch_wg_moe(c, &p, true, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
+              : tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
+              : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
+                   : moe_up(c, &p, r1.type, rx, gu);
     cu_prof_end(c, pp);
     if (!ok) return;
     struct moe_p ps = p;
@@ -883,25 +874,23 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        lt.cu, tc.cu) */
     bool q16 = a->act_quant && p.h16 && rs &&
                launch_wg_bf16_q8(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, wg ? nk : 0);
-    /* (wgq.cu, wgd.cu: h's act_quant and its codes in one pass, the floats of the rows other
-       kernels read written back) */
-    if (codes && !launch_wgq_codes(c, p.h, nk + n, I, I, (uint8_t *)p.h8, (float *)p.h8s, p.h,
-                                   wg || wgd ? nk : 0)) {
+    /* (wgq.cu: h's act_quant and its codes in one pass, the same rows' floats kept) */
+    if (q8 && !launch_wgq_codes(c, p.h, nk + n, I, I, (uint8_t *)p.h8, (float *)p.h8s, p.h,
+                                wg ? nk : 0)) {
         cu_fail(c, DSI_ERR_UNSUPPORTED, "moe: FP8 codes of h (%lld columns) not taken",
                 (long long)I);
         return;
     }
-    q16 = q16 || codes;
+    q16 = q16 || q8;
     if (c->sticky) return;
     if (!q16 && a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     if (!q16 && p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
     dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
     pp = cu_prof_begin(c, "moe.down");
-    ok = wg    ? launch_wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
-         : tc  ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
-         : wgd ? launch_wgd_moe(c, &p, false, (unsigned)max_tiles) && !c->sticky
-         : gv  ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
-               : moe_down(c, &p, r2.type, rx, gd);
+    ok = wg   ? launch_wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
+         : tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
+         : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
+              : moe_down(c, &p, r2.type, rx, gd);
     cu_prof_end(c, pp);
     if (!ok) return;
     dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));

@@ -138,13 +138,6 @@ bool launch_wgq_codes(struct cu_ctx *c,
                       float *xw,
                       int64_t keep_from);
 
-/* wgd.cu: the decode's routed experts on the FP8 tensor cores (c->wgd), FP4 weights with
- * 32-blocks along K, on p->x8 / p->h8 (launch_wgq_codes'), tiles of at most 8 rows (the grouping's
- * rx 8): where wgd_ok (D and I multiples of 128); grid.y = tiles; up: h, down: out (as
- * launch_wgq_moe). false: not taken (shared memory), the sticky error set. */
-bool wgd_ok(int64_t D, int64_t I);
-bool launch_wgd_moe(struct cu_ctx *c, const struct moe_p *p, bool up, unsigned tiles);
-
 /* Decode expert GEMMs of `fast` numerics (gvf.cu): whether the weights (and n rows of nt n8
  * tiles in shared memory) fit them, the n8 column
  * tiles for tiles of `rows` rows (1, 2, 4: at most 8, 16, 32 rows; routed tiles are grouped by

@@ -1,7 +1,8 @@
-/* wq.cuh - the FP8 tensor-core pieces shared by wgq.cu (the MoE's block GEMMs) and wgd.cu (the
- * decode's routed experts): the K order of act_quant's codes within a 128-group, e2m1 -> e4m3 via
- * a byte table, a step's raw weight loads and their decode into wgmma's 8-bit A fragments. The
- * numerics and the K order are described in wgq.cu's header. */
+/* wq.cuh - wgq.cu's FP8 tensor-core pieces (the MoE's block GEMMs), apart from its kernel: the K
+ * order of act_quant's codes within a 128-group, e2m1 -> e4m3 via a byte table, a step's raw
+ * weight loads and their decode into wgmma's 8-bit A fragments. The numerics and the K order are
+ * described in wgq.cu's header. (Step 31's wgd.cu, the decode's routed experts on m64n8k32 walks,
+ * shared them: measured slower than gvf.cu and removed; docs/cuda.md step 31.) */
 #ifndef DSI_CUDA_WQ_CUH
 #define DSI_CUDA_WQ_CUH
 
