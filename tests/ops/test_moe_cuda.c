@@ -285,6 +285,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {8, 2, 128, 128, 520, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* shared on wg.cu */
         {8, 3, 128, 128, 600, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},    /* 225: blocks of 256 */
         {8, 3, 256, 128, 700, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},     /* 262, FP8 experts */
+        {8, 2, 128, 128, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* tiny-a's decode step */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (tiny_only() && cases[i].D > 256) continue;
