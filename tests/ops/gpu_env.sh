@@ -25,3 +25,11 @@ build_cuda() {
     make -j"$(nproc)" BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >"$1/build.log" 2>&1 ||
         { tail -30 "$1/build.log"; log "BUILD FAILED"; exit 1; }
 }
+# pack_out NAME: every file under $OUT but summary.txt and earlier *.tgz into $OUT/NAME.tgz, the
+# originals removed (the device tool brings back at most 8 files a call, named in letters,
+# digits, '.', '_', '-').
+pack_out() {
+    (cd "$OUT" && find . -type f ! -name summary.txt ! -name '*.tgz' | sed 's|^\./||' >/tmp/pack.list &&
+        [ -s /tmp/pack.list ] && tar czf "$1.tgz" -T /tmp/pack.list && xargs rm -f </tmp/pack.list)
+    return 0
+}

@@ -10,8 +10,10 @@
 # FINAL_SAN=0 the sanitizers and the CLI check, FINAL_CLI=0 the CLI check only (the SASS instruction mixes of gvf.o, wg.o and
 # attn_fa.o go to $OUT/sass_*.txt in every run), FINAL_KEEP_CKPT=1 keeps a checkpoint already in
 # /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command);
-# FINAL_TEST_TIMEOUT (260 s) and FINAL_BUDGET (the bench's --budget, 150 s) for short runs. Logs
-# under $OUT. Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
+# FINAL_TEST_TIMEOUT (260 s) and FINAL_BUDGET (the bench's --budget, 150 s) for short runs;
+# FINAL_PRE=1: no build, the binaries of build/pre/pre.txz (tests/ops/gpu_pre.sh --pack here;
+# carry build/pre and build/deps; the SASS mixes below then need the objects and are skipped). Key
+# lines in $OUT/summary.txt, the logs packed in $OUT/logs_final.tgz (KEEP_OUT=1: left as files). Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
 # dev files are missing):
 #   OUT=$OUT bash tests/ops/gpu_final.sh
 set -u
@@ -30,12 +32,18 @@ elif [ "${FINAL_BENCH:-1}" != 0 ]; then
     GEN=$!
 fi
 J=$(nproc)
-make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >/tmp/final-build.log 2>&1 ||
-    { tail -30 /tmp/final-build.log; log "BUILD FAILED"; exit 1; }
-log "build done"
+if [ "${FINAL_PRE:-0}" = 1 ]; then # binaries built on the development machine (gpu_pre.sh --pack)
+    export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
+    mkdir -p build/cuda && tar xJf build/pre/pre.txz -C build/cuda || { log "no build/pre/pre.txz"; exit 1; }
+    log "binaries unpacked (build/pre)"
+else
+    make -j$J BUILD=build/cuda CUDA=1 build/cuda/dsinfer-test build/cuda/dsinfer >/tmp/final-build.log 2>&1 ||
+        { tail -30 /tmp/final-build.log; log "BUILD FAILED"; exit 1; }
+    log "build done"
+fi
 # the instruction mix of the hot kernels (tests/ops/sass_hist.sh: static counts per HMMA), for
 # the record of what each kernel spends beside its tensor-core instructions
-for o in gvf wg attn_fa; do
+[ "${FINAL_PRE:-0}" = 1 ] || for o in gvf wg attn_fa; do
     bash tests/ops/sass_hist.sh build/cuda/src/backend/cuda/$o.o >"$OUT/sass_$o.txt" 2>&1 || true
 done
 if [ "${FINAL_TESTS:-1}" != 0 ]; then # FINAL_TESTS=0: the CUDA tests ran already (gpu_ab_env.sh)
@@ -89,3 +97,4 @@ if [ -n "${FINAL_DIAG:-}" ] && [ "${FINAL_BENCH:-1}" != 0 ]; then # where batch 
     fi
 fi
 log "done"
+[ "${KEEP_OUT:-0}" = 1 ] || pack_out logs_final # (KEEP_OUT=1: the files left as they are)

@@ -8,7 +8,8 @@
 # PRE_BATCH, default 1, and the 8k prefill) for each variant of PRE_VARIANTS ("base" = the
 # defaults, else comma-separated VAR=value settings), alternated PRE_REPS (2) rounds; with
 # PRE_PROFILE (variants) a per-op profile (DSI_CUDA_PROFILE=1) of the prefill for each. Key lines
-# in $OUT/summary.txt, logs under $OUT. Usage (repository root, on the GPU machine):
+# in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files). Usage
+# (repository root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" bash tests/ops/gpu_pre.sh
 set -u
 if [ "${1:-}" = --pack ]; then
@@ -53,3 +54,4 @@ for v in ${PRE_PROFILE:-}; do
     log "profile $v rc $?"
 done
 log "done"
+[ "${KEEP_OUT:-0}" = 1 ] || pack_out logs_pre # (KEEP_OUT=1: the files left as they are)
