@@ -10,7 +10,7 @@
 # FINAL_SAN=0 the sanitizers and the CLI check, FINAL_CLI=0 the CLI check only (the SASS instruction mixes of gvf.o, wg.o and
 # attn_fa.o go to $OUT/sass_*.txt in every run), FINAL_KEEP_CKPT=1 keeps a checkpoint already in
 # /tmp/flash4 (written by gpu_ab_env.sh / gpu_ab_trees.sh in the same command);
-# FINAL_TEST_TIMEOUT (260 s) and FINAL_BUDGET (the bench's --budget, 150 s) for short runs;
+# FINAL_RACE_TIMEOUT (60 s, a racecheck run), FINAL_TEST_TIMEOUT (260 s) and FINAL_BUDGET (the bench's --budget, 150 s) for short runs;
 # FINAL_PRE=1: no build, the binaries of build/pre/pre.txz (tests/ops/gpu_pre.sh --pack here;
 # carry build/pre and build/deps; the SASS mixes below then need the objects and are skipped). Key
 # lines in $OUT/summary.txt, the logs packed in $OUT/logs_final.tgz (KEEP_OUT=1: left as files). Usage (repository root, on the GPU machine; carry build/deps where jansson/pcre2
@@ -57,7 +57,7 @@ if [ "${FINAL_SAN:-1}" != 0 ]; then
         build/cuda/dsinfer-test --root . --only 'test_cuda_*' >"$OUT/memcheck.log" 2>&1
     log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
     for t in test_cuda_gemm_fast test_cuda_moe_fast test_cuda_attn; do
-        DSI_TEST_TINY=1 timeout 60 compute-sanitizer --tool racecheck --print-limit 10 \
+        DSI_TEST_TINY=1 timeout ${FINAL_RACE_TIMEOUT:-60} compute-sanitizer --tool racecheck --print-limit 10 \
             build/cuda/dsinfer-test --root . --only $t >"$OUT/racecheck_$t.log" 2>&1
         log "racecheck $t rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck_$t.log" | tr '\n' ' ')"
     done
