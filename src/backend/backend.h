@@ -165,6 +165,8 @@ struct dsi_hc_pre_args {
     float norm_eps, hc_eps;
     float *y, *post, *comb;
     bool round_bf16;
+    bool fast; /* `fast` numerics: the mix's dot products may run in another order and on the
+                  tensor cores (split TF32, close to fp32); the CPU ignores it */
     /* optional (norm_w set): the RMSNorm that follows every hc_pre in the forward, in the same
        op: z = RMSNorm(y) norm_w (eps z_eps, rms_norm's numbers) and, with zq, zq = act_quant(z)
        in 128-blocks (rms_norm's yq). z may not alias y or X. */

@@ -591,6 +591,7 @@ hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n, const struct ds
                                 .post = f->post,
                                 .comb = f->comb,
                                 .round_bf16 = f->R,
+                                .fast = f->F,
                                 .norm_w = norm,
                                 .z_eps = (float)c->rms_norm_eps,
                                 .z = f->x,

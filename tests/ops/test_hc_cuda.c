@@ -184,6 +184,8 @@ int test_cuda_hc(struct test_ctx *t) {
         cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0,DSI_CUDA_HC_MIX_RPL=3")};
     for (int i = 0; i < NALT; i++)
         TEST_ASSERT(alt[i] != NULL);
+    struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1");
+    TEST_ASSERT(tf1 != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -237,6 +239,25 @@ int test_cuda_hc(struct test_ctx *t) {
                 for (int i = 0; i < NALT && n > 32; i++)
                     TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
                 TEST_ASSERT(hc_norm_same(&r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
+                /* `fast` numerics: the mix on hc_tf.cu's 3xTF32 tensor cores with the sums of
+                   squares, from DSI_CUDA_HC_TF_MIN rows (tf1: from 1 row, every n, partial row
+                   tiles; the default backend from 512: n = 601), within 2e-5 of the CPU (one
+                   TF32 product alone would be ~1e-3 off); len % 64 != 0 (D = 200) is not taken
+                   and runs the exact kernels. Then the norm after it, as above. */
+                struct dsi_hc_pre_args af = a;
+                af.fast = true;
+                for (int b = 0; b < 2; b++) {
+                    struct dsi_backend *be = b == 0 ? tf1 : g_gpu;
+                    be->ops->hc_pre(be, &af);
+                    TEST_ASSERT(gsync_on(be, "hc_pre fast") == 0);
+                    dget(yg, dy, sizeof(float) * (size_t)(n * D));
+                    dget(pg, dp, sizeof(float) * (size_t)(n * hc));
+                    dget(cg, dc, sizeof(float) * (size_t)(n * hc * hc));
+                    TEST_ASSERT(close_to("hc_pre fast y", yg, yc, n * D, rnd ? 1e-2 : 2e-5));
+                    TEST_ASSERT(close_to("hc_pre fast post", pg, pc, n * hc, 2e-5));
+                    TEST_ASSERT(close_to("hc_pre fast comb", cg, cc, n * hc * hc, 2e-5));
+                }
+                TEST_ASSERT(hc_norm_same(&r, &af, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
                 /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
                 float *f = fnorm(&r, n * D, 1.0f);
                 float *df = dput(f, sizeof(float) * (size_t)(n * D));
@@ -309,6 +330,7 @@ int test_cuda_hc(struct test_ctx *t) {
             }
     for (int i = 0; i < NALT; i++)
         alt[i]->ops->free(alt[i]);
+    tf1->ops->free(tf1);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
     for (int c = 0; c < 3; c++) {

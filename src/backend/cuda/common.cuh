@@ -128,6 +128,8 @@ struct cu_ctx {
     bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     int idx_tpb;     /* their key tiles per block (DSI_CUDA_IDX_TPB; 0: up to 8 by the grid) */
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
+    int hc_tf_min;   /* `fast` hc_pre: the mix on hc_tf.cu's 3xTF32 tensor cores from this many
+                        rows (DSI_CUDA_HC_TF_MIN, default 512; 0: never) */
     int hc_one;      /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
                         0: never; at most CU_HC_ONE_MAX) */
     int *hc_cnt;     /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between

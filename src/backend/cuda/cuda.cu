@@ -534,6 +534,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
     const char *hf = getenv("DSI_CUDA_HC_FUSE");
     c->hc_fuse = hf && *hf == '1';
+    /* step 32: the prefill's mix on the tensor cores with the sums of squares */
+    const char *ht = getenv("DSI_CUDA_HC_TF_MIN");
+    c->hc_tf_min = ht && *ht ? atoi(ht) : 512;
     /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;

@@ -1,6 +1,7 @@
 /* hc.cu - mHC: hc_pre (mix GEMM, then per token: norm statistic, pre/post/comb, Sinkhorn and
  * the collapse fused in one block), hc_post and the final hc_head, as cpu/ops.c. */
 #include "gemm.cuh"
+#include "hc.cuh"
 #include "norm.cuh"
 
 #include <algorithm>
@@ -300,10 +301,13 @@ __device__ __forceinline__ void hc_comb_warp(const float *mr,
  * hc x hc matrix (in local memory) 2 * iters times. With cv (DSI_CUDA_HC_FUSE=1), the mix comes
  * as k_hc_mix's split-K chunk values, [nq][n * n_mix]: the block adds each
  * output's nq values in chunk order (chunk_sum_staged, as k_gemm_reduce: the same bits) instead
- * of a reduce launch reading them before. The finish runs on CU_THREADS threads. */
+ * of a reduce launch reading them before. With ssp (`fast` numerics, hc_tf.cu), cv holds
+ * hc_mix_tf's nq split values in the same layout and ssp [nq][n] the splits' sums of squares,
+ * added here in double: X is read once, by the collapse. The finish runs on CU_THREADS threads. */
 __global__ void k_hc_pre_finish(const float *X,
                                 const float *mraw,
                                 const float *cv,
+                                const float *ssp,
                                 int64_t nq,
                                 int64_t n,
                                 int hc,
@@ -338,7 +342,10 @@ __global__ void k_hc_pre_finish(const float *X,
         mr = mix_s;
     }
     double ss = 0.0;
-    if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) {
+    if (ssp) { /* hc_mix_tf's partial sums of squares, in split order (every thread) */
+        for (int64_t q = 0; q < nq; q++)
+            ss += (double)__ldcg(ssp + q * n + r);
+    } else if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) {
         /* HC_AHEAD float4 of a thread in flight at once, added in the same order as one by one */
         const float4 *X4 = (const float4 *)Xr;
         int64_t n4 = len / 4;
@@ -362,7 +369,7 @@ __global__ void k_hc_pre_finish(const float *X,
         for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
             ss += (double)Xr[i] * (double)Xr[i];
     }
-    ss = block_sum_d(ss, red); /* the same value in every thread */
+    if (!ssp) ss = block_sum_d(ss, red); /* the same value in every thread */
     int nt = hc * hc, tid = threadIdx.x, small = nt <= 32 ? 32 : 64;
     float rho = 1.0f / sqrtf((float)(ss / (double)len) + norm_eps);
     bool lead = blockIdx.y == 0;
@@ -690,16 +697,26 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         if (!normed) hc_norm_after(be, a);
         return;
     }
-    /* the mix: mraw, or its split-K chunk values for the finish to add (c->hc_fuse) */
+    /* the mix: mraw, or its split-K chunk values for the finish to add (c->hc_fuse); in `fast`
+       numerics from c->hc_tf_min rows on the tensor cores (hc_tf.cu), split along K, with the
+       rows' sums of squares (ssp) */
     int64_t nq = 0;
-    const float *cv = hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw, c->hc_fuse, &nq);
+    float *tcv = NULL, *ssp = NULL;
+    const float *cv = NULL;
+    if (a->fast && c->hc_tf_min > 0 && a->n >= c->hc_tf_min &&
+        hc_mix_tf(c, &fn, (int)n_mix, a->X, a->n, len, &tcv, &ssp, &nq))
+        cv = tcv;
+    else if (c->sticky)
+        return;
+    else
+        cv = hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw, c->hc_fuse, &nq);
     int pf = cu_prof_begin(c, "hc_pre.finish");
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
     int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
     dim3 grid((unsigned)a->n, (unsigned)split);
-    cu_launch(c, k_hc_pre_finish, grid, CU_THREADS, 0, a->X, mraw, cv, nq, a->n, hc, a->dim,
-              cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps, a->y,
-              a->post, a->comb, a->round_bf16);
+    cu_launch(c, k_hc_pre_finish, grid, CU_THREADS, 0, a->X, mraw, cv, (const float *)ssp, nq, a->n,
+              hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps,
+              a->y, a->post, a->comb, a->round_bf16);
     cu_prof_end(c, pf);
     if (cu_check(c, "hc_pre")) hc_norm_after(be, a);
 }

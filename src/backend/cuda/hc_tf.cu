@@ -1,0 +1,190 @@
+/* hc_tf.cu - hc_pre's mix in `fast` numerics on the tensor cores (step 32): the n_mix dot
+ * products fn[o] . X[r] (24 for V4's hc = 4, over 16384 fp32 values a row) as mma.sync m16n8k8
+ * TF32 products with the split of each operand into a TF32 high part and a TF32 remainder
+ * (3xTF32: hi hi + hi lo + lo hi; the lo lo term and the cuts, a few 2^-20 of a product, are
+ * dropped: tf_split), fp32 sums
+ * in the tensor cores' order: close to fp32, not cpu_dot's bits, so only where the caller says
+ * `fast` (dsi_hc_pre_args.fast). The same pass adds each row's sum of squares (rho's statistic),
+ * so hc_pre's finish reads X once (for the collapse) instead of twice.
+ *
+ * Why: k_hc_mix (hc.cu) keeps cpu_dot's bits, which costs it the shared-memory broadcast of fn
+ * per 4 multiply-adds: ~500 us a prefill call of 8192 rows against ~145 us to read X once.
+ *
+ * A block of 8 warps takes 128 rows (16 a warp: the mma's M) and the K range [ka, ka + ks) of
+ * its split s = blockIdx.y. Lane (g, t) (g = lane / 4, t = lane % 4) loads, per 16 k from k0,
+ * the float4 X[row][k0 + 4t ..] of rows g and g + 8 and the float4 fn[8j + g][k0 + 4t ..] of each
+ * n8 tile j; mma slice 0 takes elements 0 and 1 of those float4 in its k slots t and t + 4,
+ * slice 1 elements 2 and 3 (a dot product does not care in which slot a k sits as long as A and
+ * B agree). fn is read through L1 (every warp of a block reads the same 16 bytes a lane); X
+ * once, 4 steps (64 k) of loads issued together. Rows past n load row n - 1 and are not
+ * written; n8 tiles past n_mix read fn's last row and are not written.
+ *
+ * Out: mixp[s][r n_mix + o] (hc.cu's split-K chunk-value layout, [nq][n n_mix] with nq = S,
+ * which k_hc_pre_finish adds in split order) and ssp[s][r] (the split's sum of squares in fp32,
+ * each lane's k in order, then the four lanes of a row by shuffles; the finish adds the S values
+ * in double). Deterministic. */
+#include "gemm.cuh"
+#include "hc.cuh"
+
+#include <algorithm>
+
+#define TF_T    256
+#define TF_ROWS 128 /* rows per block: 16 a warp */
+#define TF_U    4   /* steps of 16 k whose loads are issued together */
+#define TF_K    (16 * TF_U)
+
+struct tf_p {
+    const float *X, *fn;
+    int64_t ldw, len, n, ks;
+    int n_mix;
+    float *mixp, *ssp;
+};
+
+/* x = hi + lo + r: hi is x with its low 13 mantissa bits cleared (a TF32 value, the mantissa's
+   top 10 bits kept), x - hi is exact in fp32, lo is it cut to TF32 the same way: |r| < 2^-20 |x|.
+   (Two bit masks and a subtraction; cvt.rna.tf32.f32 is ~5 instructions on sm_90. The operands
+   are exact TF32 values either way, so the tensor cores' treatment of low bits does not matter.) */
+__device__ __forceinline__ void tf_split(float x, uint32_t &hi, uint32_t &lo) {
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+}
+__device__ __forceinline__ void
+tf_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One mma slice: A from rows g (x0, x1: its two k) and g + 8 (y0, y1), B from fn (f0, f1), each
+   split; the small terms first. */
+__device__ __forceinline__ void
+tf_slice(float (&d)[4], float x0, float x1, float y0, float y1, float f0, float f1) {
+    uint32_t xh0, xl0, xh1, xl1, yh0, yl0, yh1, yl1, fh0, fl0, fh1, fl1;
+    tf_split(x0, xh0, xl0);
+    tf_split(x1, xh1, xl1);
+    tf_split(y0, yh0, yl0);
+    tf_split(y1, yh1, yl1);
+    tf_split(f0, fh0, fl0);
+    tf_split(f1, fh1, fl1);
+    tf_mma(d, xl0, yl0, xl1, yl1, fh0, fh1);
+    tf_mma(d, xh0, yh0, xh1, yh1, fl0, fl1);
+    tf_mma(d, xh0, yh0, xh1, yh1, fh0, fh1);
+}
+
+/* NT: n8 tiles of outputs (n_mix <= 8 NT) */
+template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct tf_p p) {
+    cu_pdl_enter();
+    int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    int64_t r0 = (int64_t)blockIdx.x * TF_ROWS + 16 * w;
+    int64_t ka = (int64_t)blockIdx.y * p.ks, kb = min(p.len, ka + p.ks);
+    int64_t ra = min(r0 + g, p.n - 1), rb = min(r0 + g + 8, p.n - 1);
+    const float *xa = p.X + ra * p.len + 4 * t, *xb = p.X + rb * p.len + 4 * t;
+    const float *fo[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        fo[j] = p.fn + (int64_t)min(8 * j + g, p.n_mix - 1) * p.ldw + 4 * t;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    float sa = 0.0f, sb = 0.0f;
+    for (int64_t k0 = ka; k0 < kb; k0 += TF_K) {
+        float4 va[TF_U], vb[TF_U], vf[TF_U][NT];
+#pragma unroll
+        for (int u = 0; u < TF_U; u++) {
+            va[u] = __ldcs((const float4 *)(xa + k0 + 16 * u));
+            vb[u] = __ldcs((const float4 *)(xb + k0 + 16 * u));
+        }
+#pragma unroll
+        for (int u = 0; u < TF_U; u++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                vf[u][j] = __ldg((const float4 *)(fo[j] + k0 + 16 * u));
+#pragma unroll
+        for (int u = 0; u < TF_U; u++) {
+            const float4 a = va[u], b = vb[u];
+            sa = fmaf(a.x, a.x, sa);
+            sa = fmaf(a.y, a.y, sa);
+            sa = fmaf(a.z, a.z, sa);
+            sa = fmaf(a.w, a.w, sa);
+            sb = fmaf(b.x, b.x, sb);
+            sb = fmaf(b.y, b.y, sb);
+            sb = fmaf(b.z, b.z, sb);
+            sb = fmaf(b.w, b.w, sb);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const float4 f = vf[u][j];
+                tf_slice(acc[j], a.x, a.y, b.x, b.y, f.x, f.y);
+                tf_slice(acc[j], a.z, a.w, b.z, b.w, f.z, f.w);
+            }
+        }
+    }
+    /* the row's four lanes' sums of squares (lanes 4g .. 4g + 3), then lane t = 0 writes */
+    sa += __shfl_xor_sync(0xffffffffu, sa, 1);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
+    sa += __shfl_xor_sync(0xffffffffu, sa, 2);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
+    int64_t base = (int64_t)blockIdx.y * p.n;
+    bool ga = r0 + g < p.n, gb = r0 + g + 8 < p.n;
+    if (t == 0) {
+        if (ga) p.ssp[base + r0 + g] = sa;
+        if (gb) p.ssp[base + r0 + g + 8] = sb;
+    }
+    float *out = p.mixp + base * p.n_mix;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        int o = 8 * j + 2 * t;
+        if (ga && o < p.n_mix) out[(r0 + g) * p.n_mix + o] = acc[j][0];
+        if (ga && o + 1 < p.n_mix) out[(r0 + g) * p.n_mix + o + 1] = acc[j][1];
+        if (gb && o < p.n_mix) out[(r0 + g + 8) * p.n_mix + o] = acc[j][2];
+        if (gb && o + 1 < p.n_mix) out[(r0 + g + 8) * p.n_mix + o + 1] = acc[j][3];
+    }
+}
+
+bool hc_mix_tf(struct cu_ctx *c,
+               const struct cu_w *fn,
+               int n_mix,
+               const float *X,
+               int64_t n,
+               int64_t len,
+               float **mixp,
+               float **ssp,
+               int64_t *S_out) {
+    if (n <= 0 || n_mix < 1 || n_mix > 32 || len % TF_K || fn->type != DSI_TYPE_F32 ||
+        (uintptr_t)X % 16 || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 || fn->K < len)
+        return false;
+    /* splits along K: about two blocks per SM (two fit), in whole TF_K pieces */
+    int64_t rt = cu_div_up(n, TF_ROWS), pieces = len / TF_K;
+    int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, cu_div_up(2 * c->n_sms, rt)));
+    int64_t ks = cu_div_up(pieces, S) * TF_K;
+    S = cu_div_up(len, ks);
+    if (rt > 65535 * 16 || S > 65535) return false;
+    size_t mb = cu_align((size_t)(S * n * n_mix) * 4);
+    char *s = (char *)cu_scratch(c, CU_SCR_GEMM, mb + (size_t)(S * n) * 4);
+    if (!s) return false;
+    struct tf_p p = {X, (const float *)fn->data, fn->row_bytes / 4, len, n, ks, n_mix,
+                     (float *)s, (float *)(s + mb)};
+    dim3 grid((unsigned)rt, (unsigned)S);
+    int pm = cu_prof_begin(c, "hc.mix_tf");
+    switch ((n_mix + 7) / 8) {
+    case 1:
+        cu_launch(c, k_hc_mix_tf<1>, grid, TF_T, 0, p);
+        break;
+    case 2:
+        cu_launch(c, k_hc_mix_tf<2>, grid, TF_T, 0, p);
+        break;
+    case 3:
+        cu_launch(c, k_hc_mix_tf<3>, grid, TF_T, 0, p);
+        break;
+    default:
+        cu_launch(c, k_hc_mix_tf<4>, grid, TF_T, 0, p);
+        break;
+    }
+    cu_prof_end(c, pm);
+    if (!cu_check(c, "hc mix (TF32)")) return false;
+    *mixp = p.mixp;
+    *ssp = p.ssp;
+    *S_out = S;
+    return true;
+}
