@@ -48,8 +48,8 @@ __device__ __forceinline__ void tf_split(float x, uint32_t &hi, uint32_t &lo) {
     hi = __float_as_uint(x) & 0xffffe000u;
     lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
-__device__ __forceinline__ void
-tf_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void tf_mma(
+    float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -163,7 +163,7 @@ bool hc_mix_tf(struct cu_ctx *c,
     size_t mb = cu_align((size_t)(S * n * n_mix) * 4);
     char *s = (char *)cu_scratch(c, CU_SCR_GEMM, mb + (size_t)(S * n) * 4);
     if (!s) return false;
-    struct tf_p p = {X, (const float *)fn->data, fn->row_bytes / 4, len, n, ks, n_mix,
+    struct tf_p p = {X,          (const float *)fn->data, fn->row_bytes / 4, len, n, ks, n_mix,
                      (float *)s, (float *)(s + mb)};
     dim3 grid((unsigned)rt, (unsigned)S);
     int pm = cu_prof_begin(c, "hc.mix_tf");
