@@ -385,6 +385,31 @@ __global__ void k_hc_pre_finish(const float *X,
         int64_t part = (dim + gridDim.y - 1) / gridDim.y;
         int64_t d1 = (blockIdx.y + 1) * part < dim ? (blockIdx.y + 1) * part : dim;
         int first = lead ? tid - small : tid, step = lead ? blockDim.x - small : blockDim.x;
+        if (dim % 4 == 0 && part % 4 == 0 && (uintptr_t)Xr % 16 == 0 &&
+            (uintptr_t)(y + r * dim) % 16 == 0) {
+            /* four columns a thread: the hc float4 loads issued together (step 32: with the sum
+               of squares from hc_mix_tf this is the one read of X, no longer an L2 hit after the
+               statistic's pass), each column's operations as below */
+            for (int64_t d = blockIdx.y * part + 4 * first; d < d1; d += 4 * step) {
+                float4 xv[HC_MAX];
+#pragma unroll
+                for (int k = 0; k < HC_MAX; k++)
+                    xv[k] = k < hc ? __ldcs((const float4 *)(Xr + k * dim + d))
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int k = 0; k < HC_MAX; k++)
+                    if (k < hc) {
+                        acc.x += pre_s[k] * xv[k].x;
+                        acc.y += pre_s[k] * xv[k].y;
+                        acc.z += pre_s[k] * xv[k].z;
+                        acc.w += pre_s[k] * xv[k].w;
+                    }
+                *(float4 *)(y + r * dim + d) = make_float4(rbf(acc.x, round), rbf(acc.y, round),
+                                                           rbf(acc.z, round), rbf(acc.w, round));
+            }
+            return;
+        }
         for (int64_t d = blockIdx.y * part + first; d < d1; d += step) {
             float xv[HC_MAX];
 #pragma unroll

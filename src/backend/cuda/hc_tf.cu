@@ -154,9 +154,11 @@ bool hc_mix_tf(struct cu_ctx *c,
     if (n <= 0 || n_mix < 1 || n_mix > 32 || len % TF_K || fn->type != DSI_TYPE_F32 ||
         (uintptr_t)X % 16 || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 || fn->K < len)
         return false;
-    /* splits along K: about two blocks per SM (two fit), in whole TF_K pieces */
+    /* splits along K: at most two blocks per SM (two fit), one wave (step 32's first form
+       rounded up: 320 blocks for 264 places at 8192 rows, a second wave a fifth full), in whole
+       TF_K pieces */
     int64_t rt = cu_div_up(n, TF_ROWS), pieces = len / TF_K;
-    int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, cu_div_up(2 * c->n_sms, rt)));
+    int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, 2 * c->n_sms / rt));
     int64_t ks = cu_div_up(pieces, S) * TF_K;
     S = cu_div_up(len, ks);
     if (rt > 65535 * 16 || S > 65535) return false;

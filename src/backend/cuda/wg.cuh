@@ -224,22 +224,37 @@ template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t 
     }
 }
 
-/* The block GEMMs' end (wg.cu, wgr.cu): every wgmma waited for, then the outputs. A block of 2
- * warpgroups, 128 weight rows (warpgroup wgi: rows 64 wgi.., warp w4: 16 w4..; MoE up: 64
- * columns of W1 and W3, rows g / g + 8 of a warp the gate and the up value of one column) x BN
- * activation rows (DYN: the first nv); acc[4 j + i] is (A row 16 w4 + g + 8 (i / 2), activation
- * row 8 j + 2 t + i % 2). */
+/* The block GEMMs' end (wg.cu, wgr.cu, wgq.cu; every thread of the block calls it): every
+ * wgmma waited for, then the outputs. A block of 2 warpgroups, 128 weight rows (warpgroup wgi:
+ * rows 64 wgi.., warp w4: 16 w4..; MoE up: 64 columns of W1 and W3, rows g / g + 8 of a warp the
+ * gate and the up value of one column) x BN activation rows (DYN: the first nv); acc[4 j + i] is
+ * (A row 16 w4 + g + 8 (i / 2), activation row 8 j + 2 t + i % 2).
+ *
+ * MoE (step 32): each activation row's routing weight (up) or output row (down: perm[pos]) is
+ * looked up once per block by thread j into shared memory, not per output: Nsight's source page
+ * had each of a thread's 48 up outputs wait on two dependent global loads (perm, then the
+ * weight) before its SwiGLU, ~20% of k_wgr's up projection at the 8k prefill. The outputs'
+ * arithmetic is tc_put_up's / tc_put's (the same bits). opos is rewritten in place for down. */
 template <int MODE, int BN, bool DYN>
-__device__ __forceinline__ void wg_finish(const struct tc_p &p,
-                                          const int64_t *opos,
-                                          float (&acc)[BN / 2],
-                                          int nv,
-                                          int wgi,
-                                          int w4,
-                                          int lane) {
+__device__ __forceinline__ void wg_finish(
+    const struct tc_p &p, int64_t *opos, float (&acc)[BN / 2], int nv, int wgi, int w4, int lane) {
     wg_wait<0>();
     wg_pin(acc);
     int g = lane >> 2, t4 = lane & 3;
+    __shared__ float wrow_s[MODE == TC_UP ? BN : 1]; /* up: the row's routing weight */
+    if (MODE != TC_DENSE) {
+        int tid = threadIdx.x;
+        int64_t nk = p.m.n * p.m.topk;
+        __syncthreads(); /* (opos was read before) */
+        if (tid < BN) {
+            int64_t pos = opos[tid];
+            if (MODE == TC_UP)
+                wrow_s[tid] = pos >= 0 && pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;
+            else
+                opos[tid] = pos >= 0 && pos < nk ? (int64_t)p.m.perm[pos] : pos;
+        }
+        __syncthreads();
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
         if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
@@ -249,8 +264,18 @@ __device__ __forceinline__ void wg_finish(const struct tc_p &p,
             int64_t ar = (int64_t)blockIdx.y * BN + jr;
             if (MODE == TC_UP) {
                 if (i >= 2) continue; /* i and i + 2: the gate and the up value */
-                tc_put_up(p, opos, jr, (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g,
-                          acc[4 * j + i], acc[4 * j + i + 2]);
+                int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g, pos = opos[jr];
+                float gt = rbf(acc[4 * j + i] + 0.0f, p.m.round),
+                      u = rbf(acc[4 * j + i + 2] + 0.0f, p.m.round);
+                float gv = fminf(gt, p.m.limit), uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
+                float silu = gv / (1.0f + exp_ref(-gv));
+                float h = rbf(silu * uv * wrow_s[jr], p.m.round);
+                if (pos >= 0 && col < p.m.I) p.m.h[pos * p.m.I + col] = h;
+            } else if (MODE == TC_DOWN) {
+                int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
+                        orow = opos[jr];
+                if (orow >= 0 && o < p.m.D)
+                    p.m.out[orow * p.m.D + o] = rbf(acc[4 * j + i] + 0.0f, p.m.round);
             } else {
                 tc_put<MODE>(p, opos, jr, ar,
                              (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
