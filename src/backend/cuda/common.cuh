@@ -323,6 +323,15 @@ __device__ __forceinline__ float bf16_round(float f) {
 
 __device__ __forceinline__ float rbf(float x, bool on) { return on ? bf16_round(x) : x; }
 
+/* rbf without branches (bf16_round's bits, the NaN case by a select): code that wants many
+ * independent values in flight, such as the block GEMMs' end (wg.cuh) */
+__device__ __forceinline__ float rbf_sel(float x, bool on) {
+    uint32_t u = __float_as_uint(x);
+    uint32_t q = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) << 16
+                                                 : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return on ? __uint_as_float(q) : x;
+}
+
 __device__ __forceinline__ float f16_to_f32(uint32_t h) {
     uint32_t s = (h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     if (e == 0) {
@@ -390,6 +399,37 @@ __device__ __forceinline__ float w_get(const struct cu_w &w, int64_t row, int64_
 
 /* Correctly rounded transcendental functions (see the header comment). */
 __device__ __forceinline__ float exp_ref(float x) { return (float)exp((double)x); }
+
+/* exp_ref without branches, for `fast` numerics only: x clamped to [-110, 90] (exp_ref is 0
+ * below ~-103.3 and inf above ~88.7 either way), n = round(x / ln 2), r = x - n ln 2 in two
+ * parts (fdlibm's split of ln 2: n ln2_hi exact), e^r by its Taylor series to r^13 / 13! (|r| <=
+ * 0.35: the next term ~1e-16 of the sum), times 2^n through the exponent field, in double; then
+ * rounded to float. Its double is within ~2 ulp of CUDA's exp, so the float differs from
+ * exp_ref's only where the value sits within that of a float rounding boundary (~2^-28 of
+ * values). Straight-line code: the block GEMMs' end runs 48 of these side by side (exp_ref's
+ * range test made each a branch of its own, in turn). */
+__device__ __forceinline__ float exp_nb(float x) {
+    double xd = (double)fminf(fmaxf(x, -110.0f), 90.0f);
+    double n = rint(xd * 1.4426950408889634);
+    double r = fma(-n, 6.93147180369123816490e-01, xd);
+    r = fma(-n, 1.90821492927058770002e-10, r);
+    double q = 1.0 / 6227020800.0;
+    q = fma(q, r, 1.0 / 479001600.0);
+    q = fma(q, r, 1.0 / 39916800.0);
+    q = fma(q, r, 1.0 / 3628800.0);
+    q = fma(q, r, 1.0 / 362880.0);
+    q = fma(q, r, 1.0 / 40320.0);
+    q = fma(q, r, 1.0 / 5040.0);
+    q = fma(q, r, 1.0 / 720.0);
+    q = fma(q, r, 1.0 / 120.0);
+    q = fma(q, r, 1.0 / 24.0);
+    q = fma(q, r, 1.0 / 6.0);
+    q = fma(q, r, 0.5);
+    q = fma(q, r, 1.0);
+    q = fma(q, r, 1.0);
+    double s = __longlong_as_double((long long)((int)n + 1023) << 52); /* 2^n, n in [-159, 130] */
+    return (float)(q * s);
+}
 __device__ __forceinline__ float log1p_ref(float x) { return (float)log1p((double)x); }
 __device__ __forceinline__ float cos_ref(float x) { return (float)cos((double)x); }
 __device__ __forceinline__ float sin_ref(float x) { return (float)sin((double)x); }

@@ -162,9 +162,29 @@ tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, 
     }
 }
 
+/* tc_decode_w's FP4 path for scales past its bf16 multiply (sb > 128: 2^2 and up for a block of
+ * FP4 weights, which trained checkpoints do not have) through floats, out of line where the
+ * caller asks (OUTL; step 32: inline, the slow paths were ~750 of the ~2500 instructions of
+ * wgr.cu's K loop at 192 rows, whose warps waited for instructions 14.5% of the time). All four
+ * quads. (The FP8 one stays inline: its call made ptxas spill around it in wgr.cu.) */
+struct tc_q4 {
+    uint4 d[4];
+};
+static __device__ __noinline__ tc_q4 tc_decode_f4_slow(uint4 v, uint32_t sb) {
+    tc_q4 q;
+    uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float f[8];
+        e2m1x8(u[h], sb, f);
+        q.d[h] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
+                            bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+    }
+    return q;
+}
 /* Decode 32 values to bf16, in k order: d[i] holds k 8i .. 8i + 7; or (Q0, NQ) only the NQ
  * quads from Q0 (k 8 Q0 .. 8 (Q0 + NQ) - 1) into d[0 .. NQ - 1] (FP8: Q0 and NQ even). */
-template <int WT, int Q0 = 0, int NQ = 4>
+template <int WT, int Q0 = 0, int NQ = 4, bool OUTL = false>
 __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid, uint4 (&d)[NQ]) {
     static_assert(Q0 >= 0 && NQ > 0 && Q0 + NQ <= 4 && Q0 % 2 == 0 && NQ % 2 == 0, "quads");
     if (!valid) {
@@ -193,12 +213,19 @@ __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid,
             }
             return;
         }
+        if constexpr (OUTL) {
+            tc_q4 q = tc_decode_f4_slow(r.v[0], r.sb);
 #pragma unroll
-        for (int h = Q0; h < Q0 + NQ; h++) {
-            float f[8];
-            e2m1x8(u[h], r.sb, f);
-            d[h - Q0] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
-                                   bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+            for (int h = Q0; h < Q0 + NQ; h++)
+                d[h - Q0] = q.d[h];
+        } else {
+#pragma unroll
+            for (int h = Q0; h < Q0 + NQ; h++) {
+                float f[8];
+                e2m1x8(u[h], r.sb, f);
+                d[h - Q0] = make_uint4(bf16x2_exact(f[0], f[1]), bf16x2_exact(f[2], f[3]),
+                                       bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
+            }
         }
     } else if (r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order (tc.cuh) */
         uint32_t m = bf16x2_pow2(r.sb, 120);

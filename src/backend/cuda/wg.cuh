@@ -234,7 +234,12 @@ template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t 
  * looked up once per block by thread j into shared memory, not per output: Nsight's source page
  * had each of a thread's 48 up outputs wait on two dependent global loads (perm, then the
  * weight) before its SwiGLU, ~20% of k_wgr's up projection at the 8k prefill. The outputs'
- * arithmetic is tc_put_up's / tc_put's (the same bits). opos is rewritten in place for down. */
+ * arithmetic is tc_put_up's / tc_put's (the same bits), but for the up projection's exp: exp_nb,
+ * straight-line code (exp_ref's double exp has a range branch, which kept each output's chain of
+ * ~120 instructions apart from the next), equal to exp_ref but for ~2^-28 of values (these
+ * kernels run `fast` numerics only). opos is rewritten in place for down. */
+#define WG_EG 4 /* wg_finish, MoE up: column blocks whose exps run side by side */
+
 template <int MODE, int BN, bool DYN>
 __device__ __forceinline__ void wg_finish(
     const struct tc_p &p, int64_t *opos, float (&acc)[BN / 2], int nv, int wgi, int w4, int lane) {
@@ -255,31 +260,74 @@ __device__ __forceinline__ void wg_finish(
         }
         __syncthreads();
     }
+    if constexpr (MODE == TC_UP) {
+        /* acc[4 j + i] and acc[4 j + i + 2] (i < 2) are the gate and the up value of
+           activation row 8 j + 2 t + i: first the clamped gate and up values, in place, without
+           branches; then by groups the exps (exp_nb, straight-line) side by side, the
+           quotients, the products and the stores. */
+        const bool rd = p.m.round;
+        const float lim = p.m.limit;
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+        for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int jr = j * 8 + 2 * t4 + (i & 1);
-            int64_t ar = (int64_t)blockIdx.y * BN + jr;
-            if (MODE == TC_UP) {
-                if (i >= 2) continue; /* i and i + 2: the gate and the up value */
-                int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g, pos = opos[jr];
-                float gt = rbf(acc[4 * j + i] + 0.0f, p.m.round),
-                      u = rbf(acc[4 * j + i + 2] + 0.0f, p.m.round);
-                float gv = fminf(gt, p.m.limit), uv = fminf(fmaxf(u, -p.m.limit), p.m.limit);
-                float silu = gv / (1.0f + exp_ref(-gv));
-                float h = rbf(silu * uv * wrow_s[jr], p.m.round);
-                if (pos >= 0 && col < p.m.I) p.m.h[pos * p.m.I + col] = h;
-            } else if (MODE == TC_DOWN) {
-                int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
-                        orow = opos[jr];
-                if (orow >= 0 && o < p.m.D)
-                    p.m.out[orow * p.m.D + o] = rbf(acc[4 * j + i] + 0.0f, p.m.round);
-            } else {
-                tc_put<MODE>(p, opos, jr, ar,
-                             (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
-                             acc[4 * j + i]);
+            for (int i = 0; i < 2; i++) {
+                float gt = rbf_sel(acc[4 * j + i] + 0.0f, rd),
+                      u = rbf_sel(acc[4 * j + i + 2] + 0.0f, rd);
+                acc[4 * j + i] = fminf(gt, lim);
+                acc[4 * j + i + 2] = fminf(fmaxf(u, -lim), lim);
+            }
+        int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g;
+        bool cok = col < p.m.I;
+        /* WG_EG column blocks (2 WG_EG outputs) at a time: their exps, each pinned in a register
+           before the first quotient (else ptxas sinks each exp to its use, behind the previous
+           quotient's branch, one chain after another; all 48 at once spilled) */
+        constexpr int EG = BN >= 256 ? 2 : WG_EG < BN / 8 ? WG_EG : BN / 8; /* (256: spills) */
+        static_assert((BN / 8) % EG == 0, "exp groups");
+#pragma unroll
+        for (int j0 = 0; j0 < BN / 8; j0 += EG) {
+            if (DYN && j0 * 8 >= nv) break; /* columns no wgmma wrote */
+            float ev[EG][2];
+#pragma unroll
+            for (int j = 0; j < EG; j++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    ev[j][i] = exp_nb(-acc[4 * (j0 + j) + i]);
+#pragma unroll
+            for (int j = 0; j < EG; j++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    asm volatile("" : "+f"(ev[j][i]));
+#pragma unroll
+            for (int j = 0; j < EG; j++) {
+                if (DYN && (j0 + j) * 8 >= nv) break;
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    int jr = (j0 + j) * 8 + 2 * t4 + i;
+                    int64_t pos = opos[jr];
+                    float silu = acc[4 * (j0 + j) + i] / (1.0f + ev[j][i]);
+                    float h = rbf_sel(silu * acc[4 * (j0 + j) + i + 2] * wrow_s[jr], rd);
+                    if (pos >= 0 && cok) p.m.h[pos * p.m.I + col] = h;
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int jr = j * 8 + 2 * t4 + (i & 1);
+                int64_t ar = (int64_t)blockIdx.y * BN + jr;
+                if (MODE == TC_DOWN) {
+                    int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
+                            orow = opos[jr];
+                    if (orow >= 0 && o < p.m.D)
+                        p.m.out[orow * p.m.D + o] = rbf(acc[4 * j + i] + 0.0f, p.m.round);
+                } else {
+                    tc_put<MODE>(p, opos, jr, ar,
+                                 (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
+                                 acc[4 * j + i]);
+                }
             }
         }
     }

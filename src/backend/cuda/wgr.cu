@@ -91,6 +91,9 @@ __global__ void __launch_bounds__(WR_T, 1)
 #ifdef WG_HAVE
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
+    /* FP4's rare large-scale decode out of line (tc_decode_w) up to 192 rows: wider blocks then
+       spill around the call */
+    constexpr bool OUTL = BN <= 192;
     constexpr int WR_ST = wr_st(BN), WR_AH = wr_ah(BN);
     constexpr uint32_t STAGE = BN * 256u; /* bytes per stage */
     constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
@@ -176,8 +179,8 @@ __global__ void __launch_bounds__(WR_T, 1)
        them; each half's registers are read by its wgmma until the wait after the next group. */
     auto step = [&](int64_t s, struct tc_wraw(&w)[2]) {
         uint4 d0[2], d1[2], e0[2], e1[2];
-        tc_decode_w<WT, 0, 2>(w[0], wrow[0] != nullptr, d0);
-        tc_decode_w<WT, 0, 2>(w[1], wrow[1] != nullptr, d1);
+        tc_decode_w<WT, 0, 2, OUTL>(w[0], wrow[0] != nullptr, d0);
+        tc_decode_w<WT, 0, 2, OUTL>(w[1], wrow[1] != nullptr, d1);
         if (TMA) /* step s's tile (its phase: the stage's use s / WR_ST) */
             live =
                 live && mbar_wait(smem_u32(&bar[s % WR_ST]), (uint32_t)(s / WR_ST) & 1u, 1u << 16);
@@ -193,8 +196,8 @@ __global__ void __launch_bounds__(WR_T, 1)
         frag(d0, d1, a);
         wr_mma_group<BN>(acc, nv >> 5, a, b0);
         wg_wait<1>();
-        tc_decode_w<WT, 2, 2>(k0, wrow[0] != nullptr, e0);
-        tc_decode_w<WT, 2, 2>(k1, wrow[1] != nullptr, e1);
+        tc_decode_w<WT, 2, 2, OUTL>(k0, wrow[0] != nullptr, e0);
+        tc_decode_w<WT, 2, 2, OUTL>(k1, wrow[1] != nullptr, e1);
         frag(e0, e1, a);
         wr_mma_group<BN>(acc, nv >> 5, a, b0 + SUB);
         wg_wait<1>();
