@@ -234,7 +234,8 @@ template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t 
  * looked up once per block by thread j into shared memory, not per output: Nsight's source page
  * had each of a thread's 48 up outputs wait on two dependent global loads (perm, then the
  * weight) before its SwiGLU, ~20% of k_wgr's up projection at the 8k prefill. The outputs'
- * arithmetic is tc_put_up's / tc_put's (the same bits), but for the up projection's exp: exp_nb,
+ * arithmetic is tc_put_up's / tc_put's (the same bits; the bf16 roundings by the hardware's
+ * conversion, rbf_cvt: a NaN's payload aside, the same), but for the up projection's exp: exp_nb,
  * straight-line code (exp_ref's double exp has a range branch, which kept each output's chain of
  * ~120 instructions apart from the next), equal to exp_ref but for ~2^-28 of values (these
  * kernels run `fast` numerics only). opos is rewritten in place for down. */
@@ -271,8 +272,8 @@ __device__ __forceinline__ void wg_finish(
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                float gt = rbf_sel(acc[4 * j + i] + 0.0f, rd),
-                      u = rbf_sel(acc[4 * j + i + 2] + 0.0f, rd);
+                float gt = rbf_cvt(acc[4 * j + i] + 0.0f, rd),
+                      u = rbf_cvt(acc[4 * j + i + 2] + 0.0f, rd);
                 acc[4 * j + i] = fminf(gt, lim);
                 acc[4 * j + i + 2] = fminf(fmaxf(u, -lim), lim);
             }
@@ -305,7 +306,7 @@ __device__ __forceinline__ void wg_finish(
                     int jr = (j0 + j) * 8 + 2 * t4 + i;
                     int64_t pos = opos[jr];
                     float silu = acc[4 * (j0 + j) + i] / (1.0f + ev[j][i]);
-                    float h = rbf_sel(silu * acc[4 * (j0 + j) + i + 2] * wrow_s[jr], rd);
+                    float h = rbf_cvt(silu * acc[4 * (j0 + j) + i + 2] * wrow_s[jr], rd);
                     if (pos >= 0 && cok) p.m.h[pos * p.m.I + col] = h;
                 }
             }
@@ -322,11 +323,11 @@ __device__ __forceinline__ void wg_finish(
                     int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
                             orow = opos[jr];
                     if (orow >= 0 && o < p.m.D)
-                        p.m.out[orow * p.m.D + o] = rbf(acc[4 * j + i] + 0.0f, p.m.round);
-                } else {
-                    tc_put<MODE>(p, opos, jr, ar,
-                                 (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
-                                 acc[4 * j + i]);
+                        p.m.out[orow * p.m.D + o] = rbf_cvt(acc[4 * j + i] + 0.0f, p.m.round);
+                } else { /* dense: tc_put's, rounded by rbf_cvt */
+                    int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8;
+                    if (ar < p.n && o < p.n_out)
+                        p.y[ar * p.ldy + o] = rbf_cvt(acc[4 * j + i] + 0.0f, p.round);
                 }
             }
         }
