@@ -755,7 +755,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool gv = rfast && !tc && gvf_moe_ok(c, &r1, &r3, &r2, D, I, a->x, n, gnt);
     /* (the weights in registers, wgr.cu: c->wg_rs; routed and shared together, as they share
        the activations' copies) */
-    bool rs = c->wg_rs && wgr_ok(D, I);
+    bool rs = c->wg_rs && wgr_ok(D, I) && wgr_w_ok(&r1) && wgr_w_ok(&r3) && wgr_w_ok(&r2) &&
+              wgr_w_ok(&s1) && wgr_w_ok(&s3) && wgr_w_ok(&s2);
     /* (wgq.cu: FP8 tensor cores on act_quant's codes, c->wg_q8; routed and shared together, as
        they share the codes of x and h) */
     bool q8 = rs && c->wg_q8 && a->act_quant && wgq_ok(D, I) && wgq_w_ok(&r1) && wgq_w_ok(&r3) &&

@@ -78,6 +78,7 @@ int wg_pick_bn(const struct cu_ctx *c, double rows, bool dyn);
 bool launch_wg_moe(
     struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool rs, bool dyn, unsigned tiles);
 bool wgr_ok(int64_t D, int64_t I);
+bool wgr_w_ok(const struct cu_w *w); /* its scale blocks along K a power of two */
 int wgr_pick_bn(const struct cu_ctx *c, double rows);
 /* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations;
  * permuted: each group of 128 columns in wgr.cu's K order (cols a multiple of 128; wg.cuh's

@@ -140,11 +140,13 @@ struct tc_wraw {
 
 /* The 32 values of `row` from k and their scale byte (scale column k >> sh1, or k / sb1 where
  * the block is not a power of two: sh1 < 0). A NULL row loads nothing. */
-template <int WT>
+template <int WT, bool POW2 = false>
 __device__ __forceinline__ void
 tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, struct tc_wraw &r) {
     uint32_t ku = (uint32_t)k; /* k < 2^31: 32-bit offsets */
-    uint32_t sc = sh1 >= 0 ? ku >> sh1 : ku / (uint32_t)sb1;
+    /* (POW2: the caller took only power-of-two blocks; else ptxas computes the division beside
+       the shift, predicated, in every call: ~12 instructions a row and step in wgr.cu) */
+    uint32_t sc = POW2 || sh1 >= 0 ? ku >> sh1 : ku / (uint32_t)sb1;
     if (!row) return;
     if (WT == DSI_TYPE_FP4_E2M1) {
         r.v[0] = __ldg((const uint4 *)(row + (ku >> 1)));

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(WR_T, 1)
     auto load_w = [&](int64_t s, struct tc_wraw(&w)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            tc_load_w<WT>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WR_BK + t4 * 32, w[h]);
+            tc_load_w<WT, true>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WR_BK + t4 * 32, w[h]);
     };
     /* the A fragments of half hf (slices 4 hf .. 4 hf + 3) from rows g (r0) and g + 8 (r1)
        decoded: slice i's elements 4 i .. 4 i + 3 are in quad (i % 4) / 2 of the half */
@@ -284,10 +284,14 @@ static bool wr_tmap(
 
 bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
 
+/* The weight's scale blocks along K are a power of two (k_wgr's scale columns by a shift). */
+bool wgr_w_ok(const struct cu_w *w) { return !w->scale || w->sh1 >= 0; }
+
 bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
     /* the permuted copy: the groups' K ranges start at multiples of 128, so each is in whole
        permutation groups */
-    if (p->w.type != DSI_TYPE_F8_E4M3 || p->w.K % WR_BK || (grid.z > 1 && p->gx % WR_BK))
+    if (p->w.type != DSI_TYPE_F8_E4M3 || p->w.K % WR_BK || (grid.z > 1 && p->gx % WR_BK) ||
+        !wgr_w_ok(&p->w))
         return false;
     struct tc_p q;
     if (!wg_dense_copy(c, p, grid, true, &q)) return true; /* (the sticky error is set) */
