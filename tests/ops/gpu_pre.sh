@@ -7,7 +7,8 @@
 # is written to /tmp/flash4; then `dsinfer bench layer --numerics fast` at context 4096 (decode at
 # PRE_BATCH, default 1, and the 8k prefill) for each variant of PRE_VARIANTS ("base" = the
 # defaults, else comma-separated VAR=value settings), alternated PRE_REPS (2) rounds; with
-# PRE_PROFILE (variants) a per-op profile (DSI_CUDA_PROFILE=1) of the prefill for each. Key lines
+# PRE_PROFILE (variants) a per-op profile (DSI_CUDA_PROFILE=1) for each (PRE_PROF_BATCH: the decode
+# batch, default 1; PRE_PROF_PREFILL: the prefill tokens, default 8192, 0 none). Key lines
 # in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files). Usage
 # (repository root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" bash tests/ops/gpu_pre.sh
@@ -49,8 +50,8 @@ for v in ${PRE_PROFILE:-}; do
     envs=()
     [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
     env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
-        --steps 2 --batch 1 --no-split --prefill 8192 --prefill-reps 1 --numerics fast \
-        >"$OUT/profile_${v//[=,]/_}.txt" 2>&1
+        --steps 2 --batch "${PRE_PROF_BATCH:-1}" --no-split --prefill "${PRE_PROF_PREFILL:-8192}" \
+        --prefill-reps 1 --numerics fast >"$OUT/profile_${v//[=,]/_}.txt" 2>&1
     log "profile $v rc $?"
 done
 log "done"
