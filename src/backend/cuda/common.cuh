@@ -93,6 +93,8 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
+    bool gvf_nbar;        /* gvf.cu: a tile's ks warps meet on a named barrier of their own, not the
+                             block's (DSI_CUDA_GVF_NBAR=0: the block's; step 33) */
     bool gvf_tail;        /* gvf.cu: more warps along K where the last tile iteration is then fuller
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
@@ -130,17 +132,21 @@ struct cu_ctx {
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
     int hc_tf_min;   /* `fast` hc_pre: the mix on hc_tf.cu's 3xTF32 tensor cores from this many
                         rows (DSI_CUDA_HC_TF_MIN, default 512; 0: never) */
-    int hc_one;      /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
-                        0: never; at most CU_HC_ONE_MAX) */
-    int *hc_cnt;     /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
-                        launches) */
-    bool wg;         /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
-    int wg_bn;       /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192;
-                        wgr.cu's: 224 or 256 take blocks that wide) */
-    bool wg_dyn;     /* wg.cu's MoE: routed tiles of equal rows, blocks up to 256 rows, each block's
-                        wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
-    bool wg_rs;      /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in
-                        registers (DSI_CUDA_WG_RS=0: off; on from step 26) */
+    int wg_dense_min; /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
+                         (DSI_CUDA_WG_DENSE_MIN, default 512) */
+    bool hc_fin_norm; /* hc_pre's finish runs the norm after it where it can (one block a row;
+                         DSI_CUDA_HC_FIN_NORM=0: never; step 33) */
+    int hc_one;       /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
+                         0: never; at most CU_HC_ONE_MAX) */
+    int *hc_cnt;      /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
+                         launches) */
+    bool wg;          /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
+    int wg_bn;        /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192;
+                         wgr.cu's: 224 or 256 take blocks that wide) */
+    bool wg_dyn; /* wg.cu's MoE: routed tiles of equal rows, blocks up to 256 rows, each block's
+                    wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
+    bool wg_rs;  /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in
+                    registers (DSI_CUDA_WG_RS=0: off; on from step 26) */
     /* wgr.cu's MoE blocks read their activation tiles by TMA (step 27's; on from step 30,
        DSI_CUDA_WGR_TMA=0: each thread's cp.async copies); tmap_encode: the driver's
        cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */
@@ -161,8 +167,11 @@ struct cu_ctx {
                     (DSI_CUDA_MOE_LT=0: off) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
-    struct cu_prof_tot tot[64];
+    struct cu_prof_tot tot[128];
     int n_tot;
+    bool prof_shapes;        /* DSI_CUDA_PROFILE=2: ops also by shape (cu_prof_name) */
+    char prof_names[64][48]; /* cu_prof_name's interned names */
+    int n_prof_names;
     double prof_t0; /* host seconds at the profile's last mark (dsi_cuda_profile_dump) */
     size_t smem_optin;
     cudaStream_t stream;
@@ -235,6 +244,9 @@ void *cu_scratch(struct cu_ctx *c, int which, size_t bytes);
  * around them already counts them). -1 / no-op when not profiling. */
 int cu_prof_begin_(struct cu_ctx *c, const char *name);
 void cu_prof_end_(struct cu_ctx *c, int i);
+/* A profile name made from fmt (printf), interned in c (the profiler keys names by pointer); at
+ * most 64 distinct ones, then a shared "x.other". */
+const char *cu_prof_name(struct cu_ctx *c, const char *fmt, ...);
 static inline int cu_prof_begin(struct cu_ctx *c, const char *name) {
     return c->prof ? cu_prof_begin_(c, name) : -1;
 }

@@ -241,6 +241,20 @@ static void prof_end(struct cu_ctx *c, int i) {
 }
 
 int cu_prof_begin_(struct cu_ctx *c, const char *name) { return prof_begin(c, name); }
+
+const char *cu_prof_name(struct cu_ctx *c, const char *fmt, ...) {
+    char b[sizeof(c->prof_names[0])];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b, sizeof(b), fmt, ap);
+    va_end(ap);
+    for (int i = 0; i < c->n_prof_names; i++)
+        if (strcmp(c->prof_names[i], b) == 0) return c->prof_names[i];
+    if (c->n_prof_names == (int)(sizeof(c->prof_names) / sizeof(c->prof_names[0])))
+        return "x.other";
+    memcpy(c->prof_names[c->n_prof_names], b, sizeof(b));
+    return c->prof_names[c->n_prof_names++];
+}
 void cu_prof_end_(struct cu_ctx *c, int i) { prof_end(c, i); }
 
 static void prof_harvest(struct cu_ctx *c) {
@@ -468,6 +482,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* read once at start-up, never in a step */
     const char *pe = getenv("DSI_CUDA_PROFILE");
     c->prof = pe && *pe && *pe != '0';
+    c->prof_shapes = c->prof && *pe == '2';
     c->prof_t0 = host_s();
     const char *ns = getenv("DSI_CUDA_NOSTAGE");
     c->xstage = !(ns && *ns && *ns != '0');
@@ -499,6 +514,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        batch 8, -6% at 256, level at 1, 32 and 128, +0.6% at 48 (docs/cuda.md, step 21) */
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 2;
     c->gvf_ilv = !(gi && *gi == '0');
+    const char *gnb = getenv("DSI_CUDA_GVF_NBAR");
+    c->gvf_nbar = !(gnb && *gnb == '0');
     const char *gtl = getenv("DSI_CUDA_GVF_TAIL");
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
@@ -540,10 +557,14 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;
+    const char *hfn = getenv("DSI_CUDA_HC_FIN_NORM");
+    c->hc_fin_norm = !(hfn && *hfn == '0');
     if (c->hc_one > CU_HC_ONE_MAX) c->hc_one = CU_HC_ONE_MAX;
     /* wgmma for tc.cu's large tiles (prefill 8k: 163.9 -> 156.2 ms; docs/cuda.md, step 16) */
     const char *wg = getenv("DSI_CUDA_WG");
     c->wg = !(wg && *wg == '0');
+    const char *wdm = getenv("DSI_CUDA_WG_DENSE_MIN");
+    c->wg_dense_min = wdm && *wdm ? atoi(wdm) : 512;
     const char *wb = getenv("DSI_CUDA_WG_BN");
     c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
     /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */

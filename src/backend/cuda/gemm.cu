@@ -376,7 +376,22 @@ void launch_gemm(struct cu_ctx *c,
     }
 }
 
+static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a);
+
+/* The gemm op; with DSI_CUDA_PROFILE=2 each call's time also under its shape (rows x outputs x K,
+ * groups, the weight's type: a part of the op in the profile, step 33). */
 extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
+    struct cu_ctx *c = cu_ctx_of(be);
+    int ps = -1;
+    if (c->prof_shapes && a->w)
+        ps = cu_prof_begin(c, cu_prof_name(c, "gemm.%lldx%lldx%lld%s g%d t%d", (long long)a->n,
+                                           (long long)a->n_out, (long long)a->w->ne[0],
+                                           a->w2 ? "x2" : "", a->groups, (int)a->w->type));
+    gemm_op(be, a);
+    cu_prof_end(c, ps);
+}
+
+static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->w2) { /* a pair: one launch of gvf.cu, else the two in turn */
         struct dsi_gemm_args b = dsi_gemm_pair_part(a, 0), b2 = dsi_gemm_pair_part(a, 1);

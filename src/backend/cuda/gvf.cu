@@ -77,6 +77,7 @@ struct gvf_p {
     int64_t gxs;    /* dense groups: x + g gxs */
     int64_t gys;    /* dense groups: y + g gys */
     bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
+    bool nbar;      /* the ks warps of a tile meet on barrier 1 + tile slot (c->gvf_nbar) */
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
@@ -448,12 +449,16 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
                          if (ks > 1) {
                              int pb = (int)(i & 1); /* a buffer is rewritten two tiles later: after
                                                        a barrier */
+                             /* only the tile's ks warps meet (p.nbar: named barrier 1 + tile
+                                slot; 0, all the block's threads, is __syncthreads): the block's
+                                other tiles walk on (step 33) */
+                             int bid = p.nbar ? 1 + warp / ks : 0, bn = p.nbar ? 32 * ks : GVF_T;
 #pragma unroll
                              for (int j = 0; j < NT; j++)
 #pragma unroll
                                  for (int c = 0; c < 4; c++)
                                      part[pb][warp][lane][j * 4 + c] = acc[j][c];
-                             __syncthreads();
+                             asm volatile("bar.sync %0, %1;" ::"r"(bid), "r"(bn) : "memory");
                              if (kw == 0)
 #pragma unroll 1
                                  for (int w = 1; w < ks; w++)
@@ -621,6 +626,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
     p->ks =
         gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
     p->ilv = c->gvf_ilv;
+    p->nbar = c->gvf_nbar;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
     if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;

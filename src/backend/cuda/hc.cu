@@ -289,6 +289,90 @@ __device__ __forceinline__ void hc_comb_warp(const float *mr,
         comb_sinkhorn_warp<0>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
 }
 
+/* The norm fused after hc_pre's collapse (z = RMSNorm(y) w, zq = act_quant(z); z null: none). */
+struct hc_norm_p {
+    struct cu_vec nw;
+    float eps;
+    float *z, *zq; /* the row's */
+};
+
+#define HC_ONE_CW (CU_THREADS - 32) /* the collapse's threads: warps 1.. */
+
+/* Warps 1.. of a block (HC_ONE_CW threads; warp 0 runs the Sinkhorn meanwhile): the collapse of
+ * row Xr (hc streams of dim) into y, k_hc_pre_finish's arithmetic by float4, CU of them (HM
+ * streams each) loaded at once; then with nm.z the norm as k_rms_norm_blk (y kept in ys, dim
+ * floats of shared memory; the sums of squares in double in another order: the float results
+ * equal but for the rare last-bit tie, as between the other kernels) and with nm.zq its act_quant
+ * copy. red: CU_WARPS doubles of shared memory. Used by k_hc_pre_one and k_hc_pre_finish. */
+template <int HM>
+__device__ __forceinline__ void hc_collapse_norm(const float *Xr,
+                                                 const float *pre_s,
+                                                 int hc,
+                                                 int64_t dim,
+                                                 float *y,
+                                                 const struct hc_norm_p &nm,
+                                                 bool round,
+                                                 float4 *ys,
+                                                 double *red) {
+    constexpr int CU = 20 / HM; /* float4 columns per collapse thread in flight */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ct = threadIdx.x - 32;
+    bool norm = nm.z != nullptr;
+    int64_t d4 = dim / 4;
+    const float4 *X4 = (const float4 *)Xr;
+    float4 *y4 = (float4 *)y;
+    double zs = 0.0;
+    for (int64_t e0 = ct; e0 < d4; e0 += (int64_t)HC_ONE_CW * CU) {
+        float4 xv[CU][HM];
+#pragma unroll
+        for (int u = 0; u < CU; u++)
+#pragma unroll
+            for (int k = 0; k < HM; k++) {
+                int64_t e = e0 + (int64_t)u * HC_ONE_CW;
+                xv[u][k] = e < d4 && k < hc ? X4[k * d4 + e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+        for (int u = 0; u < CU; u++) {
+            int64_t e = e0 + (int64_t)u * HC_ONE_CW;
+            if (e >= d4) break;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < HM; k++)
+                if (k < hc) {
+                    a0 += pre_s[k] * xv[u][k].x;
+                    a1 += pre_s[k] * xv[u][k].y;
+                    a2 += pre_s[k] * xv[u][k].z;
+                    a3 += pre_s[k] * xv[u][k].w;
+                }
+            float4 yv = make_float4(rbf(a0, round), rbf(a1, round), rbf(a2, round), rbf(a3, round));
+            y4[e] = yv;
+            if (norm) {
+                ys[e] = yv;
+                rms_in4(yv, round, zs); /* its squares, as the norm kernels add them */
+            }
+        }
+    }
+    if (!norm) return;
+    zs = warp_sum_d(zs);
+    if (lane == 0) red[warp] = zs;
+    asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
+    double tot = 0.0;
+    for (int w = 1; w < CU_WARPS; w++)
+        tot += red[w];
+    float inv = rms_inv(tot, dim, nm.eps, round, nm.nw.data != nullptr);
+    float4 *z4 = (float4 *)nm.z;
+    for (int64_t e = ct; e < d4; e += HC_ONE_CW) {
+        float4 o = rms_out4(ys[e], inv, nm.nw, e * 4, round);
+        z4[e] = o;
+        ys[e] = o;
+    }
+    if (!nm.zq) return;
+    asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
+    float4 *q4 = (float4 *)nm.zq;
+#pragma unroll 1
+    for (int64_t b = warp - 1; b < dim / 128; b += CU_WARPS - 1)
+        q8_warp_block(ys[b * 32 + lane], q4 + b * 32 + lane);
+}
+
 /* Per row (blockIdx.x): rho from the flattened streams, then pre and post, then the collapse y
  * alongside the rest of the small maths. gridDim.y blocks share a row: each computes the same rho
  * and pre (the same operations in the same order, so the same bits) and collapses its slice of
@@ -304,6 +388,7 @@ __device__ __forceinline__ void hc_comb_warp(const float *mr,
  * of a reduce launch reading them before. With ssp (`fast` numerics, hc_tf.cu), cv holds
  * hc_mix_tf's nq split values in the same layout and ssp [nq][n] the splits' sums of squares,
  * added here in double: X is read once, by the collapse. The finish runs on CU_THREADS threads. */
+template <bool NORM>
 __global__ void k_hc_pre_finish(const float *X,
                                 const float *mraw,
                                 const float *cv,
@@ -320,8 +405,10 @@ __global__ void k_hc_pre_finish(const float *X,
                                 float *y,
                                 float *post,
                                 float *comb,
-                                bool round) {
+                                bool round,
+                                struct hc_norm_p nm) {
     cu_pdl_enter();
+    extern __shared__ float4 fin_sm[]; /* nm.z: y of the row, then z */
     __shared__ double red[32];
     __shared__ float pre_s[HC_MAX];
     __shared__ float M[HC_MAX * HC_MAX];
@@ -382,6 +469,15 @@ __global__ void k_hc_pre_finish(const float *X,
     }
     __syncthreads();
     if (!lead || tid >= small) { /* the collapse (block 0: while the first warp(s) run Sinkhorn) */
+        if (NORM) { /* one block a row, warps 1..7 (hc_pre_norm_fused): the norm after it too */
+            struct hc_norm_p nr = {nm.nw, nm.eps, nm.z + r * dim,
+                                   nm.zq ? nm.zq + r * dim : nullptr};
+            if (hc == 4)
+                hc_collapse_norm<4>(Xr, pre_s, hc, dim, y + r * dim, nr, round, fin_sm, red);
+            else
+                hc_collapse_norm<5>(Xr, pre_s, hc, dim, y + r * dim, nr, round, fin_sm, red);
+            return;
+        }
         int64_t part = (dim + gridDim.y - 1) / gridDim.y;
         int64_t d1 = (blockIdx.y + 1) * part < dim ? (blockIdx.y + 1) * part : dim;
         int first = lead ? tid - small : tid, step = lead ? blockDim.x - small : blockDim.x;
@@ -506,8 +602,6 @@ struct hc_one_p {
     bool round;
 };
 
-#define HC_ONE_CW (CU_THREADS - 32) /* the collapse's threads: warps 1.. */
-
 /* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32) */
 template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     extern __shared__ float4 one_sm[]; /* with norm: y of the row, then z */
@@ -517,7 +611,6 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     __shared__ float red_buf[RED_ROWS][32];
     __shared__ double red[CU_WARPS];
     constexpr int HM = HC > 0 ? HC : 5; /* streams held per float4 of the collapse */
-    constexpr int CU = 20 / HM;         /* float4 columns per collapse thread in flight */
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hc = HC > 0 ? HC : p.hc;
     int n_mix = (2 + hc) * hc;
     int64_t r = blockIdx.y, S = gridDim.x, dim = p.dim, len = hc * dim, nq = len / 32,
@@ -581,66 +674,10 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
         if (lane == 0) p.cnt[r] = 0; /* for the next launch (kernel order makes it visible) */
         return;
     }
-    /* warps 1..: the collapse (k_hc_pre_finish's arithmetic) by float4, CU of them (HM streams
-       each) loaded at once, then the norm */
-    float4 *ys = one_sm;
-    bool norm = p.z != nullptr;
-    int ct = threadIdx.x - 32;
-    int64_t d4 = dim / 4;
-    const float4 *X4 = (const float4 *)Xr;
-    float4 *y4 = (float4 *)(p.y + r * dim);
-    double zs = 0.0;
-    for (int64_t e0 = ct; e0 < d4; e0 += (int64_t)HC_ONE_CW * CU) {
-        float4 xv[CU][HM];
-#pragma unroll
-        for (int u = 0; u < CU; u++)
-#pragma unroll
-            for (int k = 0; k < HM; k++) {
-                int64_t e = e0 + (int64_t)u * HC_ONE_CW;
-                xv[u][k] = e < d4 && k < hc ? X4[k * d4 + e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-        for (int u = 0; u < CU; u++) {
-            int64_t e = e0 + (int64_t)u * HC_ONE_CW;
-            if (e >= d4) break;
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-#pragma unroll
-            for (int k = 0; k < HM; k++)
-                if (k < hc) {
-                    a0 += pre_s[k] * xv[u][k].x;
-                    a1 += pre_s[k] * xv[u][k].y;
-                    a2 += pre_s[k] * xv[u][k].z;
-                    a3 += pre_s[k] * xv[u][k].w;
-                }
-            float4 yv =
-                make_float4(rbf(a0, p.round), rbf(a1, p.round), rbf(a2, p.round), rbf(a3, p.round));
-            y4[e] = yv;
-            if (norm) {
-                ys[e] = yv;
-                rms_in4(yv, p.round, zs); /* its squares, as the norm kernels add them */
-            }
-        }
-    }
-    if (!norm) return;
-    zs = warp_sum_d(zs);
-    if (lane == 0) red[warp] = zs;
-    asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
-    double tot = 0.0;
-    for (int w = 1; w < CU_WARPS; w++)
-        tot += red[w];
-    float inv = rms_inv(tot, dim, p.z_eps, p.round, p.nw.data != nullptr);
-    float4 *z4 = (float4 *)(p.z + r * dim);
-    for (int64_t e = ct; e < d4; e += HC_ONE_CW) {
-        float4 o = rms_out4(ys[e], inv, p.nw, e * 4, p.round);
-        z4[e] = o;
-        ys[e] = o;
-    }
-    if (!p.zq) return;
-    asm volatile("bar.sync 1, %0;" ::"n"(HC_ONE_CW) : "memory");
-    float4 *q4 = (float4 *)(p.zq + r * dim);
-#pragma unroll 1
-    for (int64_t b = warp - 1; b < dim / 128; b += CU_WARPS - 1)
-        q8_warp_block(ys[b * 32 + lane], q4 + b * 32 + lane);
+    /* warps 1..: the collapse and the norm */
+    struct hc_norm_p nm = {p.nw, p.z_eps, p.z ? p.z + r * dim : nullptr,
+                           p.zq ? p.zq + r * dim : nullptr};
+    hc_collapse_norm<HM>(Xr, pre_s, hc, dim, p.y + r * dim, nm, p.round, one_sm, red);
 }
 
 static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a);
@@ -700,6 +737,15 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
     return true;
 }
 
+/* Whether k_hc_pre_finish (one block a row) can run a's norm itself (c->hc_fin_norm,
+ * DSI_CUDA_HC_FIN_NORM=0: never; step 33): warps 1..7 collapse (hc * hc <= 32: warp 0 runs the
+ * Sinkhorn), the row's y in shared memory, float4 rows. */
+static bool hc_pre_norm_fused(const struct cu_ctx *c, const struct dsi_hc_pre_args *a) {
+    return c->hc_fin_norm && a->norm_w && a->z && a->hc * a->hc <= 32 && a->dim % 128 == 0 &&
+           a->dim * 4 <= 48 * 1024 && (uintptr_t)a->X % 16 == 0 && (uintptr_t)a->y % 16 == 0 &&
+           (uintptr_t)a->z % 16 == 0 && (uintptr_t)a->zq % 16 == 0;
+}
+
 extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0) return;
@@ -739,11 +785,20 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
     int64_t split = std::max<int64_t>(1, std::min<int64_t>(c->hc_split, 2 * c->n_sms / a->n));
     dim3 grid((unsigned)a->n, (unsigned)split);
-    cu_launch(c, k_hc_pre_finish, grid, CU_THREADS, 0, a->X, mraw, cv, (const float *)ssp, nq, a->n,
-              hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps,
-              a->y, a->post, a->comb, a->round_bf16);
+    struct hc_norm_p nm = {};
+    bool fused = split == 1 && hc_pre_norm_fused(c, a);
+    if (fused) {
+        nm.nw = cu_vec_of(a->norm_w);
+        nm.eps = a->z_eps;
+        nm.z = a->z;
+        nm.zq = a->zq;
+    }
+    cu_launch(c, fused ? k_hc_pre_finish<true> : k_hc_pre_finish<false>, grid, CU_THREADS,
+              fused ? (size_t)a->dim * 4 : 0, a->X, mraw, cv, (const float *)ssp, nq, a->n, hc,
+              a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps,
+              a->y, a->post, a->comb, a->round_bf16, nm);
     cu_prof_end(c, pf);
-    if (cu_check(c, "hc_pre")) hc_norm_after(be, a);
+    if (cu_check(c, "hc_pre") && !fused) hc_norm_after(be, a);
 }
 
 /* a's norm (norm_w) as its own op after hc_pre */

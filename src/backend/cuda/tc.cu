@@ -255,11 +255,15 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     p.gx = g->gxs;
     p.gy = g->gys;
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
+    /* wg.cu: the same tiles (128 weight rows x 128) on wgmma from c->wg_dense_min rows
+       (DSI_CUDA_WG_DENSE_MIN, default 512; at 256 rows wg.cu measured slower with its bf16 copy,
+       step 16), groups side by side in a row */
+    bool wg = c->wg && n >= c->wg_dense_min && n >= 128 &&
+              (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx);
+    if (wg) bn = 128;
     dim3 grid((unsigned)cu_div_up(g->n_out, TC_BM), (unsigned)cu_div_up(n, bn),
               (unsigned)g->groups);
-    /* wg.cu: the same tiles (128 weight rows x bn) on wgmma from 512 rows (bn 128; at 256 rows
-       measured slower with its bf16 copy, step 16), groups side by side in a row */
-    if (c->wg && bn >= 128 && (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx)) {
+    if (wg) {
         int pw = cu_prof_begin(c, "gemm.wg");
         /* (wgr.cu's kernels with the weights in registers where c->wg_rs and the shapes allow) */
         bool ok = (c->wg_rs && launch_wgr_gemm(c, &p, bn, grid)) || launch_wg_gemm(c, &p, bn, grid);
