@@ -204,6 +204,29 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     g_gpu = keep;
     ns->ops->free(ns);
     TEST_ASSERT(ok);
+    /* step 33's switches: gvf.cu's warps along K on named barriers (DSI_CUDA_GVF_NBAR=1) on the
+       cases of 1-63 rows; the wgmma kernels from 128 rows (DSI_CUDA_WG_DENSE_MIN=128, cuBLASLt
+       off) on those of 128-511 */
+    const struct {
+        const char *env;
+        int64_t nmin, nmax;
+    } s33[] = {{"DSI_CUDA_GVF_NBAR=1", 1, 63},
+               {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511}};
+    for (size_t b = 0; b < sizeof(s33) / sizeof(s33[0]) && ok; b++) {
+        struct dsi_backend *g2 = cuda_backend_with(s33[b].env);
+        TEST_ASSERT(g2 != NULL);
+        g_gpu = g2;
+        for (int i = 0; i < n && ok; i++) {
+            if (cases[i].n < s33[b].nmin || cases[i].n > s33[b].nmax ||
+                (tiny_only() && cases[i].rows * cases[i].K > (1 << 20)))
+                continue;
+            ok = run_gemm_mode(&r, &cases[i], true);
+            if (!ok) fprintf(stderr, "[gemm fast case %d with %s] ", i, s33[b].env);
+        }
+        g_gpu = keep;
+        g2->ops->free(g2);
+    }
+    TEST_ASSERT(ok);
     return 0;
 }
 
@@ -335,11 +358,14 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
     }
     /* the cases from 512 rows once more on wg.cu's kernels (DSI_CUDA_WG_RS=0; wgr.cu's are the
        default from step 26), those of 64-511 rows with the groups never split along K
-       (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25) */
+       (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25), those of 128-511 rows on wgr.cu
+       (DSI_CUDA_WG_DENSE_MIN=128; step 33) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
-    } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX}, {"DSI_CUDA_TC_SPLIT_GROUPED=0", 64, 511}};
+    } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX},
+                 {"DSI_CUDA_TC_SPLIT_GROUPED=0", 64, 511},
+                 {"DSI_CUDA_WG_DENSE_MIN=128", 128, 511}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

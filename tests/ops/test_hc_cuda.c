@@ -64,11 +64,12 @@ static int hc_tail_same(struct dsi_backend *be,
 }
 
 /* hc_pre with the norm after it in the same op (norm_w: BF16 weights when rnd, else F32; zq
- * where dim % 128 == 0) on the GPU (pre: the device pointers): y, post and comb bit for bit
- * those of the GPU run without the norm (yg, pg, cg), z within 1e-6 of the CPU's rms_norm of the
- * GPU's own y, zq bit for bit the CPU's act_quant of the GPU's own z; and the CPU's fused op
+ * where dim % 128 == 0) on the GPU backend be (pre: the device pointers): y, post and comb bit for
+ * bit those of the GPU run without the norm (yg, pg, cg), z within 1e-6 of the CPU's rms_norm of
+ * the GPU's own y, zq bit for bit the CPU's act_quant of the GPU's own z; and the CPU's fused op
  * (host rows X, host tensors fn_h ...): its z within hc_pre's tolerance of the GPU's. */
-static int hc_norm_same(struct rng *r,
+static int hc_norm_same(struct dsi_backend *be,
+                        struct rng *r,
                         const struct dsi_hc_pre_args *pre,
                         const struct dsi_tensor *fn_h,
                         const struct dsi_tensor *base_h,
@@ -98,8 +99,8 @@ static int hc_norm_same(struct rng *r,
     a.z_eps = 1e-6f;
     a.z = dz;
     a.zq = dq;
-    g_gpu->ops->hc_pre(g_gpu, &a);
-    int ok = gsync("hc_pre with norm") == 0;
+    be->ops->hc_pre(be, &a);
+    int ok = gsync_on(be, "hc_pre with norm") == 0;
     float *y2 = hpoison(nz), *p2 = hpoison(n * hc), *c2 = hpoison(n * hc * hc), *zg = hpoison(nz),
           *qg = hpoison(nz), *zc = hpoison(nz), *qc = hpoison(nz), *yc = hpoison(nz),
           *pc = hpoison(n * hc), *cc = hpoison(n * hc * hc);
@@ -184,8 +185,9 @@ int test_cuda_hc(struct test_ctx *t) {
         cuda_backend_with("DSI_CUDA_HC_MIX_SPLIT=0,DSI_CUDA_HC_MIX_RPL=3")};
     for (int i = 0; i < NALT; i++)
         TEST_ASSERT(alt[i] != NULL);
-    struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1");
-    TEST_ASSERT(tf1 != NULL);
+    struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1"),
+                       *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1");
+    TEST_ASSERT(tf1 != NULL && fin != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -238,7 +240,11 @@ int test_cuda_hc(struct test_ctx *t) {
                 if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, &a, NULL, yg, pg, cg, 17));
                 for (int i = 0; i < NALT && n > 32; i++)
                     TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
-                TEST_ASSERT(hc_norm_same(&r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
+                /* the norm in hc_pre's finish at one block a row (fin: DSI_CUDA_HC_FIN_NORM=1;
+                   n = 601) and after it (the default backend) */
+                for (int b = 0; b < 2; b++)
+                    TEST_ASSERT(hc_norm_same(b ? fin : g_gpu, &r, &a, &fn.h, &base.h, &scale.h, X,
+                                             yg, pg, cg, rnd));
                 /* `fast` numerics: the mix on hc_tf.cu's 3xTF32 tensor cores with the sums of
                    squares, from DSI_CUDA_HC_TF_MIN rows (tf1: from 1 row, every n, partial row
                    tiles; the default backend from 512: n = 601), within 2e-5 of the CPU (one
@@ -257,7 +263,9 @@ int test_cuda_hc(struct test_ctx *t) {
                     TEST_ASSERT(close_to("hc_pre fast post", pg, pc, n * hc, 2e-5));
                     TEST_ASSERT(close_to("hc_pre fast comb", cg, cc, n * hc * hc, 2e-5));
                 }
-                TEST_ASSERT(hc_norm_same(&r, &af, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
+                for (int b = 0; b < 2; b++)
+                    TEST_ASSERT(hc_norm_same(b ? fin : g_gpu, &r, &af, &fn.h, &base.h, &scale.h, X,
+                                             yg, pg, cg, rnd));
                 /* hc_post: Xo = post f + comb^T X, on the CPU's post/comb */
                 float *f = fnorm(&r, n * D, 1.0f);
                 float *df = dput(f, sizeof(float) * (size_t)(n * D));
@@ -331,6 +339,7 @@ int test_cuda_hc(struct test_ctx *t) {
     for (int i = 0; i < NALT; i++)
         alt[i]->ops->free(alt[i]);
     tf1->ops->free(tf1);
+    fin->ops->free(fin);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
     for (int c = 0; c < 3; c++) {

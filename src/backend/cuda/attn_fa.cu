@@ -29,9 +29,7 @@
 
 #include <algorithm>
 
-#define FA_T  512
-#define FA_W  (FA_T / 32)
-#define FA_HB 64 /* heads per block */
+#define FA_HB 64 /* heads per block (or 32: c->attn_fa_hb); FA_HB * 8 threads */
 /* keys per tile: 16 or 32 (build-time; 32 is step 24's prepared experiment: fewer dependent
    steps per row, 112 bytes of spills at head_dim 512) */
 #ifndef FA_KT
@@ -45,15 +43,15 @@ struct fa_smem_layout {
     size_t q, k, sp, pr, st, kp, total;
 };
 
-__host__ __device__ static inline fa_smem_layout fa_layout(int hd) {
+__host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb) {
     fa_smem_layout l;
     size_t ldk = (size_t)hd + 8;
-    l.q = 0;                                     /* Q bf16 [64][hd + 8] */
-    l.k = l.q + (size_t)FA_HB * ldk * 2;         /* K bf16 [2][FA_KT][hd + 8] */
-    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2;    /* partial scores [4][64][FA_KT + 1] */
-    l.pr = l.sp + (size_t)4 * FA_HB * FA_LS * 4; /* P bf16 [64][FA_KT + 8] */
-    l.st = l.pr + (size_t)FA_HB * FA_LP * 2;     /* m, l, factor [3][64] */
-    l.kp = l.st + (size_t)3 * FA_HB * 4;         /* key rows [2][FA_KT] */
+    l.q = 0;                                  /* Q bf16 [64][hd + 8] */
+    l.k = l.q + (size_t)hb * ldk * 2;         /* K bf16 [2][FA_KT][hd + 8] */
+    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2; /* partial scores [4][64][FA_KT + 1] */
+    l.pr = l.sp + (size_t)4 * hb * FA_LS * 4; /* P bf16 [hb][FA_KT + 8] */
+    l.st = l.pr + (size_t)hb * FA_LP * 2;     /* m, l, factor [3][hb] */
+    l.kp = l.st + (size_t)3 * hb * 4;         /* key rows [2][FA_KT] */
     l.total = l.kp + (size_t)2 * FA_KT * 8;
     return l;
 }
@@ -68,7 +66,7 @@ static bool fa_k8_ok(const struct attn_p *p) {
 }
 
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
-    return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd).total <= c->smem_optin &&
+    return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd, FA_HB).total <= c->smem_optin &&
            (uintptr_t)p->q % 16 == 0 && (uintptr_t)p->ring % 16 == 0 &&
            (uintptr_t)p->entries % 16 == 0 && (uintptr_t)p->out % 16 == 0 &&
            (uintptr_t)p->ring8 % 8 == 0 && (uintptr_t)p->ent8 % 8 == 0 && p->rb % 8 == 0;
@@ -80,46 +78,48 @@ __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf
 
 /* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. K8:
  * FP8 rows as 16-byte chunks (fa_k8_ok), decoded to bf16 as FP8 weights are (tc_decode_w). */
-template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(struct attn_p p) {
+template <int HQ, bool K8, int HB>
+__global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
+    constexpr int FT = HB * 8, WM = HB / 16; /* threads; warps along the heads */
     cu_pdl_enter();
     constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8,
-                  NV = K8 ? 1 : FA_KT * HD / 4 / FA_T, /* float4 of a tile's keys per thread */
-        NC = (FA_KT * HD / 8 + FA_T - 1) / FA_T;       /* K8: a tile's chunks per thread at most */
+                  NV = K8 ? 1 : FA_KT * HD / 4 / FT, /* float4 of a tile's keys per thread */
+        NC = (FA_KT * HD / 8 + FT - 1) / FT;         /* K8: a tile's chunks per thread at most */
     extern __shared__ uint4 fa_smem[];
-    const fa_smem_layout L = fa_layout(HD);
+    const fa_smem_layout L = fa_layout(HD, HB);
     char *base = (char *)fa_smem;
     uint16_t *Qs = (uint16_t *)(base + L.q), *Ks = (uint16_t *)(base + L.k);
-    float(*Sp)[FA_HB][FA_LS] = (float(*)[FA_HB][FA_LS])(base + L.sp);
+    float(*Sp)[HB][FA_LS] = (float(*)[HB][FA_LS])(base + L.sp);
     uint16_t *Ps = (uint16_t *)(base + L.pr);
-    float *Ms = (float *)(base + L.st), *Ls = Ms + FA_HB, *Fs = Ls + FA_HB;
+    float *Ms = (float *)(base + L.st), *Ls = Ms + HB, *Fs = Ls + HB;
     int64_t *Kp = (int64_t *)(base + L.kp); /* [2][16]: the keys (attn_kh) of tiles t, t + 1 */
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp & 3, wn = warp >> 2;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp % WM, wn = warp / WM;
     int g = lane >> 2, t4 = lane & 3;
-    int r = blockIdx.x, h0 = blockIdx.y * FA_HB;
+    int r = blockIdx.x, h0 = blockIdx.y * HB;
     int64_t w0;
     int nk = attn_nkeys(p, r, &w0);
     /* q rows -> bf16 (zeros past the last head), QB loads in flight per thread: the loads go
        first (heads past the last read the last head's row), then the stores (step 24: one
        load then its store per step made 16 dependent round trips per block at head_dim 512) */
-    constexpr int QN = FA_HB * (HD / 4) / FA_T, QB = QN % 8 == 0 ? 8 : QN % 4 == 0 ? 4 : QN;
-    static_assert(QN * FA_T == FA_HB * (HD / 4) && QN % QB == 0, "q staging");
+    constexpr int QN = HB * (HD / 4) / FT, QB = QN % 8 == 0 ? 8 : QN % 4 == 0 ? 4 : QN;
+    static_assert(QN * FT == HB * (HD / 4) && QN % QB == 0, "q staging");
 #pragma unroll
     for (int i0 = 0; i0 < QN; i0 += QB) {
         float4 f[QB];
 #pragma unroll
         for (int i = 0; i < QB; i++) {
-            int e = tid + (i0 + i) * FA_T, h = e / (HD / 4), c = e % (HD / 4);
+            int e = tid + (i0 + i) * FT, h = e / (HD / 4), c = e % (HD / 4);
             int hh = h0 + h < p.H ? h0 + h : p.H - 1;
             f[i] = ((const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD))[c];
         }
 #pragma unroll
         for (int i = 0; i < QB; i++) {
-            int e = tid + (i0 + i) * FA_T, h = e / (HD / 4), c = e % (HD / 4);
+            int e = tid + (i0 + i) * FT, h = e / (HD / 4), c = e % (HD / 4);
             float4 v = h0 + h < p.H ? f[i] : make_float4(0, 0, 0, 0);
             *(uint2 *)(Qs + h * LDK + 4 * c) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
         }
     }
-    if (tid < FA_HB) {
+    if (tid < HB) {
         Ms[tid] = -INFINITY;
         Ls[tid] = 0.0f;
     }
@@ -135,7 +135,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
     if (tid < 2 * FA_KT) Kp[tid] = key_row(t0 * FA_KT + tid);
     int64_t nrow = -1;
     float4 kr[NV];
-    /* K8: chunks tid + i FA_T of the tile (nq code chunks and the rope's a key) */
+    /* K8: chunks tid + i FT of the tile (nq code chunks and the rope's a key) */
     const int nq = p.nope / 16, cpk = nq + (HD - p.nope) / 8;
     uint4 kc[K8 ? NC : 1];
     uint32_t ks[K8 ? NC : 1];
@@ -146,7 +146,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
                       if constexpr (K8) {
 #pragma unroll
                           for (int i = 0; i < NC; i++) {
-                              int ch = tid + i * FA_T, j = ch / cpk, q = ch - j * cpk;
+                              int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
                               int64_t kq = j < FA_KT ? kp[j] : -1;
                               kc[i] = make_uint4(0, 0, 0, 0);
                               ks[i] = 127;
@@ -165,7 +165,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
                       } else {
 #pragma unroll
                           for (int v = 0; v < NV; v++) {
-                              int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+                              int idx = tid + v * FT, j = idx / (HD / 4), c = idx % (HD / 4);
                               int64_t kq = kp[j];
                               kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
                           }
@@ -184,7 +184,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
         if constexpr (K8) { /* (a key past the tile's: zeros, scale 1) */
 #pragma unroll
             for (int i = 0; i < NC; i++) {
-                int ch = tid + i * FA_T, j = ch / cpk, q = ch - j * cpk;
+                int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
                 if (j >= FA_KT) continue;
                 if (q < nq) {
                     struct tc_wraw w;
@@ -201,7 +201,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
         } else {
 #pragma unroll
             for (int v = 0; v < NV; v++) {
-                int idx = tid + v * FA_T, j = idx / (HD / 4), c = idx % (HD / 4);
+                int idx = tid + v * FT, j = idx / (HD / 4), c = idx % (HD / 4);
                 *(uint2 *)(K + j * LDK + 4 * c) =
                     make_uint2(bf16x2_rn(kr[v].x, kr[v].y), bf16x2_rn(kr[v].z, kr[v].w));
             }
@@ -301,7 +301,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
     __syncthreads(); /* the last tile's statistics */
     if (p.fa_o) {    /* split: the partial rows and statistics as they are */
         size_t prow = ((size_t)blockIdx.z * gridDim.x + r) * p.H;
-        if (tid < FA_HB && h0 + tid < p.H) {
+        if (tid < HB && h0 + tid < p.H) {
             p.fa_ml[(prow + h0 + tid) * 2] = Ms[tid];
             p.fa_ml[(prow + h0 + tid) * 2 + 1] = Ls[tid];
         }
@@ -314,7 +314,7 @@ template <int HQ, bool K8> __global__ void __launch_bounds__(FA_T, 1) k_attn_fa(
             }
         return;
     }
-    if (tid < FA_HB) { /* the sink: mx = max(m, sink); out = o f / (l f + exp(sink - mx)) */
+    if (tid < HB) { /* the sink: mx = max(m, sink); out = o f / (l f + exp(sink - mx)) */
         float sink = h0 + tid < p.H ? vec_get(p.sinks, h0 + tid) : 0.0f;
         float m = Ms[tid], mx = fmaxf(m, sink);
         float f = m == -INFINITY ? 0.0f : exp_ref(m - mx);
@@ -380,16 +380,26 @@ __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int sp
     }
 }
 
-template <int HQ, bool K8>
+template <int HQ, bool K8, int HB>
 static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows, int splits) {
     static bool done = false;
-    size_t sm = fa_layout(128 * HQ).total;
-    if (!smem_limit(c, k_attn_fa<HQ, K8>, sm, &done, "attn (fused)")) return false;
-    dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, FA_HB), (unsigned)splits);
-    cu_launch(c, k_attn_fa<HQ, K8>, g, FA_T, sm, *p);
+    size_t sm = fa_layout(128 * HQ, HB).total;
+    if (!smem_limit(c, k_attn_fa<HQ, K8, HB>, sm, &done, "attn (fused)")) return false;
+    dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, HB), (unsigned)splits);
+    cu_launch(c, k_attn_fa<HQ, K8, HB>, g, HB * 8, sm, *p);
     if (p->fa_o)
         cu_launch(c, k_attn_fa_merge, dim3((unsigned)rows, (unsigned)p->H), FA_MT, 0, *p, splits);
     return cu_check(c, "attn (fused)");
+}
+
+template <int HQ>
+static bool
+fa_go_hb(struct cu_ctx *c, const struct attn_p *p, int rows, int splits, bool k8, int hb) {
+    if (hb == 32)
+        return k8 ? fa_go<HQ, true, 32>(c, p, rows, splits)
+                  : fa_go<HQ, false, 32>(c, p, rows, splits);
+    return k8 ? fa_go<HQ, true, FA_HB>(c, p, rows, splits)
+              : fa_go<HQ, false, FA_HB>(c, p, rows, splits);
 }
 
 bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
@@ -397,7 +407,10 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
        one block per SM, at least 2 tiles a split (attention at 1-31 rows took three launches
        of the exact / tensor-core kernels before, step 24) */
     struct attn_p p = *p0;
-    int64_t tiles = cu_div_up(p.maxk, FA_KT), blocks = (int64_t)rows * cu_div_up(p.H, FA_HB);
+    /* heads per block: 64, or 32 (c->attn_fa_hb, DSI_CUDA_ATTN_FA_HB=32: half the shared
+       memory and threads, two blocks per SM; step 33) */
+    int hb = c->attn_fa_hb == 32 ? 32 : FA_HB;
+    int64_t tiles = cu_div_up(p.maxk, FA_KT), blocks = (int64_t)rows * cu_div_up(p.H, hb);
     int64_t splits = 1, tps = tiles;
     p.fa_o = p.fa_ml = NULL;
     p.fa_tps = 0;
@@ -415,18 +428,15 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
         p.fa_tps = (int)tps;
     }
     bool k8 = c->attn_fa_k8 && fa_k8_ok(&p);
+    int sp = (int)splits;
     switch (p.hd / 128) {
     case 1:
-        return k8 ? fa_go<1, true>(c, &p, rows, (int)splits)
-                  : fa_go<1, false>(c, &p, rows, (int)splits);
+        return fa_go_hb<1>(c, &p, rows, sp, k8, hb);
     case 2:
-        return k8 ? fa_go<2, true>(c, &p, rows, (int)splits)
-                  : fa_go<2, false>(c, &p, rows, (int)splits);
+        return fa_go_hb<2>(c, &p, rows, sp, k8, hb);
     case 3:
-        return k8 ? fa_go<3, true>(c, &p, rows, (int)splits)
-                  : fa_go<3, false>(c, &p, rows, (int)splits);
+        return fa_go_hb<3>(c, &p, rows, sp, k8, hb);
     default:
-        return k8 ? fa_go<4, true>(c, &p, rows, (int)splits)
-                  : fa_go<4, false>(c, &p, rows, (int)splits);
+        return fa_go_hb<4>(c, &p, rows, sp, k8, hb);
     }
 }

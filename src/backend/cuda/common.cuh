@@ -94,7 +94,7 @@ struct cu_ctx {
     int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     bool gvf_nbar;        /* gvf.cu: a tile's ks warps meet on a named barrier of their own, not the
-                             block's (DSI_CUDA_GVF_NBAR=0: the block's; step 33) */
+                             block's (DSI_CUDA_GVF_NBAR=1; step 33, off until measured) */
     bool gvf_tail;        /* gvf.cu: more warps along K where the last tile iteration is then fuller
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
@@ -114,6 +114,7 @@ struct cu_ctx {
     bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
+    int attn_fa_hb;     /* attn_fa.cu: heads per block, 64 or 32 (DSI_CUDA_ATTN_FA_HB; step 33) */
     bool attn_fa_k8;    /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
                            each float4 through attn_k4, step 29's) */
     int hc_split;       /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
@@ -135,7 +136,7 @@ struct cu_ctx {
     int wg_dense_min; /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
                          (DSI_CUDA_WG_DENSE_MIN, default 512) */
     bool hc_fin_norm; /* hc_pre's finish runs the norm after it where it can (one block a row;
-                         DSI_CUDA_HC_FIN_NORM=0: never; step 33) */
+                         DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured) */
     int hc_one;       /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
                          0: never; at most CU_HC_ONE_MAX) */
     int *hc_cnt;      /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between

@@ -515,7 +515,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_ks_min = gk && *gk ? atoi(gk) : 2;
     c->gvf_ilv = !(gi && *gi == '0');
     const char *gnb = getenv("DSI_CUDA_GVF_NBAR");
-    c->gvf_nbar = !(gnb && *gnb == '0');
+    c->gvf_nbar = gnb && *gnb == '1'; /* (step 33: not yet run on a GPU; off until measured) */
     const char *gtl = getenv("DSI_CUDA_GVF_TAIL");
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
@@ -558,7 +558,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;
     const char *hfn = getenv("DSI_CUDA_HC_FIN_NORM");
-    c->hc_fin_norm = !(hfn && *hfn == '0');
+    c->hc_fin_norm = hfn && *hfn == '1'; /* (step 33: not yet run on a GPU; off until measured) */
     if (c->hc_one > CU_HC_ONE_MAX) c->hc_one = CU_HC_ONE_MAX;
     /* wgmma for tc.cu's large tiles (prefill 8k: 163.9 -> 156.2 ms; docs/cuda.md, step 16) */
     const char *wg = getenv("DSI_CUDA_WG");
@@ -606,6 +606,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_fa_split = !(fs && *fs == '0');
     const char *f8 = getenv("DSI_CUDA_ATTN_FA_K8");
     c->attn_fa_k8 = !(f8 && *f8 == '0');
+    const char *fhb = getenv("DSI_CUDA_ATTN_FA_HB");
+    c->attn_fa_hb = fhb && *fhb ? atoi(fhb) : 64;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");
