@@ -738,8 +738,8 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
 }
 
 /* Whether k_hc_pre_finish (one block a row) can run a's norm itself (c->hc_fin_norm,
- * DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured): warps 1..7 collapse (hc * hc <= 32: warp 0 runs the
- * Sinkhorn), the row's y in shared memory, float4 rows. */
+ * DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured): warps 1..7 collapse (hc * hc <= 32: warp 0
+ * runs the Sinkhorn), the row's y in shared memory, float4 rows. */
 static bool hc_pre_norm_fused(const struct cu_ctx *c, const struct dsi_hc_pre_args *a) {
     return c->hc_fin_norm && a->norm_w && a->z && a->hc * a->hc <= 32 && a->dim % 128 == 0 &&
            a->dim * 4 <= 48 * 1024 && (uintptr_t)a->X % 16 == 0 && (uintptr_t)a->y % 16 == 0 &&
