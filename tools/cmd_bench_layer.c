@@ -354,7 +354,10 @@ static void usage(FILE *f) {
         "                         inside the step; at batch > 1 an op feeding the routing also\n"
         "                         changes the MoE's work); LIST: op names, comma-separated, or "
         "all:\n"
-        "                         %s\n",
+        "                         %s\n"
+        "environment (cuda): DSI_CUDA_PROFILE=1 prints each op's GPU time over the timed steps\n"
+        "and prefills (graphs off); =2 also each gemm call's shape. docs/cuda.md lists the\n"
+        "backend's other switches (A/B measurements).\n",
         bench_leave_names());
 }
 
