@@ -930,11 +930,11 @@ int test_cuda_attn(struct test_ctx *t) {
     /* the `fast` cases once more on the other paths: the fused kernel (attn_fa.cu) is the
        default from 1 row; DSI_CUDA_ATTN_FA=0 runs attn_tc.cu's products (from 128 rows) or the
        exact kernels and the softmax; DSI_CUDA_ATTN_FA_SPLIT=0 the fused kernel unsplit;
-       DSI_CUDA_ATTN_FA_HB=32 its blocks of 32 heads */
+       DSI_CUDA_ATTN_FA_HB=32 its blocks of 32 heads, DSI_CUDA_ATTN_FA_KT=32 its tiles of 32 keys */
     const char *envs[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_SPLIT=0",
-                          "DSI_CUDA_ATTN_FA_HB=32"};
+                          "DSI_CUDA_ATTN_FA_HB=32", "DSI_CUDA_ATTN_FA_KT=32"};
     int ok = 1;
-    for (int e = 0; e < 3 && ok; e++) {
+    for (int e = 0; e < 4 && ok; e++) {
         struct dsi_backend *g2 = cuda_backend_with(envs[e]), *keep = g_gpu;
         TEST_ASSERT(g2 != NULL);
         g_gpu = g2;
@@ -950,15 +950,16 @@ int test_cuda_attn(struct test_ctx *t) {
     /* FP8 cache rows (DSI_CUDA_KV_FP8): every case on the default paths (the fused kernel's
        16-byte chunks, step 30), the fast ones also on the exact / tensor-core kernels
        (DSI_CUDA_ATTN_FA=0), on the fused kernel's float4 loads (DSI_CUDA_ATTN_FA_K8=0) and on its
-       blocks of 32 heads (DSI_CUDA_ATTN_FA_HB=32) */
+       blocks of 32 heads (DSI_CUDA_ATTN_FA_HB=32) and tiles of 32 keys (DSI_CUDA_ATTN_FA_KT=32) */
     g_attn_fp8 = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         ok = run_attn(&r, &cases[i]);
         if (!ok) fprintf(stderr, "attn case %zu with FP8 rows failed\n", i);
     }
-    const char *envs8[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_K8=0", "DSI_CUDA_ATTN_FA_HB=32"};
-    for (int e = 0; e < 3 && ok; e++) {
+    const char *envs8[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_K8=0", "DSI_CUDA_ATTN_FA_HB=32",
+                           "DSI_CUDA_ATTN_FA_KT=32"};
+    for (int e = 0; e < 4 && ok; e++) {
         const char *env = envs8[e];
         struct dsi_backend *g2 = cuda_backend_with(env), *keep = g_gpu;
         TEST_ASSERT(g2 != NULL);

@@ -30,29 +30,25 @@
 #include <algorithm>
 
 #define FA_HB 64 /* heads per block (or 32: c->attn_fa_hb); FA_HB * 8 threads */
-/* keys per tile: 16 or 32 (build-time; 32 is step 24's prepared experiment: fewer dependent
-   steps per row, 112 bytes of spills at head_dim 512) */
-#ifndef FA_KT
+/* keys per tile: 16, or 32 with 64 heads a block (c->attn_fa_kt, DSI_CUDA_ATTN_FA_KT=32: half
+   the tiles and their barriers per row; step 24's experiment spilled 112 bytes at head_dim 512,
+   16 in step 33's build) */
 #define FA_KT 16
-#endif
-#define FA_KK (FA_KT / 8) /* keys per thread in the softmax step; n8 tiles of scores */
-#define FA_LP (FA_KT + 8)
-#define FA_LS (FA_KT + 1)
 
 struct fa_smem_layout {
     size_t q, k, sp, pr, st, kp, total;
 };
 
-__host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb) {
+__host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb, int kt) {
     fa_smem_layout l;
     size_t ldk = (size_t)hd + 8;
-    l.q = 0;                                  /* Q bf16 [64][hd + 8] */
-    l.k = l.q + (size_t)hb * ldk * 2;         /* K bf16 [2][FA_KT][hd + 8] */
-    l.sp = l.k + (size_t)2 * FA_KT * ldk * 2; /* partial scores [4][64][FA_KT + 1] */
-    l.pr = l.sp + (size_t)4 * hb * FA_LS * 4; /* P bf16 [hb][FA_KT + 8] */
-    l.st = l.pr + (size_t)hb * FA_LP * 2;     /* m, l, factor [3][hb] */
-    l.kp = l.st + (size_t)3 * hb * 4;         /* key rows [2][FA_KT] */
-    l.total = l.kp + (size_t)2 * FA_KT * 8;
+    l.q = 0;                                     /* Q bf16 [64][hd + 8] */
+    l.k = l.q + (size_t)hb * ldk * 2;            /* K bf16 [2][kt][hd + 8] */
+    l.sp = l.k + (size_t)2 * kt * ldk * 2;       /* partial scores [4][64][kt + 1] */
+    l.pr = l.sp + (size_t)4 * hb * (kt + 1) * 4; /* P bf16 [hb][kt + 8] */
+    l.st = l.pr + (size_t)hb * (kt + 8) * 2;     /* m, l, factor [3][hb] */
+    l.kp = l.st + (size_t)3 * hb * 4;            /* key rows [2][kt] */
+    l.total = l.kp + (size_t)2 * kt * 8;
     return l;
 }
 
@@ -66,10 +62,11 @@ static bool fa_k8_ok(const struct attn_p *p) {
 }
 
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
-    return p->hd % 128 == 0 && p->hd <= 512 && fa_layout(p->hd, FA_HB).total <= c->smem_optin &&
-           (uintptr_t)p->q % 16 == 0 && (uintptr_t)p->ring % 16 == 0 &&
-           (uintptr_t)p->entries % 16 == 0 && (uintptr_t)p->out % 16 == 0 &&
-           (uintptr_t)p->ring8 % 8 == 0 && (uintptr_t)p->ent8 % 8 == 0 && p->rb % 8 == 0;
+    return p->hd % 128 == 0 && p->hd <= 512 &&
+           fa_layout(p->hd, FA_HB, FA_KT).total <= c->smem_optin && (uintptr_t)p->q % 16 == 0 &&
+           (uintptr_t)p->ring % 16 == 0 && (uintptr_t)p->entries % 16 == 0 &&
+           (uintptr_t)p->out % 16 == 0 && (uintptr_t)p->ring8 % 8 == 0 &&
+           (uintptr_t)p->ent8 % 8 == 0 && p->rb % 8 == 0;
 }
 
 /* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)
@@ -78,18 +75,21 @@ __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf
 
 /* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. K8:
  * FP8 rows as 16-byte chunks (fa_k8_ok), decoded to bf16 as FP8 weights are (tc_decode_w). */
-template <int HQ, bool K8, int HB>
+template <int HQ, bool K8, int HB, int KT>
 __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     constexpr int FT = HB * 8, WM = HB / 16; /* threads; warps along the heads */
+    /* keys per thread in the softmax step (n8 tiles of scores); P's and the partial scores'
+       row lengths */
+    constexpr int KK = KT / 8, LP = KT + 8, LS = KT + 1;
     cu_pdl_enter();
     constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8,
-                  NV = K8 ? 1 : FA_KT * HD / 4 / FT, /* float4 of a tile's keys per thread */
-        NC = (FA_KT * HD / 8 + FT - 1) / FT;         /* K8: a tile's chunks per thread at most */
+                  NV = K8 ? 1 : KT * HD / 4 / FT, /* float4 of a tile's keys per thread */
+        NC = (KT * HD / 8 + FT - 1) / FT;         /* K8: a tile's chunks per thread at most */
     extern __shared__ uint4 fa_smem[];
-    const fa_smem_layout L = fa_layout(HD, HB);
+    const fa_smem_layout L = fa_layout(HD, HB, KT);
     char *base = (char *)fa_smem;
     uint16_t *Qs = (uint16_t *)(base + L.q), *Ks = (uint16_t *)(base + L.k);
-    float(*Sp)[HB][FA_LS] = (float(*)[HB][FA_LS])(base + L.sp);
+    float(*Sp)[HB][LS] = (float(*)[HB][LS])(base + L.sp);
     uint16_t *Ps = (uint16_t *)(base + L.pr);
     float *Ms = (float *)(base + L.st), *Ls = Ms + HB, *Fs = Ls + HB;
     int64_t *Kp = (int64_t *)(base + L.kp); /* [2][16]: the keys (attn_kh) of tiles t, t + 1 */
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
         Ms[tid] = -INFINITY;
         Ls[tid] = 0.0f;
     }
-    int ntile = (nk + FA_KT - 1) / FA_KT;
+    int ntile = (nk + KT - 1) / KT;
     /* this block's tiles [t0, t0 + nt) (split along the keys: blockIdx.z; else all) */
     int t0 = p.fa_o ? (int)blockIdx.z * p.fa_tps : 0;
     int nt = p.fa_o ? min(ntile - t0, p.fa_tps) : ntile;
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
      * Kp before the barrier after which that tile's loads are issued: the chain's latency is
      * hidden behind a tile's work. */
     auto key_row = [&](int jj) { return jj < nk ? attn_kh(p, r, w0, jj) : (int64_t)-1; };
-    if (tid < 2 * FA_KT) Kp[tid] = key_row(t0 * FA_KT + tid);
+    if (tid < 2 * KT) Kp[tid] = key_row(t0 * KT + tid);
     int64_t nrow = -1;
     float4 kr[NV];
     /* K8: chunks tid + i FT of the tile (nq code chunks and the rope's a key) */
@@ -142,12 +142,12 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 (K8: its chunks) */
     auto load =
         [&](int lt) { /* lt: the tile's index in the block's range */
-                      const int64_t *kp = Kp + (lt & 1) * FA_KT;
+                      const int64_t *kp = Kp + (lt & 1) * KT;
                       if constexpr (K8) {
 #pragma unroll
                           for (int i = 0; i < NC; i++) {
                               int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
-                              int64_t kq = j < FA_KT ? kp[j] : -1;
+                              int64_t kq = j < KT ? kp[j] : -1;
                               kc[i] = make_uint4(0, 0, 0, 0);
                               ks[i] = 127;
                               if (kq >= 0) {
@@ -177,15 +177,15 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     if (nt > 0) load(0);
     for (int lt = 0; lt < nt; lt++) {
         int tile = t0 + lt;
-        uint16_t *K = Ks + (lt & 1) * FA_KT * LDK;
+        uint16_t *K = Ks + (lt & 1) * KT * LDK;
         /* tile + 1's rows into the slot of tile - 1 (read by its loads, before barrier B of
            tile - 1, which every thread has passed) */
-        if (lt > 0 && tid < FA_KT) Kp[((lt + 1) & 1) * FA_KT + tid] = nrow;
+        if (lt > 0 && tid < KT) Kp[((lt + 1) & 1) * KT + tid] = nrow;
         if constexpr (K8) { /* (a key past the tile's: zeros, scale 1) */
 #pragma unroll
             for (int i = 0; i < NC; i++) {
                 int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
-                if (j >= FA_KT) continue;
+                if (j >= KT) continue;
                 if (q < nq) {
                     struct tc_wraw w;
                     w.v[0] = kc[i];
@@ -208,11 +208,11 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
         }
         __syncthreads(); /* A: the tile's keys, tile + 1's rows (and, first, q, statistics) */
         if (lt + 1 < nt) load(lt + 1);
-        if (tid < FA_KT) nrow = key_row((tile + 2) * FA_KT + tid);
+        if (tid < KT) nrow = key_row((tile + 2) * KT + tid);
         /* partial scores: heads 16 wm.., keys 0..15, head_dim quarter wn */
-        float s[FA_KK][4];
+        float s[KK][4];
 #pragma unroll
-        for (int j = 0; j < FA_KK; j++)
+        for (int j = 0; j < KK; j++)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DQ / 16; kk++) {
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             uint32_t a[4];
             ldsm_x4(smem_u32(Qs + (wm * 16 + (lane & 15)) * LDK + k0 + (lane >> 4) * 8), a);
 #pragma unroll
-            for (int kb = 0; kb < FA_KT / 16; kb++) { /* keys 16 kb .. 16 kb + 15 */
+            for (int kb = 0; kb < KT / 16; kb++) { /* keys 16 kb .. 16 kb + 15 */
                 uint32_t b[4];
                 ldsm_x4(smem_u32(K + (16 * kb + (lane & 7) + ((lane >> 4) << 3)) * LDK + k0 +
                                  ((lane >> 3) & 1) * 8),
@@ -230,34 +230,34 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             }
         }
 #pragma unroll
-        for (int j = 0; j < FA_KK; j++)
+        for (int j = 0; j < KK; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 Sp[wn][wm * 16 + g + (i >> 1) * 8][j * 8 + 2 * t4 + (i & 1)] = s[j][i];
         __syncthreads(); /* B: the partial scores */
-        {                /* softmax step: 8 threads a head, FA_KK keys each */
-            int h = tid >> 3, k = (tid & 7) * FA_KK, jj = tile * FA_KT + k;
-            float v[FA_KK], e[FA_KK];
+        {                /* softmax step: 8 threads a head, KK keys each */
+            int h = tid >> 3, k = (tid & 7) * KK, jj = tile * KT + k;
+            float v[KK], e[KK];
 #pragma unroll
-            for (int i = 0; i < FA_KK; i++) {
+            for (int i = 0; i < KK; i++) {
                 v[i] = (Sp[0][h][k + i] + Sp[1][h][k + i] + Sp[2][h][k + i] + Sp[3][h][k + i]) *
                        p.scale;
                 if (jj + i >= nk) v[i] = -INFINITY;
             }
             float tm = v[0];
 #pragma unroll
-            for (int i = 1; i < FA_KK; i++)
+            for (int i = 1; i < KK; i++)
                 tm = fmaxf(tm, v[i]);
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1)
                 tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
-            float mo = Ms[h], mn = fmaxf(mo, tm); /* mn finite: key tile * FA_KT < nk */
+            float mo = Ms[h], mn = fmaxf(mo, tm); /* mn finite: key tile * KT < nk */
             float sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < FA_KK; i += 2) {
+            for (int i = 0; i < KK; i += 2) {
                 e[i] = jj + i < nk ? bf16_round(fa_exp(v[i] - mn, p.fexp)) : 0.0f;
                 e[i + 1] = jj + i + 1 < nk ? bf16_round(fa_exp(v[i + 1] - mn, p.fexp)) : 0.0f;
-                *(uint32_t *)(Ps + h * FA_LP + k + i) = bf16x2_rn(e[i], e[i + 1]);
+                *(uint32_t *)(Ps + h * LP + k + i) = bf16x2_rn(e[i], e[i + 1]);
                 sum = i == 0 ? e[i] + e[i + 1] : sum + (e[i] + e[i + 1]);
             }
 #pragma unroll
@@ -282,10 +282,9 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
                 acc[j][3] *= fb;
             }
 #pragma unroll
-            for (int kb = 0; kb < FA_KT / 16; kb++) { /* keys 16 kb .. 16 kb + 15 */
+            for (int kb = 0; kb < KT / 16; kb++) { /* keys 16 kb .. 16 kb + 15 */
                 uint32_t a[4];
-                ldsm_x4(smem_u32(Ps + (wm * 16 + (lane & 15)) * FA_LP + 16 * kb + (lane >> 4) * 8),
-                        a);
+                ldsm_x4(smem_u32(Ps + (wm * 16 + (lane & 15)) * LP + 16 * kb + (lane >> 4) * 8), a);
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     uint32_t b[4];
@@ -380,26 +379,30 @@ __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int sp
     }
 }
 
-template <int HQ, bool K8, int HB>
+template <int HQ, bool K8, int HB, int KT>
 static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows, int splits) {
     static bool done = false;
-    size_t sm = fa_layout(128 * HQ, HB).total;
-    if (!smem_limit(c, k_attn_fa<HQ, K8, HB>, sm, &done, "attn (fused)")) return false;
+    size_t sm = fa_layout(128 * HQ, HB, KT).total;
+    if (!smem_limit(c, k_attn_fa<HQ, K8, HB, KT>, sm, &done, "attn (fused)")) return false;
     dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, HB), (unsigned)splits);
-    cu_launch(c, k_attn_fa<HQ, K8, HB>, g, HB * 8, sm, *p);
+    cu_launch(c, k_attn_fa<HQ, K8, HB, KT>, g, HB * 8, sm, *p);
     if (p->fa_o)
         cu_launch(c, k_attn_fa_merge, dim3((unsigned)rows, (unsigned)p->H), FA_MT, 0, *p, splits);
     return cu_check(c, "attn (fused)");
 }
 
+/* The kernel for heads a block hb (64 or 32) and keys a tile kt (16, or 32 with 64 heads). */
 template <int HQ>
 static bool
-fa_go_hb(struct cu_ctx *c, const struct attn_p *p, int rows, int splits, bool k8, int hb) {
+fa_go_hb(struct cu_ctx *c, const struct attn_p *p, int rows, int splits, bool k8, int hb, int kt) {
     if (hb == 32)
-        return k8 ? fa_go<HQ, true, 32>(c, p, rows, splits)
-                  : fa_go<HQ, false, 32>(c, p, rows, splits);
-    return k8 ? fa_go<HQ, true, FA_HB>(c, p, rows, splits)
-              : fa_go<HQ, false, FA_HB>(c, p, rows, splits);
+        return k8 ? fa_go<HQ, true, 32, FA_KT>(c, p, rows, splits)
+                  : fa_go<HQ, false, 32, FA_KT>(c, p, rows, splits);
+    if (kt == 32)
+        return k8 ? fa_go<HQ, true, FA_HB, 32>(c, p, rows, splits)
+                  : fa_go<HQ, false, FA_HB, 32>(c, p, rows, splits);
+    return k8 ? fa_go<HQ, true, FA_HB, FA_KT>(c, p, rows, splits)
+              : fa_go<HQ, false, FA_HB, FA_KT>(c, p, rows, splits);
 }
 
 bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
@@ -410,7 +413,13 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
     /* heads per block: 64, or 32 (c->attn_fa_hb, DSI_CUDA_ATTN_FA_HB=32: half the shared
        memory and threads, two blocks per SM; step 33) */
     int hb = c->attn_fa_hb == 32 ? 32 : FA_HB;
-    int64_t tiles = cu_div_up(p.maxk, FA_KT), blocks = (int64_t)rows * cu_div_up(p.H, hb);
+    /* keys a tile: 32 with 64 heads where c->attn_fa_kt (DSI_CUDA_ATTN_FA_KT=32) and the
+       layout fits */
+    int kt =
+        hb == FA_HB && c->attn_fa_kt == 32 && fa_layout((int)p.hd, FA_HB, 32).total <= c->smem_optin
+            ? 32
+            : FA_KT;
+    int64_t tiles = cu_div_up(p.maxk, kt), blocks = (int64_t)rows * cu_div_up(p.H, hb);
     int64_t splits = 1, tps = tiles;
     p.fa_o = p.fa_ml = NULL;
     p.fa_tps = 0;
@@ -431,12 +440,12 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
     int sp = (int)splits;
     switch (p.hd / 128) {
     case 1:
-        return fa_go_hb<1>(c, &p, rows, sp, k8, hb);
+        return fa_go_hb<1>(c, &p, rows, sp, k8, hb, kt);
     case 2:
-        return fa_go_hb<2>(c, &p, rows, sp, k8, hb);
+        return fa_go_hb<2>(c, &p, rows, sp, k8, hb, kt);
     case 3:
-        return fa_go_hb<3>(c, &p, rows, sp, k8, hb);
+        return fa_go_hb<3>(c, &p, rows, sp, k8, hb, kt);
     default:
-        return fa_go_hb<4>(c, &p, rows, sp, k8, hb);
+        return fa_go_hb<4>(c, &p, rows, sp, k8, hb, kt);
     }
 }

@@ -114,6 +114,8 @@ struct cu_ctx {
     bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
+    int attn_fa_kt;     /* attn_fa.cu: keys a tile with 64 heads a block, 16 or 32
+                           (DSI_CUDA_ATTN_FA_KT; step 33) */
     int attn_fa_hb;     /* attn_fa.cu: heads per block, 64 or 32 (DSI_CUDA_ATTN_FA_HB; step 33) */
     bool attn_fa_k8;    /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
                            each float4 through attn_k4, step 29's) */

@@ -608,6 +608,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_fa_k8 = !(f8 && *f8 == '0');
     const char *fhb = getenv("DSI_CUDA_ATTN_FA_HB");
     c->attn_fa_hb = fhb && *fhb ? atoi(fhb) : 64;
+    const char *fkt = getenv("DSI_CUDA_ATTN_FA_KT");
+    c->attn_fa_kt = fkt && *fkt ? atoi(fkt) : 16;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");
