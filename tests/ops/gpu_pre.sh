@@ -8,7 +8,9 @@
 # PRE_BATCH, default 1, and the 8k prefill) for each variant of PRE_VARIANTS ("base" = the
 # defaults, else comma-separated VAR=value settings), alternated PRE_REPS (2) rounds; with
 # PRE_PROFILE (variants) a per-op profile (DSI_CUDA_PROFILE=1) for each (PRE_PROF_BATCH: the decode
-# batch, default 1; PRE_PROF_PREFILL: the prefill tokens, default 8192, 0 none). Key lines
+# batch, default 1; PRE_PROF_PREFILL: the prefill tokens, default 8192, 0 none; PRE_PROF_LEVEL:
+# DSI_CUDA_PROFILE's value, default 1, 2: gemm calls by shape too); PRE_MEMCHECK / PRE_RACECHECK:
+# compute-sanitizer on those tests (tiny mode, PRE_SAN_TIMEOUT seconds each). Key lines
 # in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files). Usage
 # (repository root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" bash tests/ops/gpu_pre.sh
@@ -49,10 +51,22 @@ done
 for v in ${PRE_PROFILE:-}; do
     envs=()
     [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
-    env "${envs[@]}" DSI_CUDA_PROFILE=1 timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
+    env "${envs[@]}" DSI_CUDA_PROFILE=${PRE_PROF_LEVEL:-1} timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
         --steps 2 --batch "${PRE_PROF_BATCH:-1}" --no-split --prefill "${PRE_PROF_PREFILL:-8192}" \
         --prefill-reps 1 --numerics fast >"$OUT/profile_${v//[=,]/_}.txt" 2>&1
     log "profile $v rc $?"
 done
+# the sanitizers (tiny mode) on the tests matching PRE_MEMCHECK / PRE_RACECHECK (patterns of
+# dsinfer-test --only; none by default), each run within PRE_SAN_TIMEOUT seconds (120)
+if [ -n "${PRE_MEMCHECK:-}" ]; then
+    DSI_TEST_TINY=1 timeout ${PRE_SAN_TIMEOUT:-120} compute-sanitizer --tool memcheck --print-limit 20 \
+        build/cuda/dsinfer-test --root . --only "$PRE_MEMCHECK" >"$OUT/memcheck.log" 2>&1
+    log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
+fi
+if [ -n "${PRE_RACECHECK:-}" ]; then
+    DSI_TEST_TINY=1 timeout ${PRE_SAN_TIMEOUT:-120} compute-sanitizer --tool racecheck --print-limit 10 \
+        build/cuda/dsinfer-test --root . --only "$PRE_RACECHECK" >"$OUT/racecheck.log" 2>&1
+    log "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck.log" | tr '\n' ' ')"
+fi
 log "done"
 [ "${KEEP_OUT:-0}" = 1 ] || pack_out logs_pre # (KEEP_OUT=1: the files left as they are)
