@@ -252,7 +252,7 @@ const char *cu_prof_name(struct cu_ctx *c, const char *fmt, ...) {
         if (strcmp(c->prof_names[i], b) == 0) return c->prof_names[i];
     if (c->n_prof_names == (int)(sizeof(c->prof_names) / sizeof(c->prof_names[0])))
         return "x.other";
-    memcpy(c->prof_names[c->n_prof_names], b, sizeof(b));
+    memcpy(c->prof_names[c->n_prof_names], b, strlen(b) + 1);
     return c->prof_names[c->n_prof_names++];
 }
 void cu_prof_end_(struct cu_ctx *c, int i) { prof_end(c, i); }
