@@ -356,6 +356,11 @@ struct dsi_attn_args {
     float scale;
     bool round_probs, round_bf16;
     bool fast; /* as dsi_gemm_args.fast: the products may run on tensor cores */
+    /* optional (NULL: q as it is): the per-head q norm (and its RoPE) the op applies to q
+       first, as rms_norm would (x == y == q, n_groups n_heads, dim head_dim, no yq or q_dim).
+       A backend may fuse it into the attention's reads of q, so q's contents after the op are
+       unspecified (normalised or not). The caller keeps what it points at alive over the op. */
+    const struct dsi_rms_norm_args *q_norm;
 };
 
 /* Lightning indexer: score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale

@@ -425,7 +425,8 @@ static void attention(struct dsi_fwd *f, int il) {
     rmsq(f, f->qa, f->qa, n, ql, &L->q_norm, f->qaq);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
     gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
-    /* the per-head q norm, then RoPE: one op */
+    /* the per-head q norm, then RoPE: applied by the attention op to q (aa.q_norm), which may
+       fuse it into its reads of q */
     struct dsi_rms_norm_args qn = {.x = f->q,
                                    .y = f->q,
                                    .n = n,
@@ -439,7 +440,6 @@ static void attention(struct dsi_fwd *f, int il) {
                                    .rope_dim = c->qk_rope_head_dim,
                                    .pos = pos,
                                    .freq = f->m->freq_dev[tab]};
-    be->ops->rms_norm(be, &qn);
     /* the KV norm, RoPE and [QAT] quantisation of the nope dims (kv_quant): one op */
     struct dsi_rms_norm_args kn = qn;
     kn.x = kn.y = f->kv_rows;
@@ -503,7 +503,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                .scale = 1.0f / sqrtf((float)hd),
                                .round_probs = f->R,
                                .round_bf16 = f->R,
-                               .fast = f->F};
+                               .fast = f->F,
+                               .q_norm = &qn};
     be->ops->attn(be, &aa);
     rope(f, f->o, n, HD, H, hd, pos, tab, true);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */

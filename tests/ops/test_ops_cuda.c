@@ -778,6 +778,13 @@ static struct dsi_kv_rows attn_rows8(float *v, int64_t rows, int hd, struct dsi_
     return h;
 }
 
+/* run_attn with q un-normalised and attn's q_norm (g_attn_qn: the forward's q-head norm and
+ * RoPE, applied by the op): the CPU's op (its norm, then its attention) against the GPU's (its
+ * norm launch, or the fused kernel's staging of q); with g_attn_alt also that backend's output,
+ * bit for bit the GPU's (the fused staging has the norm kernel's arithmetic). */
+static int g_attn_qn;
+static struct dsi_backend *g_attn_alt;
+
 static int run_attn(struct rng *r, const struct attn_case *ac) {
     int maxpos = 0;
     for (int q = 0; q < ac->nseq; q++)
@@ -826,6 +833,29 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     struct wt sinks;
     vec_make(&sinks, sv, H, DSI_TYPE_F32);
     int64_t no = (int64_t)n * H * hd;
+    float qfreq[ATTN_ROPE / 2];
+    for (int i = 0; i < ATTN_ROPE / 2; i++)
+        qfreq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)ATTN_ROPE);
+    struct dsi_rms_norm_args qn = {.x = q,
+                                   .y = q,
+                                   .n = n,
+                                   .n_groups = H,
+                                   .dim = hd,
+                                   .ldx = (int64_t)H * hd,
+                                   .ldy = (int64_t)H * hd,
+                                   .eps = 1e-6f,
+                                   .round_bf16 = ac->reference,
+                                   .rope_dim = ATTN_ROPE,
+                                   .pos = s.pos,
+                                   .freq = qfreq},
+                             qng = qn;
+    qng.x = qng.y = dq;
+    qng.pos = s.d_pos;
+    float *q0 = NULL; /* q before the CPU's norm changes it */
+    if (g_attn_qn) {
+        q0 = malloc(sizeof(float) * (size_t)no);
+        memcpy(q0, q, sizeof(float) * (size_t)no);
+    }
     float *oc = hpoison(no), *og = hpoison(no);
     float *dout = dpoison(sizeof(float) * (size_t)no);
     struct dsi_attn_args a = {.st = &s.hst,
@@ -843,12 +873,14 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
                               .scale = 1.0f / sqrtf((float)hd),
                               .round_probs = ac->reference,
                               .round_bf16 = ac->reference,
-                              .fast = ac->fast};
+                              .fast = ac->fast,
+                              .q_norm = g_attn_qn ? &qn : NULL};
     if (g_attn_fp8) {
         a.ring = hr8;
         a.entries = he8;
     }
     g_cpu->ops->attn(g_cpu, &a);
+    a.q_norm = g_attn_qn ? &qng : NULL;
     a.st = &s.dst;
     a.q = dq;
     a.out = dout;
@@ -861,6 +893,17 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     int ok = gsync("attn") == 0;
     dget(og, dout, sizeof(float) * (size_t)no);
     ok = ok && close_to("attn", og, oc, no, ac->reference ? 1e-2 : 1e-5);
+    if (ok && g_attn_qn && g_attn_alt) { /* q as it was, on the other backend */
+        float *o2 = hpoison(no);
+        g_gpu->ops->upload(g_gpu, dq, q0, sizeof(float) * (size_t)no);
+        ok = gsync("attn: q again") == 0;
+        g_attn_alt->ops->attn(g_attn_alt, &a);
+        ok = ok && gsync_on(g_attn_alt, "attn (q norm, other backend)") == 0;
+        dget(o2, dout, sizeof(float) * (size_t)no);
+        ok = ok && same("attn (q norm, other backend)", o2, og, sizeof(float) * (size_t)no);
+        free(o2);
+    }
+    free(q0);
     dfree(dring);
     dfree(dq);
     dfree(dent);
@@ -973,6 +1016,43 @@ int test_cuda_attn(struct test_ctx *t) {
         g2->ops->free(g2);
     }
     g_attn_fp8 = 0;
+    TEST_ASSERT(ok);
+    /* attn's q_norm (the forward's q-head norm and RoPE, step 34): every case with q
+       un-normalised on the default backend (the norm's own launch, then the attention) against
+       the CPU; the fast ones also on the fused kernel's staging (DSI_CUDA_ATTN_FA_QN=1), bit for
+       bit the same backend without it, with 64 heads a block, 32, tiles of 32 keys, FP8 rows */
+    g_attn_qn = 1;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+        if (tiny_only() && cases[i].H > 4) continue;
+        ok = run_attn(&r, &cases[i]);
+        if (!ok) fprintf(stderr, "attn case %zu with the q norm failed\n", i);
+    }
+    const char *envq[][2] = {
+        {"", "DSI_CUDA_ATTN_FA_QN=1"},
+        {"DSI_CUDA_ATTN_FA_HB=32", "DSI_CUDA_ATTN_FA_HB=32,DSI_CUDA_ATTN_FA_QN=1"},
+        {"DSI_CUDA_ATTN_FA_KT=32", "DSI_CUDA_ATTN_FA_KT=32,DSI_CUDA_ATTN_FA_QN=1"},
+        {"", "DSI_CUDA_ATTN_FA_QN=1"}};
+    for (int e = 0; e < 4 && ok; e++) {
+        struct dsi_backend *g1 = cuda_backend_with(envq[e][0]), *g2 = cuda_backend_with(envq[e][1]),
+                           *keep = g_gpu;
+        TEST_ASSERT(g1 != NULL && g2 != NULL);
+        g_gpu = g1;
+        g_attn_alt = g2;
+        g_attn_fp8 = e == 3;
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+            if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
+            ok = run_attn(&r, &cases[i]);
+            if (!ok)
+                fprintf(stderr, "attn case %zu with the q norm (%s%s) failed\n", i, envq[e][1],
+                        e == 3 ? ", FP8 rows" : "");
+        }
+        g_gpu = keep;
+        g_attn_alt = NULL;
+        g_attn_fp8 = 0;
+        g1->ops->free(g1);
+        g2->ops->free(g2);
+    }
+    g_attn_qn = 0;
     TEST_ASSERT(ok);
     return 0;
 }

@@ -82,6 +82,7 @@ static void attn_part(void *ctx, int64_t t0, int64_t t1, int tid) {
 }
 
 void cpu_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
+    if (a->q_norm) cpu_rms_norm(be, a->q_norm); /* in place on q: x == y == q */
     int64_t max_keys = a->st->window;
     if (a->entries.data) {
         if (a->sel)

@@ -210,6 +210,16 @@ __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
     if (hb + hl < p.H) p.out[((int64_t)r * p.H + hb + hl) * p.hd + d] = rbf(acc, p.round_bf16);
 }
 
+/* attn's q_norm is the plain per-head norm (and RoPE) of q in place, what attn_fa.cu's staging
+ * can apply (q_norm_stage) */
+static bool attn_qn_fusable(const struct dsi_rms_norm_args *qn, const struct dsi_attn_args *a) {
+    int64_t hd = a->head_dim, ld = a->n_heads * hd;
+    return qn->x == a->q && qn->y == a->q && qn->n == a->st->n && qn->n_groups == a->n_heads &&
+           qn->dim == hd && qn->ldx == ld && qn->ldy == ld && !qn->w && !qn->yq && qn->q_dim <= 0 &&
+           qn->rope_dim >= 0 && qn->rope_dim % 4 == 0 && qn->rope_dim <= hd &&
+           qn->rope_dim <= 128 && (qn->rope_dim == 0 || (qn->pos && qn->freq));
+}
+
 extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     const struct dsi_step *st = a->st;
@@ -272,8 +282,30 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.fexp = c->attn_fa_exp;
     p.fa_o = p.fa_ml = NULL; /* (set by launch_attn_fa where it splits) */
     p.fa_tps = 0;
+    p.qn_on = p.qn_round = false;
+    p.qn_eps = 0.0f;
+    p.qn_rope = 0;
+    p.qn_pos = NULL;
+    p.qn_freq = NULL;
     /* `fast` numerics: one fused kernel from c->attn_fa_min rows (attn_fa.cu) */
-    if (a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(c, &p)) {
+    bool fa = a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(c, &p);
+    /* the q norm: in the fused kernel's staging of q (c->attn_fa_qn), else its own op first */
+    if (a->q_norm) {
+        const struct dsi_rms_norm_args *qn = a->q_norm;
+        if (fa && c->attn_fa_qn && attn_qn_fusable(qn, a)) {
+            p.qn_freq = qn->rope_dim > 0 ? cu_freq_dev(c, qn->freq, qn->rope_dim / 2) : NULL;
+            if (qn->rope_dim > 0 && !p.qn_freq) return;
+            p.qn_on = true;
+            p.qn_round = qn->round_bf16;
+            p.qn_eps = qn->eps;
+            p.qn_rope = qn->rope_dim;
+            p.qn_pos = qn->pos;
+        } else {
+            cuda_rms_norm(be, qn);
+            if (c->sticky) return;
+        }
+    }
+    if (fa) {
         launch_attn_fa(c, &p, n);
         return;
     }

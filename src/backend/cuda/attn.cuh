@@ -35,6 +35,14 @@ struct attn_p {
        and sum [split][row][H][2] in fa_ml, merged by k_attn_fa_merge */
     float *fa_o, *fa_ml;
     int fa_tps;
+    /* attn_fa.cu: attn's q_norm applied as q is staged (qn_on; c->attn_fa_qn): the per-head
+       norm without weight (eps qn_eps, rounding qn_round), then RoPE on the last qn_rope dims
+       at qn_pos[r] with the device table qn_freq, as k_rms_norm_warp does */
+    bool qn_on, qn_round;
+    float qn_eps;
+    int qn_rope;
+    const int32_t *qn_pos;
+    const float *qn_freq;
 };
 
 __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {

@@ -25,6 +25,7 @@
  * normalisation rather than after it (the CPU's p = bf16(e / z)), so this is not the
  * `reference` rounding: the op test bounds the difference (1e-2 of the largest output). */
 #include "attn.cuh"
+#include "norm.cuh"
 #include "tc.cuh"
 
 #include <algorithm>
@@ -73,6 +74,51 @@ bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
  * the single-precision exp (a few ulp; the value is rounded to bf16 next) */
 __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf(x) : exp_ref(x); }
 
+/* q staged with attn's q norm applied (p.qn_on): warp w of the block's HB / 32 * 8 takes heads
+ * w, w + warps, ..., two at a time (their loads issued together), each lane 4 HQ values of a
+ * head as k_rms_norm_warp<HQ, true> holds them, with its arithmetic (rms_in4, the sum of squares
+ * in double by shuffles, rms_out4, rope4 on the last qn_rope dims): the same values that kernel
+ * writes and the unfused staging reads back, here rounded to bf16 straight into Qs (zeros past
+ * the last head, whose row the warp reads in their place). */
+template <int HQ, int HB>
+__device__ __forceinline__ void
+fa_stage_q_norm(const struct attn_p &p, uint16_t *Qs, int r, int h0, int warp, int lane) {
+    constexpr int HD = 128 * HQ, LDK = HD + 8, NW = HB / 4, HPW = HB / NW, HU = 2;
+    static_assert(HPW % HU == 0, "q norm staging");
+    const struct cu_vec now = {nullptr, 0};
+    int rs = HD - p.qn_rope;
+    float pos = p.qn_rope > 0 ? (float)p.qn_pos[r] : 0.0f;
+#pragma unroll 1
+    for (int j0 = 0; j0 < HPW; j0 += HU) {
+        float4 v[HU][HQ];
+#pragma unroll
+        for (int u = 0; u < HU; u++) {
+            int h = warp + (j0 + u) * NW, hh = h0 + h < p.H ? h0 + h : p.H - 1;
+            const float4 *xs = (const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD);
+#pragma unroll
+            for (int i = 0; i < HQ; i++)
+                v[u][i] = xs[i * 32 + lane];
+        }
+#pragma unroll
+        for (int u = 0; u < HU; u++) {
+            int h = warp + (j0 + u) * NW;
+            double ss = 0.0;
+#pragma unroll
+            for (int i = 0; i < HQ; i++)
+                v[u][i] = rms_in4(v[u][i], p.qn_round, ss);
+            float inv = rms_inv(warp_sum_d(ss), HD, p.qn_eps, p.qn_round, false);
+#pragma unroll
+            for (int i = 0; i < HQ; i++) {
+                int e = (i * 32 + lane) * 4;
+                float4 o = rms_out4(v[u][i], inv, now, e, p.qn_round);
+                if (e >= rs) o = rope4<>(pos, p.qn_freq + (e - rs) / 2, o, p.qn_round);
+                if (h0 + h >= p.H) o = make_float4(0, 0, 0, 0);
+                *(uint2 *)(Qs + h * LDK + e) = make_uint2(bf16x2_rn(o.x, o.y), bf16x2_rn(o.z, o.w));
+            }
+        }
+    }
+}
+
 /* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. K8:
  * FP8 rows as 16-byte chunks (fa_k8_ok), decoded to bf16 as FP8 weights are (tc_decode_w). */
 template <int HQ, bool K8, int HB, int KT>
@@ -103,20 +149,25 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
        load then its store per step made 16 dependent round trips per block at head_dim 512) */
     constexpr int QN = HB * (HD / 4) / FT, QB = QN % 8 == 0 ? 8 : QN % 4 == 0 ? 4 : QN;
     static_assert(QN * FT == HB * (HD / 4) && QN % QB == 0, "q staging");
+    if (p.qn_on)
+        fa_stage_q_norm<HQ, HB>(p, Qs, r, h0, warp, lane);
+    else {
 #pragma unroll
-    for (int i0 = 0; i0 < QN; i0 += QB) {
-        float4 f[QB];
+        for (int i0 = 0; i0 < QN; i0 += QB) {
+            float4 f[QB];
 #pragma unroll
-        for (int i = 0; i < QB; i++) {
-            int e = tid + (i0 + i) * FT, h = e / (HD / 4), c = e % (HD / 4);
-            int hh = h0 + h < p.H ? h0 + h : p.H - 1;
-            f[i] = ((const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD))[c];
-        }
+            for (int i = 0; i < QB; i++) {
+                int e = tid + (i0 + i) * FT, h = e / (HD / 4), c = e % (HD / 4);
+                int hh = h0 + h < p.H ? h0 + h : p.H - 1;
+                f[i] = ((const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD))[c];
+            }
 #pragma unroll
-        for (int i = 0; i < QB; i++) {
-            int e = tid + (i0 + i) * FT, h = e / (HD / 4), c = e % (HD / 4);
-            float4 v = h0 + h < p.H ? f[i] : make_float4(0, 0, 0, 0);
-            *(uint2 *)(Qs + h * LDK + 4 * c) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+            for (int i = 0; i < QB; i++) {
+                int e = tid + (i0 + i) * FT, h = e / (HD / 4), c = e % (HD / 4);
+                float4 v = h0 + h < p.H ? f[i] : make_float4(0, 0, 0, 0);
+                *(uint2 *)(Qs + h * LDK + 4 * c) =
+                    make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+            }
         }
     }
     if (tid < HB) {

@@ -610,6 +610,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_fa_hb = fhb && *fhb ? atoi(fhb) : 64;
     const char *fkt = getenv("DSI_CUDA_ATTN_FA_KT");
     c->attn_fa_kt = fkt && *fkt ? atoi(fkt) : 16;
+    /* attn's per-head q norm (and RoPE) in the fused kernel's staging of q instead of its own
+       launch, which reads and writes q once more (step 34; off until measured) */
+    const char *fqn = getenv("DSI_CUDA_ATTN_FA_QN");
+    c->attn_fa_qn = fqn && *fqn == '1';
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");

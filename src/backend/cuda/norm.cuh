@@ -79,4 +79,14 @@ rope_pair(float &x0, float &x1, float p, float f, bool inverse, bool round) {
     rope_rot(x0, x1, c, s, round);
 }
 
+/* The two RoPE pairs of a float4 (frequencies f[0], f[1]); out of line: the norm kernels unroll
+ * their float4s, and the reference sine and cosine inlined at each made them 57-200 KB. (A
+ * template so that a file including this without calling it has no copy.) */
+template <int = 0>
+__device__ __noinline__ float4 rope4(float p, const float *f, float4 o, bool round) {
+    rope_pair(o.x, o.y, p, f[0], false, round);
+    rope_pair(o.z, o.w, p, f[1], false, round);
+    return o;
+}
+
 #endif

@@ -38,14 +38,6 @@ struct norm_rq {
     int rope_dim, q_dim, q_lanes;
 };
 
-/* The two RoPE pairs of a float4 (frequencies f[0], f[1]); out of line: the norm kernels unroll
- * their float4s, and the reference sine and cosine inlined at each made them 57-200 KB. */
-__device__ __noinline__ float4 rope4(float p, const float *f, float4 o, bool round) {
-    rope_pair(o.x, o.y, p, f[0], false, round);
-    rope_pair(o.z, o.w, p, f[1], false, round);
-    return o;
-}
-
 /* rq on the float4 o at element e of a group of dim values of row r (e % 4 == 0), held by a
  * lane of a warp whose 32 lanes hold consecutive float4 (a quantisation block is q_lanes of
  * them, aligned): rope_pair on its two pairs where they are rope dims (rope_dim % 4 == 0: a
@@ -54,7 +46,7 @@ __device__ __noinline__ float4 rope4(float p, const float *f, float4 o, bool rou
 __device__ __forceinline__ float4
 norm_rq_apply(float4 o, int64_t e, int64_t dim, const struct norm_rq &rq, int64_t r, bool round) {
     int64_t rs = dim - rq.rope_dim;
-    if (e >= rs) o = rope4((float)rq.pos[r], rq.freq + (e - rs) / 2, o, round);
+    if (e >= rs) o = rope4<>((float)rq.pos[r], rq.freq + (e - rs) / 2, o, round);
     if (rq.q_dim > 0) {
         float a = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(o.x)), fabsf(o.y)), fabsf(o.z)), fabsf(o.w));
         for (int off = rq.q_lanes / 2; off > 0; off >>= 1)
