@@ -361,6 +361,10 @@ struct dsi_attn_args {
        A backend may fuse it into the attention's reads of q, so q's contents after the op are
        unspecified (normalised or not). The caller keeps what it points at alive over the op. */
     const struct dsi_rms_norm_args *q_norm;
+    /* optional (NULL: none): the RoPE the op applies to out afterwards, as rope would (x ==
+       out, n_heads heads of head_stride head_dim, ldx n_heads * head_dim); a backend may fuse
+       it into the attention's writes of out */
+    const struct dsi_rope_args *out_rope;
 };
 
 /* Lightning indexer: score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale

@@ -318,6 +318,28 @@ static void rms(struct dsi_fwd *f,
     rmsq(f, x, y, n, dim, w, NULL);
 }
 
+static struct dsi_rope_args rope_args(struct dsi_fwd *f,
+                                      float *x,
+                                      int64_t n,
+                                      int64_t ldx,
+                                      int64_t heads,
+                                      int64_t width,
+                                      const int32_t *pos,
+                                      int table,
+                                      bool inverse) {
+    return (struct dsi_rope_args){.x = x,
+                                  .n = n,
+                                  .ldx = ldx,
+                                  .n_heads = heads,
+                                  .head_stride = width,
+                                  .width = (int)width,
+                                  .rope_dim = f->c->qk_rope_head_dim,
+                                  .pos = pos,
+                                  .freq = f->m->freq_dev[table],
+                                  .inverse = inverse,
+                                  .round_bf16 = f->R};
+}
+
 static void rope(struct dsi_fwd *f,
                  float *x,
                  int64_t n,
@@ -327,17 +349,7 @@ static void rope(struct dsi_fwd *f,
                  const int32_t *pos,
                  int table,
                  bool inverse) {
-    struct dsi_rope_args a = {.x = x,
-                              .n = n,
-                              .ldx = ldx,
-                              .n_heads = heads,
-                              .head_stride = width,
-                              .width = (int)width,
-                              .rope_dim = f->c->qk_rope_head_dim,
-                              .pos = pos,
-                              .freq = f->m->freq_dev[table],
-                              .inverse = inverse,
-                              .round_bf16 = f->R};
+    struct dsi_rope_args a = rope_args(f, x, n, ldx, heads, width, pos, table, inverse);
     f->be->ops->rope(f->be, &a);
 }
 
@@ -488,6 +500,9 @@ static void attention(struct dsi_fwd *f, int il) {
             be->ops->indexer(be, &ia);
         }
     }
+    /* the inverse RoPE on the output: applied by the attention op (aa.out_rope), which may fuse
+       it into its writes */
+    struct dsi_rope_args orope = rope_args(f, f->o, n, HD, H, hd, pos, tab, true);
     struct dsi_attn_args aa = {.st = &f->st,
                                .q = f->q,
                                .out = f->o,
@@ -504,9 +519,9 @@ static void attention(struct dsi_fwd *f, int il) {
                                .round_probs = f->R,
                                .round_bf16 = f->R,
                                .fast = f->F,
-                               .q_norm = &qn};
+                               .q_norm = &qn,
+                               .out_rope = &orope};
     be->ops->attn(be, &aa);
-    rope(f, f->o, n, HD, H, hd, pos, tab, true);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
     struct dsi_gemm_args ga = {.w = &L->wo_a,
                                .n_out = c->o_lora_rank,

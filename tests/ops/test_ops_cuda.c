@@ -778,10 +778,11 @@ static struct dsi_kv_rows attn_rows8(float *v, int64_t rows, int hd, struct dsi_
     return h;
 }
 
-/* run_attn with q un-normalised and attn's q_norm (g_attn_qn: the forward's q-head norm and
- * RoPE, applied by the op): the CPU's op (its norm, then its attention) against the GPU's (its
- * norm launch, or the fused kernel's staging of q); with g_attn_alt also that backend's output,
- * bit for bit the GPU's (the fused staging has the norm kernel's arithmetic). */
+/* run_attn as the forward calls the op (g_attn_qn): q un-normalised with attn's q_norm (the
+ * q-head norm and RoPE) and out_rope (the inverse RoPE of the output): the CPU's op (its norm,
+ * its attention, its rope) against the GPU's (the norm and rope launches, or the fused kernel's
+ * staging of q and writes of out); with g_attn_alt also that backend's output, bit for bit the
+ * GPU's (the fused paths have the norm and rope kernels' arithmetic). */
 static int g_attn_qn;
 static struct dsi_backend *g_attn_alt;
 
@@ -858,6 +859,20 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     }
     float *oc = hpoison(no), *og = hpoison(no);
     float *dout = dpoison(sizeof(float) * (size_t)no);
+    struct dsi_rope_args orc = {.x = oc,
+                                .n = n,
+                                .ldx = (int64_t)H * hd,
+                                .n_heads = H,
+                                .head_stride = hd,
+                                .width = hd,
+                                .rope_dim = ATTN_ROPE,
+                                .pos = s.pos,
+                                .freq = qfreq,
+                                .inverse = true,
+                                .round_bf16 = ac->reference},
+                         org = orc;
+    org.x = dout;
+    org.pos = s.d_pos;
     struct dsi_attn_args a = {.st = &s.hst,
                               .q = q,
                               .out = oc,
@@ -874,13 +889,15 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
                               .round_probs = ac->reference,
                               .round_bf16 = ac->reference,
                               .fast = ac->fast,
-                              .q_norm = g_attn_qn ? &qn : NULL};
+                              .q_norm = g_attn_qn ? &qn : NULL,
+                              .out_rope = g_attn_qn ? &orc : NULL};
     if (g_attn_fp8) {
         a.ring = hr8;
         a.entries = he8;
     }
     g_cpu->ops->attn(g_cpu, &a);
     a.q_norm = g_attn_qn ? &qng : NULL;
+    a.out_rope = g_attn_qn ? &org : NULL;
     a.st = &s.dst;
     a.q = dq;
     a.out = dout;
@@ -1017,34 +1034,37 @@ int test_cuda_attn(struct test_ctx *t) {
     }
     g_attn_fp8 = 0;
     TEST_ASSERT(ok);
-    /* attn's q_norm (the forward's q-head norm and RoPE, step 34): every case with q
-       un-normalised on the default backend (the norm's own launch, then the attention) against
-       the CPU; the fast ones also on the fused kernel's staging (DSI_CUDA_ATTN_FA_QN=1), bit for
-       bit the same backend without it, with 64 heads a block, 32, tiles of 32 keys, FP8 rows */
+    /* attn's q_norm and out_rope (the forward's q-head norm and RoPE, the output's inverse RoPE;
+       step 34): every case on the default backend (the norm and rope launches around the
+       attention) against the CPU; the fast ones also with the fused kernel's staging of q
+       (DSI_CUDA_ATTN_FA_QN=1) and writes of out (DSI_CUDA_ATTN_FA_OR=1), bit for bit the same
+       backend without them: 64 heads a block, 32, tiles of 32 keys, FP8 rows */
     g_attn_qn = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         ok = run_attn(&r, &cases[i]);
         if (!ok) fprintf(stderr, "attn case %zu with the q norm failed\n", i);
     }
-    const char *envq[][2] = {
-        {"", "DSI_CUDA_ATTN_FA_QN=1"},
-        {"DSI_CUDA_ATTN_FA_HB=32", "DSI_CUDA_ATTN_FA_HB=32,DSI_CUDA_ATTN_FA_QN=1"},
-        {"DSI_CUDA_ATTN_FA_KT=32", "DSI_CUDA_ATTN_FA_KT=32,DSI_CUDA_ATTN_FA_QN=1"},
-        {"", "DSI_CUDA_ATTN_FA_QN=1"}};
-    for (int e = 0; e < 4 && ok; e++) {
+#define QO "DSI_CUDA_ATTN_FA_QN=1,DSI_CUDA_ATTN_FA_OR=1"
+    const char *envq[][2] = {{"", "DSI_CUDA_ATTN_FA_QN=1"},
+                             {"", "DSI_CUDA_ATTN_FA_OR=1"},
+                             {"DSI_CUDA_ATTN_FA_HB=32", "DSI_CUDA_ATTN_FA_HB=32," QO},
+                             {"DSI_CUDA_ATTN_FA_KT=32", "DSI_CUDA_ATTN_FA_KT=32," QO},
+                             {"", QO}};
+#undef QO
+    for (int e = 0; e < 5 && ok; e++) {
         struct dsi_backend *g1 = cuda_backend_with(envq[e][0]), *g2 = cuda_backend_with(envq[e][1]),
                            *keep = g_gpu;
         TEST_ASSERT(g1 != NULL && g2 != NULL);
         g_gpu = g1;
         g_attn_alt = g2;
-        g_attn_fp8 = e == 3;
+        g_attn_fp8 = e == 4;
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
             if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
             ok = run_attn(&r, &cases[i]);
             if (!ok)
                 fprintf(stderr, "attn case %zu with the q norm (%s%s) failed\n", i, envq[e][1],
-                        e == 3 ? ", FP8 rows" : "");
+                        e == 4 ? ", FP8 rows" : "");
         }
         g_gpu = keep;
         g_attn_alt = NULL;

@@ -93,6 +93,7 @@ void cpu_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
     }
     struct attn_job j = {be, a, max_keys};
     dsi_pool_run(cpu_ctx(be)->pool, a->st->n * a->n_heads, 1, attn_part, &j);
+    if (a->out_rope) cpu_rope(be, a->out_rope); /* in place on out */
 }
 
 struct scored {

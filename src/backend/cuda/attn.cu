@@ -220,7 +220,26 @@ static bool attn_qn_fusable(const struct dsi_rms_norm_args *qn, const struct dsi
            qn->rope_dim <= 128 && (qn->rope_dim == 0 || (qn->pos && qn->freq));
 }
 
+/* attn's out_rope is the RoPE of each head's last dims of out in place, what attn_fa.cu's writes
+ * of out can apply */
+static bool attn_or_fusable(const struct dsi_rope_args *ro, const struct dsi_attn_args *a) {
+    int64_t hd = a->head_dim;
+    return ro->x == a->out && ro->n == a->st->n && ro->n_heads == a->n_heads &&
+           ro->head_stride == hd && ro->width == hd && ro->ldx == a->n_heads * hd &&
+           ro->rope_dim > 0 && ro->rope_dim % 2 == 0 && ro->rope_dim <= hd && ro->rope_dim <= 128 &&
+           ro->pos && ro->freq;
+}
+
+static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, bool *rope_done);
+
+/* The attention, then out_rope unless the fused kernel applied it */
 extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a) {
+    bool rope_done = false;
+    attn_body(be, a, &rope_done);
+    if (a->out_rope && !rope_done && !cu_ctx_of(be)->sticky) cuda_rope(be, a->out_rope);
+}
+
+static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, bool *rope_done) {
     struct cu_ctx *c = cu_ctx_of(be);
     const struct dsi_step *st = a->st;
     int n = st->n, H = (int)a->n_heads, hd = (int)a->head_dim;
@@ -287,6 +306,10 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
     p.qn_rope = 0;
     p.qn_pos = NULL;
     p.qn_freq = NULL;
+    p.or_on = p.or_inv = p.or_round = false;
+    p.or_rope = 0;
+    p.or_pos = NULL;
+    p.or_freq = NULL;
     /* `fast` numerics: one fused kernel from c->attn_fa_min rows (attn_fa.cu) */
     bool fa = a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(c, &p);
     /* the q norm: in the fused kernel's staging of q (c->attn_fa_qn), else its own op first */
@@ -306,7 +329,17 @@ extern "C" void cuda_attn(struct dsi_backend *be, const struct dsi_attn_args *a)
         }
     }
     if (fa) {
-        launch_attn_fa(c, &p, n);
+        const struct dsi_rope_args *ro = a->out_rope;
+        if (ro && c->attn_fa_or && attn_or_fusable(ro, a)) {
+            p.or_freq = cu_freq_dev(c, ro->freq, ro->rope_dim / 2);
+            if (!p.or_freq) return;
+            p.or_on = true;
+            p.or_inv = ro->inverse;
+            p.or_round = ro->round_bf16;
+            p.or_rope = ro->rope_dim;
+            p.or_pos = ro->pos;
+        }
+        *rope_done = launch_attn_fa(c, &p, n) && p.or_on;
         return;
     }
     int64_t per_row = (int64_t)H * maxk * 4, cap = (int64_t)256 << 20;

@@ -43,6 +43,13 @@ struct attn_p {
     int qn_rope;
     const int32_t *qn_pos;
     const float *qn_freq;
+    /* attn_fa.cu: attn's out_rope applied as out is written (or_on; c->attn_fa_or): RoPE on
+       the last or_rope dims of each head at or_pos[r] with the device table or_freq (inverse
+       or_inv, rounding or_round), as k_rope does */
+    bool or_on, or_inv, or_round;
+    int or_rope;
+    const int32_t *or_pos;
+    const float *or_freq;
 };
 
 __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {

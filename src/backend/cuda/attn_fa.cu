@@ -372,15 +372,26 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     }
     __syncthreads();
     float fa = Fs[wm * 16 + g], fb = Fs[wm * 16 + g + 8];
+    /* out_rope (p.or_on): the lane's pair (d, d + 1) of each row rotated as k_rope does, the
+       angle's cosine and sine once for both rows */
+    int rs = HD - p.or_rope;
+    float opos = p.or_on ? (float)p.or_pos[r] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int j = 0; j < NT; j++) {
+        int d = wn * DQ + j * 8 + 2 * t4;
+        float2 cs = make_float2(1.0f, 0.0f);
+        bool rot = p.or_on && d >= rs;
+        if (rot) cs = rope_cs<>(opos, p.or_freq[(d - rs) / 2], p.or_inv);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int h = h0 + wm * 16 + g + (i >> 1) * 8, d = wn * DQ + j * 8 + 2 * t4 + (i & 1);
-            if (h < p.H)
-                p.out[((int64_t)r * p.H + h) * HD + d] =
-                    rbf(acc[j][i] * (i < 2 ? fa : fb) + 0.0f, p.round_bf16);
+        for (int i = 0; i < 4; i += 2) {
+            int h = h0 + wm * 16 + g + (i >> 1) * 8;
+            float f = i < 2 ? fa : fb;
+            float x0 = rbf(acc[j][i] * f + 0.0f, p.round_bf16),
+                  x1 = rbf(acc[j][i + 1] * f + 0.0f, p.round_bf16);
+            if (rot) rope_rot(x0, x1, cs.x, cs.y, p.or_round);
+            if (h < p.H) *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
         }
+    }
 }
 
 /* The splits' merge: grid (rows, heads), FA_MT threads. With the sink, mx = max(m_z, sink) over
@@ -426,6 +437,14 @@ __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int sp
         float4 y =
             make_float4(rbf(o.x * inv + 0.0f, p.round_bf16), rbf(o.y * inv + 0.0f, p.round_bf16),
                         rbf(o.z * inv + 0.0f, p.round_bf16), rbf(o.w * inv + 0.0f, p.round_bf16));
+        int rs = p.hd - p.or_rope;
+        if (p.or_on && d >= rs) { /* out_rope on the two pairs, as k_rope */
+            float pp = (float)p.or_pos[r];
+            float2 c0 = rope_cs<>(pp, p.or_freq[(d - rs) / 2], p.or_inv),
+                   c1 = rope_cs<>(pp, p.or_freq[(d - rs) / 2 + 1], p.or_inv);
+            rope_rot(y.x, y.y, c0.x, c0.y, p.or_round);
+            rope_rot(y.z, y.w, c1.x, c1.y, p.or_round);
+        }
         *(float4 *)(p.out + ((int64_t)r * p.H + h) * p.hd + d) = y;
     }
 }

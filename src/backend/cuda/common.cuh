@@ -119,6 +119,8 @@ struct cu_ctx {
     int attn_fa_hb;     /* attn_fa.cu: heads per block, 64 or 32 (DSI_CUDA_ATTN_FA_HB; step 33) */
     bool attn_fa_qn;    /* attn_fa.cu applies attn's q_norm as it stages q (DSI_CUDA_ATTN_FA_QN;
                            step 34) */
+    bool attn_fa_or;    /* attn_fa.cu applies attn's out_rope as it writes out
+                           (DSI_CUDA_ATTN_FA_OR; step 34) */
     bool attn_fa_k8;    /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
                            each float4 through attn_k4, step 29's) */
     int hc_split;       /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */

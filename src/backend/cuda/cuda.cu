@@ -614,6 +614,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        launch, which reads and writes q once more (step 34; off until measured) */
     const char *fqn = getenv("DSI_CUDA_ATTN_FA_QN");
     c->attn_fa_qn = fqn && *fqn == '1';
+    /* attn's inverse RoPE on its output in the fused kernel's writes of out instead of a rope
+       launch (step 34; off until measured) */
+    const char *forp = getenv("DSI_CUDA_ATTN_FA_OR");
+    c->attn_fa_or = forp && *forp == '1';
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");

@@ -82,6 +82,14 @@ rope_pair(float &x0, float &x1, float p, float f, bool inverse, bool round) {
 /* The two RoPE pairs of a float4 (frequencies f[0], f[1]); out of line: the norm kernels unroll
  * their float4s, and the reference sine and cosine inlined at each made them 57-200 KB. (A
  * template so that a file including this without calling it has no copy.) */
+/* The reference cosine and sine of p f, the sine negated for the inverse (rope_pair's), out of
+ * line (the attention's output RoPE, attn_fa.cu). */
+template <int = 0> __device__ __noinline__ float2 rope_cs(float p, float f, bool inverse) {
+    float ang = p * f;
+    float s = sin_ref(ang);
+    return make_float2(cos_ref(ang), inverse ? -s : s);
+}
+
 template <int = 0>
 __device__ __noinline__ float4 rope4(float p, const float *f, float4 o, bool round) {
     rope_pair(o.x, o.y, p, f[0], false, round);
