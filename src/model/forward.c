@@ -318,6 +318,7 @@ static void rms(struct dsi_fwd *f,
     rmsq(f, x, y, n, dim, w, NULL);
 }
 
+/* the rope op's arguments for heads of width values at pos (the layer's table) */
 static struct dsi_rope_args rope_args(struct dsi_fwd *f,
                                       float *x,
                                       int64_t n,
@@ -338,19 +339,6 @@ static struct dsi_rope_args rope_args(struct dsi_fwd *f,
                                   .freq = f->m->freq_dev[table],
                                   .inverse = inverse,
                                   .round_bf16 = f->R};
-}
-
-static void rope(struct dsi_fwd *f,
-                 float *x,
-                 int64_t n,
-                 int64_t ldx,
-                 int64_t heads,
-                 int64_t width,
-                 const int32_t *pos,
-                 int table,
-                 bool inverse) {
-    struct dsi_rope_args a = rope_args(f, x, n, ldx, heads, width, pos, table, inverse);
-    f->be->ops->rope(f->be, &a);
 }
 
 /* ---- compressors (spec 4.6) --------------------------------------------------------------------
@@ -478,7 +466,8 @@ static void attention(struct dsi_fwd *f, int il) {
             compressor(f, &L->idx_comp, k, f->ia, f->ib, ihd, true, S->islot_a, S->islot_b,
                        S->ikeys, f->ient, true);
             gemm(f, &L->idx_wq_b, qaq, n, ql, f->qI, nih * ihd, f->R, f->R);
-            rope(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
+            struct dsi_rope_args qr = rope_args(f, f->qI, n, nih * ihd, nih, ihd, pos, tab, false);
+            be->ops->rope(be, &qr);
             if (f->R) {
                 struct dsi_hadamard_q4_args h = {f->qI, n, nih, ihd, nih * ihd};
                 be->ops->hadamard_q4(be, &h);
