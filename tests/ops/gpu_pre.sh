@@ -11,9 +11,12 @@
 # batch, default 1; PRE_PROF_PREFILL: the prefill tokens, default 8192, 0 none; PRE_PROF_LEVEL:
 # DSI_CUDA_PROFILE's value, default 1, 2: gemm calls by shape too); PRE_MEMCHECK / PRE_RACECHECK:
 # compute-sanitizer on those tests (tiny mode, PRE_SAN_TIMEOUT seconds each). Key lines
-# in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files). Usage
-# (repository root, on the GPU machine):
-#   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" bash tests/ops/gpu_pre.sh
+# in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files).
+# PRE_DEADLINE (seconds from the start; 0, the default: none): no step starts with less than
+# PRE_STEP_S (30) seconds left, each runs at most until then, and what is skipped is logged, so
+# the run packs its results before the device's limit instead of being cut. Usage (repository
+# root, on the GPU machine):
+#   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" PRE_DEADLINE=540 bash tests/ops/gpu_pre.sh
 set -u
 if [ "${1:-}" = --pack ]; then
     mkdir -p build/pre/x && strip -o build/pre/x/dsinfer build/cuda/dsinfer &&
@@ -28,9 +31,27 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
 mkdir -p build/cuda && tar xJf build/pre/pre.txz -C build/cuda || { log "no build/pre/pre.txz"; exit 1; }
 log "binaries unpacked"
+# PRE_DEADLINE: seconds left (a large number without one); lim T: T or what is left if less;
+# can WHAT: whether a step may start (else WHAT logged as skipped)
+left() {
+    local d=${PRE_DEADLINE:-0}
+    if [ "$d" -gt 0 ]; then echo $((d - ($(date +%s) - T0))); else echo 1000000; fi
+}
+lim() {
+    local l
+    l=$(left)
+    if [ "$l" -lt "$1" ]; then echo $((l > 1 ? l : 1)); else echo "$1"; fi
+}
+can() {
+    local l
+    l=$(left)
+    [ "$l" -ge "${PRE_STEP_S:-30}" ] && return 0
+    log "skipped ($l s before the deadline): $*"
+    return 1
+}
 start_flash4 "$OUT"
 if [ "${PRE_TESTS:-test_cuda_*}" != none ]; then
-    timeout ${PRE_TEST_TIMEOUT:-220} build/cuda/dsinfer-test --root . --only "${PRE_TESTS:-test_cuda_*}" \
+    timeout $(lim ${PRE_TEST_TIMEOUT:-220}) build/cuda/dsinfer-test --root . --only "${PRE_TESTS:-test_cuda_*}" \
         >"$OUT/test_cuda.log" 2>&1
     log "tests rc $?: $(tail -1 "$OUT/test_cuda.log")"
     grep -E "FAIL|fail[^e]" "$OUT/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
@@ -42,7 +63,8 @@ for rep in $(seq 1 "${PRE_REPS:-2}"); do
         envs=()
         [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
         f="$OUT/bench_${v//[=,]/_}_$rep.txt"
-        env "${envs[@]}" timeout 120 build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
+        can "bench $v rep $rep" || continue
+        env "${envs[@]}" timeout $(lim 120) build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
             --batch "${PRE_BATCH:-1}" --no-split --prefill 8192 --prefill-reps 1 --numerics fast >"$f" 2>&1
         log "$v rep $rep rc $?"
         grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
@@ -51,20 +73,21 @@ done
 for v in ${PRE_PROFILE:-}; do
     envs=()
     [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
-    env "${envs[@]}" DSI_CUDA_PROFILE=${PRE_PROF_LEVEL:-1} timeout 100 build/cuda/dsinfer bench layer -m $M --ctx 4096 \
+    can "profile $v" || continue
+    env "${envs[@]}" DSI_CUDA_PROFILE=${PRE_PROF_LEVEL:-1} timeout $(lim 100) build/cuda/dsinfer bench layer -m $M --ctx 4096 \
         --steps 2 --batch "${PRE_PROF_BATCH:-1}" --no-split --prefill "${PRE_PROF_PREFILL:-8192}" \
         --prefill-reps 1 --numerics fast >"$OUT/profile_${v//[=,]/_}.txt" 2>&1
     log "profile $v rc $?"
 done
 # the sanitizers (tiny mode) on the tests matching PRE_MEMCHECK / PRE_RACECHECK (patterns of
 # dsinfer-test --only; none by default), each run within PRE_SAN_TIMEOUT seconds (120)
-if [ -n "${PRE_MEMCHECK:-}" ]; then
-    DSI_TEST_TINY=1 timeout ${PRE_SAN_TIMEOUT:-120} compute-sanitizer --tool memcheck --print-limit 20 \
+if [ -n "${PRE_MEMCHECK:-}" ] && can "memcheck"; then
+    DSI_TEST_TINY=1 timeout $(lim ${PRE_SAN_TIMEOUT:-120}) compute-sanitizer --tool memcheck --print-limit 20 \
         build/cuda/dsinfer-test --root . --only "$PRE_MEMCHECK" >"$OUT/memcheck.log" 2>&1
     log "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.log" | tr '\n' ' ')"
 fi
-if [ -n "${PRE_RACECHECK:-}" ]; then
-    DSI_TEST_TINY=1 timeout ${PRE_SAN_TIMEOUT:-120} compute-sanitizer --tool racecheck --print-limit 10 \
+if [ -n "${PRE_RACECHECK:-}" ] && can "racecheck"; then
+    DSI_TEST_TINY=1 timeout $(lim ${PRE_SAN_TIMEOUT:-120}) compute-sanitizer --tool racecheck --print-limit 10 \
         build/cuda/dsinfer-test --root . --only "$PRE_RACECHECK" >"$OUT/racecheck.log" 2>&1
     log "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|passed' "$OUT/racecheck.log" | tr '\n' ' ')"
 fi
