@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(256) k_attn_pv(struct attn_p p) {
 }
 
 /* attn's q_norm is the plain per-head norm (and RoPE) of q in place, what attn_fa.cu's staging
- * can apply (q_norm_stage) */
+ * can apply (fa_stage_q_norm) */
 static bool attn_qn_fusable(const struct dsi_rms_norm_args *qn, const struct dsi_attn_args *a) {
     int64_t hd = a->head_dim, ld = a->n_heads * hd;
     return qn->x == a->q && qn->y == a->q && qn->n == a->st->n && qn->n_groups == a->n_heads &&
@@ -221,12 +221,12 @@ static bool attn_qn_fusable(const struct dsi_rms_norm_args *qn, const struct dsi
 }
 
 /* attn's out_rope is the RoPE of each head's last dims of out in place, what attn_fa.cu's writes
- * of out can apply */
+ * of out can apply (rope_dim % 4 == 0: the merge's float4 wholly in or out of the rope dims) */
 static bool attn_or_fusable(const struct dsi_rope_args *ro, const struct dsi_attn_args *a) {
     int64_t hd = a->head_dim;
     return ro->x == a->out && ro->n == a->st->n && ro->n_heads == a->n_heads &&
            ro->head_stride == hd && ro->width == hd && ro->ldx == a->n_heads * hd &&
-           ro->rope_dim > 0 && ro->rope_dim % 2 == 0 && ro->rope_dim <= hd && ro->rope_dim <= 128 &&
+           ro->rope_dim > 0 && ro->rope_dim % 4 == 0 && ro->rope_dim <= hd && ro->rope_dim <= 128 &&
            ro->pos && ro->freq;
 }
 

@@ -74,7 +74,7 @@ bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
  * the single-precision exp (a few ulp; the value is rounded to bf16 next) */
 __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf(x) : exp_ref(x); }
 
-/* q staged with attn's q norm applied (p.qn_on): warp w of the block's HB / 32 * 8 takes heads
+/* q staged with attn's q norm applied (p.qn_on): warp w of the block's HB / 4 takes heads
  * w, w + warps, ..., two at a time (their loads issued together), each lane 4 HQ values of a
  * head as k_rms_norm_warp<HQ, true> holds them, with its arithmetic (rms_in4, the sum of squares
  * in double by shuffles, rms_out4, rope4 on the last qn_rope dims): the same values that kernel
