@@ -8,7 +8,7 @@
 # PRE_BATCH, default 1, and the 8k prefill) for each variant of PRE_VARIANTS ("base" = the
 # defaults, else comma-separated VAR=value settings), alternated PRE_REPS (2) rounds; with
 # PRE_PROFILE (variants) a per-op profile (DSI_CUDA_PROFILE=1) for each (PRE_PROF_BATCH: the decode
-# batch, default 1; PRE_PROF_PREFILL: the prefill tokens, default 8192, 0 none; PRE_PROF_LEVEL:
+# batches, comma-separated, default 1; PRE_PROF_PREFILL: the prefill tokens, default 8192, 0 none; PRE_PROF_LEVEL:
 # DSI_CUDA_PROFILE's value, default 1, 2: gemm calls by shape too); PRE_MEMCHECK / PRE_RACECHECK:
 # compute-sanitizer on those tests (tiny mode, PRE_SAN_TIMEOUT seconds each). Key lines
 # in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files).
@@ -70,14 +70,19 @@ for rep in $(seq 1 "${PRE_REPS:-2}"); do
         grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
     done
 done
+# PRE_PROF_BATCH may list batches (comma-separated): one profile each, the prefill with the first
 for v in ${PRE_PROFILE:-}; do
     envs=()
     [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
-    can "profile $v" || continue
-    env "${envs[@]}" DSI_CUDA_PROFILE=${PRE_PROF_LEVEL:-1} timeout $(lim 100) build/cuda/dsinfer bench layer -m $M --ctx 4096 \
-        --steps 2 --batch "${PRE_PROF_BATCH:-1}" --no-split --prefill "${PRE_PROF_PREFILL:-8192}" \
-        --prefill-reps 1 --numerics fast >"$OUT/profile_${v//[=,]/_}.txt" 2>&1
-    log "profile $v rc $?"
+    pf=${PRE_PROF_PREFILL:-8192} pbs=${PRE_PROF_BATCH:-1}
+    for pb in ${pbs//,/ }; do
+        can "profile $v batch $pb" || continue
+        env "${envs[@]}" DSI_CUDA_PROFILE=${PRE_PROF_LEVEL:-1} timeout $(lim 100) build/cuda/dsinfer bench layer -m $M \
+            --ctx 4096 --steps 2 --batch "$pb" --no-split --prefill "$pf" --prefill-reps 1 --numerics fast \
+            >"$OUT/profile_${v//[=,]/_}_b$pb.txt" 2>&1
+        log "profile $v batch $pb rc $?"
+        pf=0
+    done
 done
 # the sanitizers (tiny mode) on the tests matching PRE_MEMCHECK / PRE_RACECHECK (patterns of
 # dsinfer-test --only; none by default), each run within PRE_SAN_TIMEOUT seconds (120)
