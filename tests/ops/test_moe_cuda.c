@@ -332,7 +332,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0); every case
-       with gvf.cu's warps along K on named barriers (DSI_CUDA_GVF_NBAR=1, step 33) */
+       with gvf.cu's warps along K on named barriers (DSI_CUDA_GVF_NBAR=1, step 33); gvf.cu's
+       routed walks with one warp along K at every row count (DSI_CUDA_GVF_KS1_MIN=1; the default
+       from 192 tokens since step 35) and with two at every count (DSI_CUDA_GVF_KS=2) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
@@ -352,7 +354,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WGQ_STG=1", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX},
-                 {"DSI_CUDA_GVF_NBAR=1", 1, INT64_MAX}};
+                 {"DSI_CUDA_GVF_NBAR=1", 1, INT64_MAX},
+                 {"DSI_CUDA_GVF_KS1_MIN=1", 1, INT64_MAX},
+                 {"DSI_CUDA_GVF_KS=2", 1, INT64_MAX}};
     /* Every variant and case runs, so one failure names all the cases that share it. */
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]); b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);

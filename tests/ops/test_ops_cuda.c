@@ -989,12 +989,16 @@ int test_cuda_attn(struct test_ctx *t) {
     }
     /* the `fast` cases once more on the other paths: the fused kernel (attn_fa.cu) is the
        default from 1 row; DSI_CUDA_ATTN_FA=0 runs attn_tc.cu's products (from 128 rows) or the
-       exact kernels and the softmax; DSI_CUDA_ATTN_FA_SPLIT=0 the fused kernel unsplit;
-       DSI_CUDA_ATTN_FA_HB=32 its blocks of 32 heads, DSI_CUDA_ATTN_FA_KT=32 its tiles of 32 keys */
+       exact kernels and the softmax; DSI_CUDA_ATTN_FA_SPLIT=0 the fused kernel unsplit; its
+       blocks of 32 heads (the default below DSI_CUDA_ATTN_FA_BIG rows, step 35), of 64 heads with
+       tiles of 32 keys (the default from there) and of 64 heads with tiles of 16 keys (the
+       default until step 35), each at every row count */
+#define H64 "DSI_CUDA_ATTN_FA_HB=64,DSI_CUDA_ATTN_FA_KT=16"
+#define K32 "DSI_CUDA_ATTN_FA_HB=64,DSI_CUDA_ATTN_FA_KT=32"
     const char *envs[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_SPLIT=0",
-                          "DSI_CUDA_ATTN_FA_HB=32", "DSI_CUDA_ATTN_FA_KT=32"};
+                          "DSI_CUDA_ATTN_FA_HB=32", K32, H64};
     int ok = 1;
-    for (int e = 0; e < 4 && ok; e++) {
+    for (size_t e = 0; e < sizeof(envs) / sizeof(envs[0]) && ok; e++) {
         struct dsi_backend *g2 = cuda_backend_with(envs[e]), *keep = g_gpu;
         TEST_ASSERT(g2 != NULL);
         g_gpu = g2;
@@ -1010,7 +1014,7 @@ int test_cuda_attn(struct test_ctx *t) {
     /* FP8 cache rows (DSI_CUDA_KV_FP8): every case on the default paths (the fused kernel's
        16-byte chunks, step 30), the fast ones also on the exact / tensor-core kernels
        (DSI_CUDA_ATTN_FA=0), on the fused kernel's float4 loads (DSI_CUDA_ATTN_FA_K8=0) and on its
-       blocks of 32 heads (DSI_CUDA_ATTN_FA_HB=32) and tiles of 32 keys (DSI_CUDA_ATTN_FA_KT=32) */
+       blocks of 32 heads, of 64 heads with tiles of 32 keys and with tiles of 16 keys */
     g_attn_fp8 = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (tiny_only() && cases[i].H > 4) continue;
@@ -1018,8 +1022,8 @@ int test_cuda_attn(struct test_ctx *t) {
         if (!ok) fprintf(stderr, "attn case %zu with FP8 rows failed\n", i);
     }
     const char *envs8[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_K8=0", "DSI_CUDA_ATTN_FA_HB=32",
-                           "DSI_CUDA_ATTN_FA_KT=32"};
-    for (int e = 0; e < 4 && ok; e++) {
+                           K32, H64};
+    for (size_t e = 0; e < sizeof(envs8) / sizeof(envs8[0]) && ok; e++) {
         const char *env = envs8[e];
         struct dsi_backend *g2 = cuda_backend_with(env), *keep = g_gpu;
         TEST_ASSERT(g2 != NULL);
@@ -1038,20 +1042,25 @@ int test_cuda_attn(struct test_ctx *t) {
        step 34): every case on the default backend (the norm and rope launches around the
        attention) against the CPU; the fast ones also with the fused kernel's staging of q
        (DSI_CUDA_ATTN_FA_QN=1) and writes of out (DSI_CUDA_ATTN_FA_OR=1), bit for bit the same
-       backend without them: 64 heads a block, 32, tiles of 32 keys, FP8 rows */
+       backend without them (=0; from DSI_CUDA_ATTN_FA_BIG rows both are the default since step
+       35): 64 heads a block, 32, tiles of 32 keys, FP8 rows */
     g_attn_qn = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         ok = run_attn(&r, &cases[i]);
         if (!ok) fprintf(stderr, "attn case %zu with the q norm failed\n", i);
     }
-#define QO "DSI_CUDA_ATTN_FA_QN=1,DSI_CUDA_ATTN_FA_OR=1"
-    const char *envq[][2] = {{"", "DSI_CUDA_ATTN_FA_QN=1"},
-                             {"", "DSI_CUDA_ATTN_FA_OR=1"},
-                             {"DSI_CUDA_ATTN_FA_HB=32", "DSI_CUDA_ATTN_FA_HB=32," QO},
-                             {"DSI_CUDA_ATTN_FA_KT=32", "DSI_CUDA_ATTN_FA_KT=32," QO},
-                             {"", QO}};
+#define QO  "DSI_CUDA_ATTN_FA_QN=1,DSI_CUDA_ATTN_FA_OR=1"
+#define OFF "DSI_CUDA_ATTN_FA_QN=0,DSI_CUDA_ATTN_FA_OR=0"
+    const char *envq[][2] = {{H64 "," OFF, H64 ",DSI_CUDA_ATTN_FA_QN=1,DSI_CUDA_ATTN_FA_OR=0"},
+                             {H64 "," OFF, H64 ",DSI_CUDA_ATTN_FA_QN=0,DSI_CUDA_ATTN_FA_OR=1"},
+                             {"DSI_CUDA_ATTN_FA_HB=32," OFF, "DSI_CUDA_ATTN_FA_HB=32," QO},
+                             {K32 "," OFF, K32 "," QO},
+                             {H64 "," OFF, H64 "," QO}};
 #undef QO
+#undef OFF
+#undef H64
+#undef K32
     for (int e = 0; e < 5 && ok; e++) {
         struct dsi_backend *g1 = cuda_backend_with(envq[e][0]), *g2 = cuda_backend_with(envq[e][1]),
                            *keep = g_gpu;

@@ -312,10 +312,11 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     p.or_freq = NULL;
     /* `fast` numerics: one fused kernel from c->attn_fa_min rows (attn_fa.cu) */
     bool fa = a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(c, &p);
-    /* the q norm: in the fused kernel's staging of q (c->attn_fa_qn), else its own op first */
+    attn_fa_cfg fc = attn_fa_cfg_of(c, n);
+    /* the q norm: in the fused kernel's staging of q (fc.qn), else its own op first */
     if (a->q_norm) {
         const struct dsi_rms_norm_args *qn = a->q_norm;
-        if (fa && c->attn_fa_qn && attn_qn_fusable(qn, a)) {
+        if (fa && fc.qn && attn_qn_fusable(qn, a)) {
             p.qn_freq = qn->rope_dim > 0 ? cu_freq_dev(c, qn->freq, qn->rope_dim / 2) : NULL;
             if (qn->rope_dim > 0 && !p.qn_freq) return;
             p.qn_on = true;
@@ -330,7 +331,7 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     }
     if (fa) {
         const struct dsi_rope_args *ro = a->out_rope;
-        if (ro && c->attn_fa_or && attn_or_fusable(ro, a)) {
+        if (ro && fc.orope && attn_or_fusable(ro, a)) {
             p.or_freq = cu_freq_dev(c, ro->freq, ro->rope_dim / 2);
             if (!p.or_freq) return;
             p.or_on = true;

@@ -35,7 +35,7 @@ struct attn_p {
        and sum [split][row][H][2] in fa_ml, merged by k_attn_fa_merge */
     float *fa_o, *fa_ml;
     int fa_tps;
-    /* attn_fa.cu: attn's q_norm applied as q is staged (qn_on; c->attn_fa_qn): the per-head
+    /* attn_fa.cu: attn's q_norm applied as q is staged (qn_on; attn_fa_cfg_of's qn): the per-head
        norm without weight (eps qn_eps, rounding qn_round), then RoPE on the last qn_rope dims
        at qn_pos[r] with the device table qn_freq, as k_rms_norm_warp does */
     bool qn_on, qn_round;
@@ -43,14 +43,32 @@ struct attn_p {
     int qn_rope;
     const int32_t *qn_pos;
     const float *qn_freq;
-    /* attn_fa.cu: attn's out_rope applied as out is written (or_on; c->attn_fa_or): RoPE on
-       the last or_rope dims of each head at or_pos[r] with the device table or_freq (inverse
+    /* attn_fa.cu: attn's out_rope applied as out is written (or_on; attn_fa_cfg_of's orope): RoPE
+       on the last or_rope dims of each head at or_pos[r] with the device table or_freq (inverse
        or_inv, rounding or_round), as k_rope does */
     bool or_on, or_inv, or_round;
     int or_rope;
     const int32_t *or_pos;
     const float *or_freq;
 };
+
+/* attn_fa.cu's configuration for a call of n rows: c's forced choices, else by n (common.cuh's
+   attn_fa_big). hb: heads per block (32 or 64); kt: keys a tile asked for (16 or 32; 32 is
+   taken with 64 heads only); qn, orope: the q norm and the output's RoPE fused. */
+struct attn_fa_cfg {
+    int hb, kt;
+    bool qn, orope;
+};
+
+static inline attn_fa_cfg attn_fa_cfg_of(const struct cu_ctx *c, int64_t n) {
+    bool big = c->attn_fa_big > 0 && n >= c->attn_fa_big;
+    attn_fa_cfg f;
+    f.hb = c->attn_fa_hb == 32 || c->attn_fa_hb == 64 ? c->attn_fa_hb : big ? 64 : 32;
+    f.kt = c->attn_fa_kt == 16 || c->attn_fa_kt == 32 ? c->attn_fa_kt : big ? 32 : 16;
+    f.qn = c->attn_fa_qn >= 0 ? c->attn_fa_qn == 1 : big;
+    f.orope = c->attn_fa_or >= 0 ? c->attn_fa_or == 1 : big;
+    return f;
+}
 
 __device__ __forceinline__ int attn_nkeys(const struct attn_p &p, int r, int64_t *w0) {
     int64_t t = p.st.pos[r];

@@ -30,8 +30,8 @@
 
 #include <algorithm>
 
-#define FA_HB 64 /* heads per block (or 32: c->attn_fa_hb); FA_HB * 8 threads */
-/* keys per tile: 16, or 32 with 64 heads a block (c->attn_fa_kt, DSI_CUDA_ATTN_FA_KT=32: half
+#define FA_HB 64 /* heads per block (or 32: attn_fa_cfg_of); FA_HB * 8 threads */
+/* keys per tile: 16, or 32 with 64 heads a block (attn_fa_cfg_of, DSI_CUDA_ATTN_FA_KT: half
    the tiles and their barriers per row; step 24's experiment spilled 112 bytes at head_dim 512,
    16 in step 33's build) */
 #define FA_KT 16
@@ -480,15 +480,14 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
        one block per SM, at least 2 tiles a split (attention at 1-31 rows took three launches
        of the exact / tensor-core kernels before, step 24) */
     struct attn_p p = *p0;
-    /* heads per block: 64, or 32 (c->attn_fa_hb, DSI_CUDA_ATTN_FA_HB=32: half the shared
-       memory and threads, two blocks per SM; step 33) */
-    int hb = c->attn_fa_hb == 32 ? 32 : FA_HB;
-    /* keys a tile: 32 with 64 heads where c->attn_fa_kt (DSI_CUDA_ATTN_FA_KT=32) and the
-       layout fits */
-    int kt =
-        hb == FA_HB && c->attn_fa_kt == 32 && fa_layout((int)p.hd, FA_HB, 32).total <= c->smem_optin
-            ? 32
-            : FA_KT;
+    /* heads per block: 64, or 32 (half the shared memory and threads, two blocks per SM; step
+       33); keys a tile: 32 with 64 heads where asked for and the layout fits, else 16 (attn.cuh's
+       attn_fa_cfg_of: by the rows, or forced by DSI_CUDA_ATTN_FA_HB / _KT) */
+    attn_fa_cfg fc = attn_fa_cfg_of(c, rows);
+    int hb = fc.hb == 32 ? 32 : FA_HB;
+    int kt = hb == FA_HB && fc.kt == 32 && fa_layout((int)p.hd, FA_HB, 32).total <= c->smem_optin
+                 ? 32
+                 : FA_KT;
     int64_t tiles = cu_div_up(p.maxk, kt), blocks = (int64_t)rows * cu_div_up(p.H, hb);
     int64_t splits = 1, tps = tiles;
     p.fa_o = p.fa_ml = NULL;

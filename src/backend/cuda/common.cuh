@@ -91,7 +91,10 @@ struct cu_ctx {
                              DSI_CUDA_GVF; 0: off) */
     int gvf_moe_min;      /* the routed experts on gvf.cu / tc.cu from this many tokens
                              (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
-    int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS) */
+    int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS;
+                             0: gvf_ks1_min's rule) */
+    int gvf_ks1_min;      /* gvf.cu: routed experts of this many tokens or more at least 1 warp
+                             along K, fewer at least 2 (DSI_CUDA_GVF_KS1_MIN; 0: always 2) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     bool gvf_nbar;        /* gvf.cu: a tile's ks warps meet on a named barrier of their own, not the
                              block's (DSI_CUDA_GVF_NBAR=1; step 33, off until measured) */
@@ -114,22 +117,27 @@ struct cu_ctx {
     bool attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
-    int attn_fa_kt;     /* attn_fa.cu: keys a tile with 64 heads a block, 16 or 32
-                           (DSI_CUDA_ATTN_FA_KT; step 33) */
-    int attn_fa_hb;     /* attn_fa.cu: heads per block, 64 or 32 (DSI_CUDA_ATTN_FA_HB; step 33) */
-    bool attn_fa_qn;    /* attn_fa.cu applies attn's q_norm as it stages q (DSI_CUDA_ATTN_FA_QN;
-                           step 34) */
-    bool attn_fa_or;    /* attn_fa.cu applies attn's out_rope as it writes out
-                           (DSI_CUDA_ATTN_FA_OR; step 34) */
-    bool attn_fa_k8;    /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
-                           each float4 through attn_k4, step 29's) */
-    int hc_split;       /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
-    int hc_mix_min;     /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
-                           (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */
-    bool hc_mix_split;  /* k_hc_mix splits K below a row block per SM (DSI_CUDA_HC_MIX_SPLIT=0:
-                           never) */
-    int hc_mix_rpl;     /* k_hc_mix: 2 rows per lane from 33 rows where its blocks fill the SMs
-                           (DSI_CUDA_HC_MIX_RPL, default 2; 1: never; 3: wherever from 33 rows) */
+    /* attn_fa.cu's configuration, each for every call where set by its variable, else by the
+       call's rows (0 / -1 here; attn.cuh's attn_fa_cfg): from attn_fa_big rows on 64 heads a
+       block, tiles of 32 keys, the q norm and the output's RoPE fused; below, 32 heads a
+       block, tiles of 16 keys, the norm and the RoPE their own launches (step 35) */
+    int attn_fa_big;   /* rows (DSI_CUDA_ATTN_FA_BIG, default 192; 0: never "big") */
+    int attn_fa_kt;    /* keys a tile with 64 heads a block, 16 or 32 (DSI_CUDA_ATTN_FA_KT;
+                          step 33) */
+    int attn_fa_hb;    /* heads per block, 64 or 32 (DSI_CUDA_ATTN_FA_HB; step 33) */
+    int attn_fa_qn;    /* 1: apply attn's q_norm as q is staged, 0: not (DSI_CUDA_ATTN_FA_QN;
+                          step 34) */
+    int attn_fa_or;    /* 1: apply attn's out_rope as out is written, 0: not
+                          (DSI_CUDA_ATTN_FA_OR; step 34) */
+    bool attn_fa_k8;   /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
+                          each float4 through attn_k4, step 29's) */
+    int hc_split;      /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
+    int hc_mix_min;    /* hc_pre / hc_head: the mix GEMM on k_hc_mix from this many rows
+                          (DSI_CUDA_HC_MIX_MIN, default 2; 0: never, launch_gemm) */
+    bool hc_mix_split; /* k_hc_mix splits K below a row block per SM (DSI_CUDA_HC_MIX_SPLIT=0:
+                          never) */
+    int hc_mix_rpl;    /* k_hc_mix: 2 rows per lane from 33 rows where its blocks fill the SMs
+                          (DSI_CUDA_HC_MIX_RPL, default 2; 1: never; 3: wherever from 33 rows) */
     int tc_attn_min; /* attention products on tensor cores from this many rows (DSI_CUDA_TC_ATTN) */
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */

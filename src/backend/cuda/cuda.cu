@@ -511,8 +511,12 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_moe_min = gm && *gm ? atoi(gm) : 1;
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
     /* at least 2 warps along K, 16 MoE blocks per SM (was 1 and 32): measured together -5% at
-       batch 8, -6% at 256, level at 1, 32 and 128, +0.6% at 48 (docs/cuda.md, step 21) */
-    c->gvf_ks_min = gk && *gk ? atoi(gk) : 2;
+       batch 8, -6% at 256, level at 1, 32 and 128, +0.6% at 48 (docs/cuda.md, step 21); since
+       step 35 1 for the routed experts from DSI_CUDA_GVF_KS1_MIN tokens (192; 0: never), 0 (the
+       default) meaning that rule, a number that number everywhere */
+    c->gvf_ks_min = gk && *gk ? atoi(gk) : 0;
+    const char *gk1 = getenv("DSI_CUDA_GVF_KS1_MIN");
+    c->gvf_ks1_min = gk1 && *gk1 ? atoi(gk1) : 192;
     c->gvf_ilv = !(gi && *gi == '0');
     const char *gnb = getenv("DSI_CUDA_GVF_NBAR");
     c->gvf_nbar = gnb && *gnb == '1'; /* (step 33: not yet run on a GPU; off until measured) */
@@ -606,18 +610,24 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_fa_split = !(fs && *fs == '0');
     const char *f8 = getenv("DSI_CUDA_ATTN_FA_K8");
     c->attn_fa_k8 = !(f8 && *f8 == '0');
+    /* the fused attention's heads per block (32 or 64), keys per tile (16 or 32), and whether
+       it applies attn's per-head q norm (and RoPE) as it stages q (instead of a launch that
+       reads and writes q once more) and the inverse RoPE as it writes out (instead of a rope
+       launch): each forced by its variable, else chosen by the call's rows, the "big" choices
+       (64, 32, both fused) from DSI_CUDA_ATTN_FA_BIG rows (192; measured on the H100: 32 heads
+       -3% at batch 1 and 128, +0.5% at 256 and the prefill; 32 keys -0.6% at 256, -2.8% at the
+       8k prefill, +1-2% at 1; the fusions -1.6% at 256, -1.7% at the prefill, +2% at 1, +0.4%
+       at 128; docs/cuda.md step 35) */
+    const char *fbig = getenv("DSI_CUDA_ATTN_FA_BIG");
+    c->attn_fa_big = fbig && *fbig ? atoi(fbig) : 192;
     const char *fhb = getenv("DSI_CUDA_ATTN_FA_HB");
-    c->attn_fa_hb = fhb && *fhb ? atoi(fhb) : 64;
+    c->attn_fa_hb = fhb && *fhb ? atoi(fhb) : 0;
     const char *fkt = getenv("DSI_CUDA_ATTN_FA_KT");
-    c->attn_fa_kt = fkt && *fkt ? atoi(fkt) : 16;
-    /* attn's per-head q norm (and RoPE) in the fused kernel's staging of q instead of its own
-       launch, which reads and writes q once more (step 34; off until measured) */
+    c->attn_fa_kt = fkt && *fkt ? atoi(fkt) : 0;
     const char *fqn = getenv("DSI_CUDA_ATTN_FA_QN");
-    c->attn_fa_qn = fqn && *fqn == '1';
-    /* attn's inverse RoPE on its output in the fused kernel's writes of out instead of a rope
-       launch (step 34; off until measured) */
+    c->attn_fa_qn = fqn && *fqn ? *fqn == '1' : -1;
     const char *forp = getenv("DSI_CUDA_ATTN_FA_OR");
-    c->attn_fa_or = forp && *forp == '1';
+    c->attn_fa_or = forp && *forp ? *forp == '1' : -1;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
     c->attn_fa_exp = fe && *fe == '1';
     const char *ti = getenv("DSI_CUDA_TC_IDX");

@@ -543,13 +543,21 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
 /* ---- launchers --------------------------------------------------------------------------- */
 
 /* Warps along K per tile: enough (tiles x ks) units for ~2 blocks of 8 warps per SM and at
- * least c->gvf_ks_min, at most 8 and at most the groups of K. */
-static int gvf_ks(const struct cu_ctx *c, int64_t units, int64_t ng) {
+ * least ks_min, at most 8 and at most the groups of K. */
+static int gvf_ks(const struct cu_ctx *c, int64_t units, int64_t ng, int ks_min) {
     int ks = 1;
-    while (ks < GVF_W && ks < ng &&
-           (units * ks < 2 * (int64_t)c->n_sms * GVF_W || ks < c->gvf_ks_min))
+    while (ks < GVF_W && ks < ng && (units * ks < 2 * (int64_t)c->n_sms * GVF_W || ks < ks_min))
         ks *= 2;
     return ks;
+}
+
+/* The least warps along K: c->gvf_ks_min where set (DSI_CUDA_GVF_KS), else 2, and 1 for the
+   routed experts of a step of c->gvf_ks1_min tokens or more (DSI_CUDA_GVF_KS1_MIN, default 192:
+   no partial sums through shared memory, no tile-end barrier; measured -2.5% at batch 256,
+   +0.5% at 128, level at 1 on the H100, docs/cuda.md step 35) */
+static int gvf_ks_min(const struct cu_ctx *c, int mode, const struct gvf_p *p) {
+    if (c->gvf_ks_min > 0) return c->gvf_ks_min;
+    return mode != GVF_DENSE && c->gvf_ks1_min > 0 && p->m.n >= c->gvf_ks1_min ? 1 : 2;
 }
 
 /* Blocks along the weight tiles (tpb tiles per block): about 2 blocks per SM over the grid's
@@ -577,8 +585,9 @@ static double gvf_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t 
 /* gvf_ks, then (c->gvf_tail, DSI_CUDA_GVF_TAIL) twice or four times that where the blocks'
    last tile iteration is then much fuller: the routed experts at batch 1 (6 experts x 256 tiles:
    1.45 iterations of 4 tiles at ks 2, the kernel as long as 2; at ks 4, 2.9 of 3; step 18). */
-static int gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t gy, int64_t ng) {
-    int ks = gvf_ks(c, tiles * gy, ng), best = ks;
+static int
+gvf_ks_tail(const struct cu_ctx *c, int mode, int64_t tiles, int64_t gy, int64_t ng, int ks_min) {
+    int ks = gvf_ks(c, tiles * gy, ng, ks_min), best = ks;
     if (!c->gvf_tail) return ks;
     double bt = gvf_tail(c, mode, tiles, gy, ks);
     for (int k = ks * 2; k <= GVF_W && k <= 4 * ks && k < ng; k *= 2) {
@@ -623,8 +632,8 @@ template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const s
 template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_p *p, int nt) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     if (gvf_stage_bytes(WT, p->xrows, K) > GVF_SMEM_MAX) return false;
-    p->ks =
-        gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()));
+    p->ks = gvf_ks_tail(c, MODE, gvf_tiles(p), p->gy > 0 ? p->gy : 1, cu_div_up(K, 4 * gvf_e<WT>()),
+                        gvf_ks_min(c, MODE, p));
     p->ilv = c->gvf_ilv;
     p->nbar = c->gvf_nbar;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
