@@ -147,17 +147,19 @@ struct cu_ctx {
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
     int hc_tf_min;   /* `fast` hc_pre: the mix on hc_tf.cu's 3xTF32 tensor cores from this many
                         rows (DSI_CUDA_HC_TF_MIN, default 512; 0: never) */
-    int wg_dense_min; /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
-                         (DSI_CUDA_WG_DENSE_MIN, default 512) */
-    bool hc_fin_norm; /* hc_pre's finish runs the norm after it where it can (one block a row;
-                         DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured) */
-    int hc_one;       /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
-                         0: never; at most CU_HC_ONE_MAX) */
-    int *hc_cnt;      /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
-                         launches) */
-    bool wg;          /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
-    int wg_bn;        /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192;
-                         wgr.cu's: 224 or 256 take blocks that wide) */
+    int wg_dense_min;   /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
+                           (DSI_CUDA_WG_DENSE_MIN, default 512) */
+    int wg_grouped_min; /* the same for grouped calls (the output projection's wo_a;
+                           DSI_CUDA_WG_GROUPED_MIN, default wg_dense_min; step 35) */
+    bool hc_fin_norm;   /* hc_pre's finish runs the norm after it where it can (one block a row;
+                           DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured) */
+    int hc_one;  /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
+                    0: never; at most CU_HC_ONE_MAX) */
+    int *hc_cnt; /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
+                    launches) */
+    bool wg;     /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
+    int wg_bn;   /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192;
+                    wgr.cu's: 224 or 256 take blocks that wide) */
     bool wg_dyn; /* wg.cu's MoE: routed tiles of equal rows, blocks up to 256 rows, each block's
                     wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
     bool wg_rs;  /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in

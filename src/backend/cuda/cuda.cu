@@ -569,6 +569,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg = !(wg && *wg == '0');
     const char *wdm = getenv("DSI_CUDA_WG_DENSE_MIN");
     c->wg_dense_min = wdm && *wdm ? atoi(wdm) : 512;
+    const char *wgm = getenv("DSI_CUDA_WG_GROUPED_MIN");
+    c->wg_grouped_min = wgm && *wgm ? atoi(wgm) : c->wg_dense_min;
     const char *wb = getenv("DSI_CUDA_WG_BN");
     c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
     /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */
