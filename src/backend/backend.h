@@ -455,6 +455,16 @@ static inline bool dsi_sample_op_takes(const struct dsi_sample_row *r, int64_t n
     return topk ? r->top_k <= DSI_SAMPLE_OP_MAX_TOPK : !topp;
 }
 
+/* A hint (backend ops' prefetch): weights the ops issued next will read, each with its scale
+ * tensor. A device backend may start bringing them into its cache beside the ops issued in
+ * between; no op's result depends on it. rows: the step's rows (a backend may take the hint only
+ * for few). NULL entries are skipped. */
+#define DSI_PREFETCH_MAX 4
+struct dsi_prefetch_args {
+    const struct dsi_tensor *w[DSI_PREFETCH_MAX];
+    int64_t rows;
+};
+
 struct dsi_backend_ops {
     /* ---- memory: backend memory is what ops read and write ---- */
     void *(*alloc)(struct dsi_backend *, size_t bytes); /* zeroed; NULL on failure */
@@ -503,6 +513,8 @@ struct dsi_backend_ops {
     int (*graph_begin)(struct dsi_backend *, uint64_t key);
     int (*graph_end)(struct dsi_backend *);
     void (*graph_reset)(struct dsi_backend *);
+    /* Optional (NULL: no hints taken): dsi_prefetch_args. */
+    void (*prefetch)(struct dsi_backend *, const struct dsi_prefetch_args *);
 };
 enum { DSI_GRAPH_EAGER = 0, DSI_GRAPH_CAPTURE = 1, DSI_GRAPH_REPLAY = 2, DSI_GRAPH_RETRY = 3 };
 

@@ -404,6 +404,17 @@ static void compressor(struct dsi_fwd *f,
     be->ops->comp_store(be, &cs);
 }
 
+/* The backend's prefetch hint (if it takes hints) for up to DSI_PREFETCH_MAX weights. */
+static void prefetch(struct dsi_fwd *f,
+                     const struct dsi_tensor *a,
+                     const struct dsi_tensor *b,
+                     const struct dsi_tensor *c,
+                     const struct dsi_tensor *d) {
+    if (!f->be->ops->prefetch) return;
+    struct dsi_prefetch_args p = {{a, b, c, d}, f->st.n};
+    f->be->ops->prefetch(f->be, &p);
+}
+
 /* ---- attention (spec 4.5)
  * ------------------------------------------------------------------------ */
 
@@ -425,6 +436,8 @@ static void attention(struct dsi_fwd *f, int il) {
     rmsq(f, f->qa, f->qa, n, ql, &L->q_norm, f->qaq);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
     gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
+    /* the output projection's weights, read after the cache stores, compressors and attention */
+    prefetch(f, &L->wo_a, NULL, NULL, NULL);
     /* the per-head q norm, then RoPE: applied by the attention op to q (aa.q_norm), which may
        fuse it into its reads of q */
     struct dsi_rms_norm_args qn = {.x = f->q,
@@ -524,6 +537,7 @@ static void attention(struct dsi_fwd *f, int il) {
                                .groups = c->o_groups,
                                .gx = c->group_in_dim,
                                .gy = c->o_lora_rank};
+    prefetch(f, &L->wo_b, NULL, NULL, NULL);
     be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
     gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R, f->R);
@@ -625,9 +639,13 @@ static void hc_merge(struct dsi_fwd *f, int64_t n) {
 static void block(struct dsi_fwd *f, int il) {
     const struct dsi_layer_w *L = &f->m->layers[il];
     int64_t n = f->st.n;
+    /* the q up-projection's weight, read after hc_pre, the norm and the q / kv projection */
+    prefetch(f, &L->wq_b, NULL, NULL, NULL);
     hc_site(f, &L->hc_attn, n, &L->attn_norm); /* and attention's first act() */
     attention(f, il);
     hc_merge(f, n);
+    /* the router's and the shared expert's weights, read after hc_pre and the norm */
+    prefetch(f, &L->gate_w, &L->sh_w1, &L->sh_w3, &L->sh_w2);
     hc_site(f, &L->hc_ffn, n, &L->ffn_norm); /* and moe's act() after the routing */
     moe(f, il);
     hc_merge(f, n);

@@ -210,6 +210,22 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
                          "%s %s: CUDA chunk %d differs from the whole-prompt CUDA logits", name, pn,
                          chunks[i]);
         }
+        if (num && !getenv("DSI_CUDA_L2PF")) {
+            /* the prefetch hints taken at every step (DSI_CUDA_L2PF, step 35: a side stream
+               forked into the captured steps) change no logit: whole and at chunk 1 (the
+               token-by-token steps captured and replayed as graphs) */
+            int rcp[2], samep[2];
+            setenv("DSI_CUDA_L2PF", "4096", 1);
+            for (int ch = 0; ch < 2; ch++) {
+                rcp[ch] = engine_logits(model, "cuda", num, ch, &ps, o, NULL);
+                samep[ch] = !rcp[ch] && !memcmp(o, g, sizeof(float) * (size_t)n);
+            }
+            unsetenv("DSI_CUDA_L2PF");
+            TEST_ASSERT(rcp[0] == 0 && rcp[1] == 0);
+            TEST_ASSERTF(samep[0] && samep[1],
+                         "%s %s: CUDA with prefetch hints differs (whole %d, chunk 1 %d)", name, pn,
+                         samep[0], samep[1]);
+        }
         if (num && !getenv("DSI_CUDA_KV_FP8")) {
             /* FP8 cache rows (the engine's auto format, step 30) hold the reference values
                exactly: fp32 rows (DSI_CUDA_KV_FP8=0) give the same logits bit for bit, whole and

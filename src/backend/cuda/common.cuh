@@ -192,6 +192,13 @@ struct cu_ctx {
     double prof_t0; /* host seconds at the profile's last mark (dsi_cuda_profile_dump) */
     size_t smem_optin;
     cudaStream_t stream;
+    /* l2pf.cu: the prefetch hints' side stream and its fork / join events (NULL: hints off),
+       the rows of a step up to which hints are taken (DSI_CUDA_L2PF), whether hints were issued
+       since the main stream last waited for the side stream */
+    cudaStream_t pf_stream;
+    cudaEvent_t pf_fork, pf_join;
+    int l2pf_max;
+    bool pf_pending;
     int sticky; /* first error (dsi_status), 0 if none */
     char msg[400];
     /* imported weights: bump-allocated slabs, freed with the backend */
@@ -686,6 +693,11 @@ void cuda_gather(struct dsi_backend *, const struct dsi_gather_args *);
 void cuda_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
 void cuda_moe(struct dsi_backend *, const struct dsi_moe_args *);
 int cuda_graph_begin(struct dsi_backend *, uint64_t key);
+/* l2pf.cu: the prefetch hints (cuda_prefetch is the op) */
+int cu_l2pf_init(struct cu_ctx *c); /* at backend creation; -1: the side stream failed */
+void cu_l2pf_free(struct cu_ctx *c);
+void cu_l2pf_join(struct cu_ctx *c); /* the main stream waits for the hints issued so far */
+extern "C" void cuda_prefetch(struct dsi_backend *, const struct dsi_prefetch_args *);
 int cuda_graph_end(struct dsi_backend *);
 void cuda_graph_reset(struct dsi_backend *);
 void cuda_sample(struct dsi_backend *, const struct dsi_sample_args *);

@@ -381,6 +381,7 @@ static void cuda_free(struct dsi_backend *be) {
     }
     cu_lt_free(c->lt);
     if (c->hc_cnt) cudaFree(c->hc_cnt);
+    cu_l2pf_free(c);
     cudaStreamDestroy(c->stream);
     free(c);
     be->ctx = NULL;
@@ -393,7 +394,7 @@ static const struct dsi_backend_ops g_cuda_ops = {
     cuda_rope,        cuda_hc_pre,      cuda_hc_post,   cuda_hc_head,     cuda_attn,
     cuda_indexer,     cuda_kv_store,    cuda_comp_ape,  cuda_compress,    cuda_comp_store,
     cuda_entry_store, cuda_gather,      cuda_moe_route, cuda_moe,         cuda_sample,
-    cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset,
+    cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset, cuda_prefetch,
 };
 
 #define PROF_OP(op, T)                                                                             \
@@ -433,7 +434,7 @@ static const struct dsi_backend_ops g_cuda_prof_ops = {
     prof_rope,        prof_hc_pre,      prof_hc_post,   prof_hc_head,     prof_attn,
     prof_indexer,     prof_kv_store,    prof_comp_ape,  prof_compress,    prof_comp_store,
     prof_entry_store, prof_gather,      prof_moe_route, prof_moe,         prof_sample,
-    cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset,
+    cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset, cuda_prefetch,
 };
 
 extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct dsi_err *err) {
@@ -478,6 +479,13 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
         free(be);
         free(c);
         return dsi_errf(err, DSI_ERR_DEVICE, "cuda: counters: %s", cudaGetErrorString(e));
+    }
+    if (cu_l2pf_init(c)) {
+        cudaFree(c->hc_cnt);
+        cudaStreamDestroy(c->stream);
+        free(be);
+        free(c);
+        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: the prefetch stream (DSI_CUDA_L2PF)");
     }
     /* read once at start-up, never in a step */
     const char *pe = getenv("DSI_CUDA_PROFILE");

@@ -69,6 +69,7 @@ extern "C" int cuda_graph_begin(struct dsi_backend *be, uint64_t key) {
         return DSI_GRAPH_EAGER;
     }
     cudaGetLastError();
+    cu_l2pf_join(c); /* hints of eager steps: not waited for inside the capture */
     if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         cudaGetLastError();
         g->state = -1;
@@ -93,6 +94,7 @@ extern "C" int cuda_graph_end(struct dsi_backend *be) {
         return DSI_OK;
     }
     cudaGraph_t graph = NULL;
+    cu_l2pf_join(c); /* a capture joins every stream it forked (the prefetch hints') */
     cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
     c->capturing = false;
     bool bad = c->capture_bad || e != cudaSuccess || !graph;
