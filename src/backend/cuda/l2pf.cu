@@ -33,20 +33,26 @@ struct l2pf_p {
     uint64_t total; /* sum of n */
 };
 
-/* Chunk i of the concatenated ranges goes to thread i mod (blocks x 32). */
+/* Chunk i of the concatenated ranges goes to thread i mod (blocks x 32); a chunk over the end
+ * of a range prefetches its pieces in both. */
 __global__ void __launch_bounds__(32) k_l2pf(struct l2pf_p p) {
     uint64_t stride = (uint64_t)gridDim.x * 32 * L2PF_CHUNK;
-    uint64_t o = ((uint64_t)blockIdx.x * 32 + threadIdx.x) * L2PF_CHUNK;
     int r = 0;
     uint64_t base = 0; /* offset of range r in the concatenation */
-    for (; o < p.total; o += stride) {
-        while (r < L2PF_RANGES && o >= base + p.n[r]) {
+    for (uint64_t c0 = ((uint64_t)blockIdx.x * 32 + threadIdx.x) * L2PF_CHUNK; c0 < p.total;
+         c0 += stride) {
+        uint64_t c1 = c0 + L2PF_CHUNK < p.total ? c0 + L2PF_CHUNK : p.total;
+        while (r < L2PF_RANGES && c0 >= base + p.n[r]) {
             base += p.n[r];
             r++;
         }
-        if (r == L2PF_RANGES) return;
-        uint64_t left = base + p.n[r] - o;
-        cu_prefetch_l2(p.p[r] + (o - base), left < L2PF_CHUNK ? left : L2PF_CHUNK);
+        uint64_t o = c0, b = base;
+        for (int q = r; q < L2PF_RANGES && o < c1; q++) {
+            uint64_t e = c1 < b + p.n[q] ? c1 : b + p.n[q];
+            if (e > o) cu_prefetch_l2(p.p[q] + (o - b), e - o);
+            o = e;
+            b += p.n[q];
+        }
     }
 }
 
@@ -106,9 +112,10 @@ extern "C" void cuda_prefetch(struct dsi_backend *be, const struct dsi_prefetch_
         if (!t || !t->data) continue;
         const struct dsi_tensor *parts[2] = {t, t->scale};
         for (int j = 0; j < 2 && k < L2PF_RANGES; j++) {
-            if (!parts[j] || !parts[j]->data) continue;
+            uint64_t nb = parts[j] && parts[j]->data ? l2pf_bytes(parts[j]) : 0;
+            if (!nb) continue;
             p.p[k] = (const uint8_t *)parts[j]->data;
-            p.n[k] = l2pf_bytes(parts[j]);
+            p.n[k] = nb;
             p.total += p.n[k++];
         }
     }
