@@ -537,7 +537,6 @@ static void attention(struct dsi_fwd *f, int il) {
                                .groups = c->o_groups,
                                .gx = c->group_in_dim,
                                .gy = c->o_lora_rank};
-    prefetch(f, &L->wo_b, NULL, NULL, NULL);
     be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
     gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R, f->R);
