@@ -105,6 +105,28 @@ rows_rel(const float *a, const float *b, int64_t rows, int vocab, int64_t *nd, i
     return worst;
 }
 
+/* The CUDA logits with var=val set, whole (same[0]) and at chunk 1 (same[1]): whether each
+ * equals g (n floats) bit for bit; -1 if a run failed. o: scratch of n floats. */
+static int same_with(const char *model,
+                     int num,
+                     const struct prompts *ps,
+                     float *o,
+                     const float *g,
+                     int64_t n,
+                     const char *var,
+                     const char *val,
+                     int same[2]) {
+    int rc = 0;
+    setenv(var, val, 1);
+    for (int ch = 0; ch < 2; ch++) {
+        int r = engine_logits(model, "cuda", num, ch, ps, o, NULL);
+        same[ch] = !r && !memcmp(o, g, sizeof(float) * (size_t)n);
+        if (r) rc = -1;
+    }
+    unsetenv(var);
+    return rc;
+}
+
 static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
     if (!gpu_available()) {
         fprintf(stderr, "[skipped: no CUDA device] ");
@@ -214,34 +236,22 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
             /* the prefetch hints taken at every step (DSI_CUDA_L2PF, step 35: a side stream
                forked into the captured steps) change no logit: whole and at chunk 1 (the
                token-by-token steps captured and replayed as graphs) */
-            int rcp[2], samep[2];
-            setenv("DSI_CUDA_L2PF", "4096", 1);
-            for (int ch = 0; ch < 2; ch++) {
-                rcp[ch] = engine_logits(model, "cuda", num, ch, &ps, o, NULL);
-                samep[ch] = !rcp[ch] && !memcmp(o, g, sizeof(float) * (size_t)n);
-            }
-            unsetenv("DSI_CUDA_L2PF");
-            TEST_ASSERT(rcp[0] == 0 && rcp[1] == 0);
-            TEST_ASSERTF(samep[0] && samep[1],
+            int same[2];
+            TEST_ASSERT(same_with(model, num, &ps, o, g, n, "DSI_CUDA_L2PF", "4096", same) == 0);
+            TEST_ASSERTF(same[0] && same[1],
                          "%s %s: CUDA with prefetch hints differs (whole %d, chunk 1 %d)", name, pn,
-                         samep[0], samep[1]);
+                         same[0], same[1]);
         }
         if (num && !getenv("DSI_CUDA_KV_FP8")) {
             /* FP8 cache rows (the engine's auto format, step 30) hold the reference values
                exactly: fp32 rows (DSI_CUDA_KV_FP8=0) give the same logits bit for bit, whole and
                at chunk 1 */
-            int rc8[2], same8[2];
-            setenv("DSI_CUDA_KV_FP8", "0", 1);
-            for (int ch = 0; ch < 2; ch++) {
-                rc8[ch] = engine_logits(model, "cuda", num, ch, &ps, o, NULL);
-                same8[ch] = !rc8[ch] && !memcmp(o, g, sizeof(float) * (size_t)n);
-            }
-            unsetenv("DSI_CUDA_KV_FP8");
-            TEST_ASSERT(rc8[0] == 0 && rc8[1] == 0);
-            TEST_ASSERTF(same8[0] && same8[1],
+            int same[2];
+            TEST_ASSERT(same_with(model, num, &ps, o, g, n, "DSI_CUDA_KV_FP8", "0", same) == 0);
+            TEST_ASSERTF(same[0] && same[1],
                          "%s %s: CUDA with fp32 cache rows differs from FP8 rows (whole %d, chunk "
                          "1 %d)",
-                         name, pn, same8[0], same8[1]);
+                         name, pn, same[0], same[1]);
         }
     }
     for (int i = 0; i < ps.n; i++)
