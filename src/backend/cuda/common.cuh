@@ -118,7 +118,7 @@ struct cu_ctx {
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
     /* attn_fa.cu's configuration, each for every call where set by its variable, else by the
-       call's rows (0 / -1 here; attn.cuh's attn_fa_cfg): from attn_fa_big rows on 64 heads a
+       call's rows (0 / -1 here; attn.cuh's attn_fa_cfg_of): from attn_fa_big rows on 64 heads a
        block, tiles of 32 keys, the q norm and the output's RoPE fused; below, 32 heads a
        block, tiles of 16 keys, the norm and the RoPE their own launches (step 35) */
     int attn_fa_big;   /* rows (DSI_CUDA_ATTN_FA_BIG, default 192; 0: never "big") */
