@@ -334,7 +334,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0); every case
        with gvf.cu's warps along K on named barriers (DSI_CUDA_GVF_NBAR=1, step 33); gvf.cu's
        routed walks with one warp along K at every row count (DSI_CUDA_GVF_KS1_MIN=1; the default
-       from 192 tokens since step 35) and with two at every count (DSI_CUDA_GVF_KS=2) */
+       from 192 tokens since step 35) and with two at every count (DSI_CUDA_GVF_KS=2); gvf.cu's
+       weight loads evict-first (DSI_CUDA_GVF_EF=1, step 36); the shared expert's projections
+       before the routed ones, as where the prefetch hints are taken (DSI_CUDA_L2PF=4096) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
@@ -356,7 +358,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX},
                  {"DSI_CUDA_GVF_NBAR=1", 1, INT64_MAX},
                  {"DSI_CUDA_GVF_KS1_MIN=1", 1, INT64_MAX},
-                 {"DSI_CUDA_GVF_KS=2", 1, INT64_MAX}};
+                 {"DSI_CUDA_GVF_KS=2", 1, INT64_MAX},
+                 {"DSI_CUDA_GVF_EF=1", 1, INT64_MAX},
+                 {"DSI_CUDA_L2PF=4096", 1, INT64_MAX}};
     /* Every variant and case runs, so one failure names all the cases that share it. */
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]); b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);

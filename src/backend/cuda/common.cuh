@@ -102,6 +102,9 @@ struct cu_ctx {
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
                              (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
+    bool gvf_ef;          /* gvf.cu: weight loads with an L2 evict-first policy, so that a decode
+                             GEMM's stream leaves the lines of prefetch hints in L2
+                             (DSI_CUDA_GVF_EF=1; step 36, off until measured) */
     bool norm_q;      /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                          separate act_quant launch, as before step 17) */
     bool norm_rq;     /* rms_norm's RoPE / quantisation after the norm in the warp kernels
@@ -109,8 +112,8 @@ struct cu_ctx {
     bool norm_blk1;   /* the 1024-wide norm with a quantised copy (the q norm) on k_rms_norm_blk<1>
                          (DSI_CUDA_NORM_BLK1=0: the one-warp kernel and act_quant's launch) */
     int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
-                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 256:
-                         all of them at decode shapes; 0: none) */
+                         before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 1, at
+                         most 256; 0: none) */
     int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                          (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
                          attn.cu) */
@@ -594,6 +597,32 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t n) {
 #endif
 }
 
+/* An L2 cache policy for cu_ldg_pol: evict-first (lines read once, which should not displace
+ * others) or evict-normal (as a plain load). One createpolicy per kernel; both paths are one
+ * code path with a different operand. */
+__device__ __forceinline__ uint64_t cu_l2_policy(bool evict_first) {
+    uint64_t f = 0, n = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(f));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(n));
+#endif
+    return evict_first ? f : n;
+}
+
+/* 16 read-only bytes (as __ldg) under the L2 cache policy pol (cu_l2_policy). */
+__device__ __forceinline__ uint4 cu_ldg_pol(const uint4 *p, uint64_t pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(pol));
+    return v;
+#else
+    (void)pol;
+    return __ldg(p);
+#endif
+}
+
 /* 16 bytes global -> shared (dst: a shared-space address), asynchronously; zeros when !valid
  * (src must be mapped anyway). Committed in groups (cu_cp_commit); cu_cp_wait<N> waits until at
  * most N of this thread's groups are in flight. */
@@ -697,6 +726,7 @@ int cuda_graph_begin(struct dsi_backend *, uint64_t key);
 int cu_l2pf_init(struct cu_ctx *c); /* at backend creation; -1: the side stream failed */
 void cu_l2pf_free(struct cu_ctx *c);
 void cu_l2pf_join(struct cu_ctx *c); /* the main stream waits for the hints issued so far */
+bool cu_l2pf_on(const struct cu_ctx *c, int64_t rows); /* hints taken at this many rows */
 extern "C" void cuda_prefetch(struct dsi_backend *, const struct dsi_prefetch_args *);
 int cuda_graph_end(struct dsi_backend *);
 void cuda_graph_reset(struct dsi_backend *);

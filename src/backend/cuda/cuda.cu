@@ -532,6 +532,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
     c->gvf_pair = !(gpr && *gpr == '0');
+    const char *gef = getenv("DSI_CUDA_GVF_EF");
+    c->gvf_ef = gef && *gef == '1'; /* (step 36: not yet run on a GPU; off until measured) */
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

@@ -80,6 +80,7 @@ struct gvf_p {
     bool nbar;      /* the ks warps of a tile meet on barrier 1 + tile slot (c->gvf_nbar) */
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
+    bool ef;        /* the weight loads evict-first in L2 (c->gvf_ef) */
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
        by a second weight of w's type, K and scale layout at data2 / scale2 (rows 0 .. n_out2,
        tiles2 tiles) into y2 (ldy2); row0, gxs, gys 0 */
@@ -134,14 +135,14 @@ struct gvf_raw {
  * works out d and sc in 32-bit offsets once per step (load_step). */
 template <int WT>
 __device__ __forceinline__ void
-gvf_load(const uint8_t *d, const uint8_t *sc, bool valid, gvf_raw &r) {
+gvf_load(const uint8_t *d, const uint8_t *sc, bool valid, uint64_t pol, gvf_raw &r) {
     if (!valid) {
         r.v[0] = r.v[1] = make_uint4(0, 0, 0, 0);
         r.sc = 0;
         return;
     }
-    r.v[0] = __ldg((const uint4 *)d);
-    r.v[1] = __ldg((const uint4 *)d + 1);
+    r.v[0] = cu_ldg_pol((const uint4 *)d, pol);
+    r.v[1] = cu_ldg_pol((const uint4 *)d + 1, pol);
     if (WT == DSI_TYPE_F8_E4M3) r.sc = __ldg(sc);
     if (WT == DSI_TYPE_FP4_E2M1) r.sc = __ldg(sc) | ((uint32_t)__ldg(sc + 1) << 8);
 }
@@ -296,6 +297,7 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     __shared__ float part[2][GVF_W][32][NT * 4];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int ks = p.ks, tpb = GVF_W / ks, kw = warp % ks;
+    const uint64_t pol = cu_l2_policy(p.ef); /* the weight loads' L2 policy */
 
     /* ---- the block's activation rows (MoE: the tile of blockIdx.y), staged as bf16 */
     int e = -1, rows;
@@ -430,8 +432,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
             bool in = q0 + u < qe && k00 + u * G < Ki;
             int o0 = WT == DSI_TYPE_FP4_E2M1 ? 8 * u : WT == DSI_TYPE_F8_E4M3 ? (u * G) >> sh0 : 0;
             int o1 = WT == DSI_TYPE_FP4_E2M1 ? 8 * u : WT == DSI_TYPE_F8_E4M3 ? (u * G) >> sh1 : 0;
-            gvf_load<WT>(d0 + 128 * u, s0 + o0, in && lp0, ra[u]);
-            gvf_load<WT>(d1 + 128 * u, s1 + o1, in && lp1, rb[u]);
+            gvf_load<WT>(d0 + 128 * u, s0 + o0, in && lp0, pol, ra[u]);
+            gvf_load<WT>(d1 + 128 * u, s1 + o1, in && lp1, pol, rb[u]);
         }
     };
     /* the next step of a position; true: it entered the next tile iteration */
@@ -637,6 +639,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
     p->ilv = c->gvf_ilv;
     p->nbar = c->gvf_nbar;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
+    p->ef = c->gvf_ef;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
     if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;
     return gvf_go<MODE, WT, 4>(c, p) || c->sticky;

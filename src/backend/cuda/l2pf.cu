@@ -101,9 +101,13 @@ void cu_l2pf_join(struct cu_ctx *c) {
     c->pf_pending = false;
 }
 
+bool cu_l2pf_on(const struct cu_ctx *c, int64_t rows) {
+    return c->pf_stream && rows <= c->l2pf_max && !c->sticky;
+}
+
 extern "C" void cuda_prefetch(struct dsi_backend *be, const struct dsi_prefetch_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
-    if (!c->pf_stream || a->rows > c->l2pf_max || c->sticky) return;
+    if (!cu_l2pf_on(c, a->rows)) return;
     struct l2pf_p p;
     memset(&p, 0, sizeof(p));
     int k = 0;
