@@ -359,17 +359,17 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
                      i);
     }
     /* the cases from 512 rows once more on wg.cu's kernels (DSI_CUDA_WG_RS=0; wgr.cu's are the
-       default from step 26), those of 64-511 rows with the groups never split along K
+       default from step 26), those of 64-511 rows on tc.cu with the groups never split along K
        (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25), those of 128-511 rows on wgr.cu
-       (DSI_CUDA_WG_DENSE_MIN=128; step 33) and with the grouped calls' own threshold there
-       (DSI_CUDA_WG_GROUPED_MIN=128; step 35) */
+       (DSI_CUDA_WG_DENSE_MIN=128; step 33) and on tc.cu (DSI_CUDA_WG_GROUPED_MIN=512: the
+       grouped calls' threshold before step 36, whose default is 128) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX},
-                 {"DSI_CUDA_TC_SPLIT_GROUPED=0", 64, 511},
+                 {"DSI_CUDA_TC_SPLIT_GROUPED=0,DSI_CUDA_WG_GROUPED_MIN=512", 64, 511},
                  {"DSI_CUDA_WG_DENSE_MIN=128", 128, 511},
-                 {"DSI_CUDA_WG_GROUPED_MIN=128", 128, 511}};
+                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

@@ -153,7 +153,7 @@ struct cu_ctx {
     int wg_dense_min;   /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
                            (DSI_CUDA_WG_DENSE_MIN, default 512) */
     int wg_grouped_min; /* the same for grouped calls (the output projection's wo_a;
-                           DSI_CUDA_WG_GROUPED_MIN, default wg_dense_min; step 35) */
+                           DSI_CUDA_WG_GROUPED_MIN, default 128; step 36) */
     bool hc_fin_norm;   /* hc_pre's finish runs the norm after it where it can (one block a row;
                            DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured) */
     int hc_one;  /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;

@@ -580,7 +580,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *wdm = getenv("DSI_CUDA_WG_DENSE_MIN");
     c->wg_dense_min = wdm && *wdm ? atoi(wdm) : 512;
     const char *wgm = getenv("DSI_CUDA_WG_GROUPED_MIN");
-    c->wg_grouped_min = wgm && *wgm ? atoi(wgm) : c->wg_dense_min;
+    /* (128: the output projection's wo_a at batch 128-256 -0.9 to -1.9% a step; step 36) */
+    c->wg_grouped_min = wgm && *wgm ? atoi(wgm) : 128;
     const char *wb = getenv("DSI_CUDA_WG_BN");
     c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
     /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */

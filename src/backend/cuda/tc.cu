@@ -257,8 +257,8 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     int bn = n >= 512 ? 128 : n >= 128 ? 64 : 32;
     /* wg.cu: the same tiles (128 weight rows x 128) on wgmma from c->wg_dense_min rows
        (DSI_CUDA_WG_DENSE_MIN, default 512; at 256 rows wg.cu measured slower with its bf16 copy,
-       step 16), grouped calls from c->wg_grouped_min (DSI_CUDA_WG_GROUPED_MIN, default the same;
-       step 35), groups side by side in a row */
+       step 16), grouped calls from c->wg_grouped_min (DSI_CUDA_WG_GROUPED_MIN, default 128: step
+       36), groups side by side in a row */
     bool wg = c->wg && n >= (g->groups > 1 ? c->wg_grouped_min : c->wg_dense_min) && n >= 128 &&
               (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx);
     if (wg) bn = 128;
