@@ -355,12 +355,16 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             p.fa_ml[(prow + h0 + tid) * 2] = Ms[tid];
             p.fa_ml[(prow + h0 + tid) * 2 + 1] = Ls[tid];
         }
+        /* (a float2 a pair (d, d + 1), as the unsplit end: half the store instructions, whose
+           burst at the end throttled the LSU queue at batch 1; step 36) */
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int h = h0 + wm * 16 + g + (i >> 1) * 8, d = wn * DQ + j * 8 + 2 * t4 + (i & 1);
-                if (h < p.H) p.fa_o[(prow + h) * HD + d] = acc[j][i];
+            for (int i = 0; i < 4; i += 2) {
+                int h = h0 + wm * 16 + g + (i >> 1) * 8, d = wn * DQ + j * 8 + 2 * t4;
+                if (h < p.H)
+                    *(float2 *)(p.fa_o + (prow + h) * HD + d) =
+                        make_float2(acc[j][i], acc[j][i + 1]);
             }
         return;
     }
