@@ -858,27 +858,36 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     ps.w1 = s1;
     ps.w3 = s3;
     ps.w2 = s2;
-    auto up_routed = [&]() {
-        dim3 gu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)max_tiles);
-        int pp = cu_prof_begin(c, "moe.up");
-        bool ok = wg   ? launch_wg_moe(c, &p, true, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
-                  : tc ? launch_tc_moe(c, &p, true, rx, (unsigned)max_tiles) && !c->sticky
-                  : gv ? launch_gvf_moe(c, &p, true, gnt, (unsigned)max_tiles) && !c->sticky
-                       : moe_up(c, &p, r1.type, rx, gu);
-        cu_prof_end(c, pp);
+    /* One projection: up or down, of the routed experts (their tiles) or of the shared expert
+       (implicit tiles over all rows), on the kernels chosen above. */
+    auto proj = [&](bool up, bool sh) {
+        const struct moe_p *mp = sh ? &ps : &p;
+        int bn = sh ? srx : rx, nt = sh ? snt : gnt;
+        unsigned gy = sh ? (unsigned)cu_div_up(n, srx) : (unsigned)max_tiles;
+        bool kwg = sh ? swg : wg, ktc = sh ? stc : tc, kgv = sh ? sgv : gv;
+        int pr = cu_prof_begin(c, up   ? (sh ? "moe.shared_up" : "moe.up")
+                                  : sh ? "moe.shared_down"
+                                       : "moe.down");
+        /* the shared down projection on lt.cu (cuBLASLt FP8) where it takes the call
+           (c->moe_lt; from lt_min rows): h's rows are act_quant's and the outputs bf16-rounded,
+           as for the dense GEMMs it takes (step 24; step 23 had the gate and up there too,
+           outside the MoE test's bound) */
+        struct cu_gemm_call sl = {&s2, 0, D, p.h + nk * I, n, I, p.out + nk * D, D, p.round,
+                                  1,   0, 0, true}; /* struct cu_gemm_call's field order */
+        bool slt =
+            !up && sh && c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
+        dim3 gx((unsigned)(up ? cu_div_up(I, CU_WARPS) : cu_div_up(D, CU_WARPS * GEMM_RW)), gy);
+        bool ok = slt   ? !c->sticky
+                  : kwg ? launch_wg_moe(c, mp, up, bn, rs, wdyn, gy) && !c->sticky
+                  : ktc ? launch_tc_moe(c, mp, up, bn, gy) && !c->sticky
+                  : kgv ? launch_gvf_moe(c, mp, up, nt, gy) && !c->sticky
+                  : up  ? moe_up(c, mp, (sh ? s1 : r1).type, bn, gx)
+                        : moe_down(c, mp, (sh ? s2 : r2).type, bn, gx);
+        cu_prof_end(c, pr);
         return ok;
     };
-    auto up_shared = [&]() {
-        dim3 gsu((unsigned)cu_div_up(I, CU_WARPS), (unsigned)cu_div_up(n, srx));
-        int pp = cu_prof_begin(c, "moe.shared_up");
-        bool ok = swg   ? launch_wg_moe(c, &ps, true, srx, rs, wdyn, gsu.y) && !c->sticky
-                  : stc ? launch_tc_moe(c, &ps, true, srx, gsu.y) && !c->sticky
-                  : sgv ? launch_gvf_moe(c, &ps, true, snt, gsu.y) && !c->sticky
-                        : moe_up(c, &ps, s1.type, srx, gsu);
-        cu_prof_end(c, pp);
-        return ok;
-    };
-    if (!(sfirst ? up_shared() && up_routed() : up_routed() && up_shared())) return;
+    if (!(sfirst ? proj(true, true) && proj(true, false) : proj(true, false) && proj(true, true)))
+        return;
     /* h's act_quant and its bf16 copy for wgr.cu in one pass (step 27): the routed rows' floats
        are not read again when their down projection is on wgr.cu (the shared rows' may be:
        lt.cu, tc.cu) */
@@ -896,34 +905,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (!q16 && a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
     if (!q16 && p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
     /* the down projections, in the up projections' order */
-    auto down_routed = [&]() {
-        dim3 gd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)max_tiles);
-        int pp = cu_prof_begin(c, "moe.down");
-        bool ok = wg ? launch_wg_moe(c, &p, false, rx, rs, wdyn, (unsigned)max_tiles) && !c->sticky
-                  : tc ? launch_tc_moe(c, &p, false, rx, (unsigned)max_tiles) && !c->sticky
-                  : gv ? launch_gvf_moe(c, &p, false, gnt, (unsigned)max_tiles) && !c->sticky
-                       : moe_down(c, &p, r2.type, rx, gd);
-        cu_prof_end(c, pp);
-        return ok;
-    };
-    auto down_shared = [&]() {
-        dim3 gsd((unsigned)cu_div_up(D, CU_WARPS * GEMM_RW), (unsigned)cu_div_up(n, srx));
-        int pp = cu_prof_begin(c, "moe.shared_down");
-        /* lt.cu (cuBLASLt FP8) where it takes the call (c->moe_lt; from lt_min rows): h's rows
-           are act_quant's and the outputs bf16-rounded, as for the dense GEMMs it takes (step
-           24; step 23 had the gate and up there too, outside the MoE test's bound) */
-        struct cu_gemm_call sl = {&s2, 0, D, p.h + nk * I, n, I, p.out + nk * D, D, p.round,
-                                  1,   0, 0, true}; /* struct cu_gemm_call's field order */
-        bool slt = c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
-        bool ok = slt   ? !c->sticky
-                  : swg ? launch_wg_moe(c, &ps, false, srx, rs, wdyn, gsd.y) && !c->sticky
-                  : stc ? launch_tc_moe(c, &ps, false, srx, gsd.y) && !c->sticky
-                  : sgv ? launch_gvf_moe(c, &ps, false, snt, gsd.y) && !c->sticky
-                        : moe_down(c, &ps, s2.type, srx, gsd);
-        cu_prof_end(c, pp);
-        return ok;
-    };
-    if (!(sfirst ? down_shared() && down_routed() : down_routed() && down_shared())) return;
+    if (!(sfirst ? proj(false, true) && proj(false, false)
+                 : proj(false, false) && proj(false, true)))
+        return;
     struct comb_p cp = {p.out, a->idx, E, a->topk, n, D, a->y, a->round_bf16};
     if (D % 4 == 0 && (uintptr_t)a->y % 16 == 0)
         cu_launch(c, k_moe_combine4,
