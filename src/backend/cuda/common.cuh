@@ -97,14 +97,14 @@ struct cu_ctx {
                              along K, fewer at least 2 (DSI_CUDA_GVF_KS1_MIN; 0: always 2) */
     bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
     bool gvf_nbar;        /* gvf.cu: a tile's ks warps meet on a named barrier of their own, not the
-                             block's (DSI_CUDA_GVF_NBAR=1; step 33, off until measured) */
+                             block's (DSI_CUDA_GVF_NBAR=1; step 33; measured level in step 35: off) */
     bool gvf_tail;        /* gvf.cu: more warps along K where the last tile iteration is then fuller
                              (DSI_CUDA_GVF_TAIL) */
     bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
                              (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
     bool gvf_ef;          /* gvf.cu: weight loads with an L2 evict-first policy, so that a decode
                              GEMM's stream leaves the lines of prefetch hints in L2
-                             (DSI_CUDA_GVF_EF=1; step 36, off until measured) */
+                             (DSI_CUDA_GVF_EF=1; measured level in step 36: off) */
     bool norm_q;      /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                          separate act_quant launch, as before step 17) */
     bool norm_rq;     /* rms_norm's RoPE / quantisation after the norm in the warp kernels
@@ -155,7 +155,7 @@ struct cu_ctx {
     int wg_grouped_min; /* the same for grouped calls (the output projection's wo_a;
                            DSI_CUDA_WG_GROUPED_MIN, default 128; step 36) */
     bool hc_fin_norm;   /* hc_pre's finish runs the norm after it where it can (one block a row;
-                           DSI_CUDA_HC_FIN_NORM=1; step 33, off until measured) */
+                           DSI_CUDA_HC_FIN_NORM=1; step 33; measured level in step 35: off) */
     int hc_one;  /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
                     0: never; at most CU_HC_ONE_MAX) */
     int *hc_cnt; /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between

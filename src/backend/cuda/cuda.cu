@@ -527,13 +527,13 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_ks1_min = gk1 && *gk1 ? atoi(gk1) : 192;
     c->gvf_ilv = !(gi && *gi == '0');
     const char *gnb = getenv("DSI_CUDA_GVF_NBAR");
-    c->gvf_nbar = gnb && *gnb == '1'; /* (step 33: not yet run on a GPU; off until measured) */
+    c->gvf_nbar = gnb && *gnb == '1'; /* (step 33; measured level in step 35: off) */
     const char *gtl = getenv("DSI_CUDA_GVF_TAIL");
     c->gvf_tail = !(gtl && *gtl == '0');
     const char *gpr = getenv("DSI_CUDA_GVF_PAIR");
     c->gvf_pair = !(gpr && *gpr == '0');
     const char *gef = getenv("DSI_CUDA_GVF_EF");
-    c->gvf_ef = gef && *gef == '1'; /* (step 36: not yet run on a GPU; off until measured) */
+    c->gvf_ef = gef && *gef == '1'; /* (measured level in step 36: off) */
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");
@@ -572,7 +572,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;
     const char *hfn = getenv("DSI_CUDA_HC_FIN_NORM");
-    c->hc_fin_norm = hfn && *hfn == '1'; /* (step 33: not yet run on a GPU; off until measured) */
+    c->hc_fin_norm = hfn && *hfn == '1'; /* (step 33; measured level in step 35: off) */
     if (c->hc_one > CU_HC_ONE_MAX) c->hc_one = CU_HC_ONE_MAX;
     /* wgmma for tc.cu's large tiles (prefill 8k: 163.9 -> 156.2 ms; docs/cuda.md, step 16) */
     const char *wg = getenv("DSI_CUDA_WG");

@@ -1,7 +1,8 @@
 /* l2pf.cu - the backend's prefetch hint (dsi_prefetch_args): weights an op issued later will
  * read, brought into L2 on a side stream while the ops in between run (step 35,
- * DSI_CUDA_L2PF: steps of at most that many rows; 0, the default until measured: hints
- * ignored).
+ * DSI_CUDA_L2PF: steps of at most that many rows; 0, the default: hints ignored; measured
+ * level at every batch in step 36, docs/cuda.md: the walks wait on their loads' latency with
+ * too few warps rather than on DRAM).
  *
  * Why: a decode step of few rows alternates latency-bound ops (hc_pre, the norms, the cache
  * stores, the attention: tens of microseconds each with DRAM nearly idle) with GEMMs that stream
