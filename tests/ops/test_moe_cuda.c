@@ -128,37 +128,51 @@ static bool g_moe_drop;
  * inputs. A wrong tile or fragment moves outputs by their own size, far past the bound. */
 static const double g_moe_tol = 2e-2;
 
-static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
+/* A case's inputs (host and device weights, x, routing) and the CPU's result, made once and
+ * checked against any number of GPU backends (moe_fix_gpu): the variant loops below run every
+ * case on a dozen or more backends, and the CPU reference at real shapes is the slow part. */
+struct moe_fix {
+    bool made;
+    struct wt *ew, sh[3];
+    const struct dsi_tensor **h1, **h2, **h3, **g1, **g2, **g3;
+    float *x, *wt, *work, *yc;
+    int32_t *idx;
+    int64_t wf;
+};
+
+static void moe_fix_make(
+    struct moe_fix *f, struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
     int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
-    struct wt *ew = calloc((size_t)E * 3, sizeof(struct wt)), sh[3];
-    const struct dsi_tensor **h1 = calloc((size_t)E, sizeof(void *)),
-                            **h2 = calloc((size_t)E, sizeof(void *)),
-                            **h3 = calloc((size_t)E, sizeof(void *)),
-                            **g1 = calloc((size_t)E, sizeof(void *)),
-                            **g2 = calloc((size_t)E, sizeof(void *)),
-                            **g3 = calloc((size_t)E, sizeof(void *));
+    f->made = true;
+    f->ew = calloc((size_t)E * 3, sizeof(struct wt));
+    f->h1 = calloc((size_t)E, sizeof(void *));
+    f->h2 = calloc((size_t)E, sizeof(void *));
+    f->h3 = calloc((size_t)E, sizeof(void *));
+    f->g1 = calloc((size_t)E, sizeof(void *));
+    f->g2 = calloc((size_t)E, sizeof(void *));
+    f->g3 = calloc((size_t)E, sizeof(void *));
     for (int e = 0; e < E; e++) {
-        wt_make(&ew[3 * e], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
-        wt_make(&ew[3 * e + 1], r, mc->rt, D, I, 1.0f / sqrtf((float)I));
-        wt_make(&ew[3 * e + 2], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
-        h1[e] = &ew[3 * e].h;
-        h2[e] = &ew[3 * e + 1].h;
-        h3[e] = &ew[3 * e + 2].h;
-        g1[e] = &ew[3 * e].d;
-        g2[e] = &ew[3 * e + 1].d;
-        g3[e] = &ew[3 * e + 2].d;
+        wt_make(&f->ew[3 * e], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
+        wt_make(&f->ew[3 * e + 1], r, mc->rt, D, I, 1.0f / sqrtf((float)I));
+        wt_make(&f->ew[3 * e + 2], r, mc->rt, I, D, 3.0f / sqrtf((float)D));
+        f->h1[e] = &f->ew[3 * e].h;
+        f->h2[e] = &f->ew[3 * e + 1].h;
+        f->h3[e] = &f->ew[3 * e + 2].h;
+        f->g1[e] = &f->ew[3 * e].d;
+        f->g2[e] = &f->ew[3 * e + 1].d;
+        f->g3[e] = &f->ew[3 * e + 2].d;
     }
-    wt_make(&sh[0], r, mc->st, I, D, 3.0f / sqrtf((float)D));
-    wt_make(&sh[1], r, mc->st, D, I, 1.0f / sqrtf((float)I));
-    wt_make(&sh[2], r, mc->st, I, D, 3.0f / sqrtf((float)D));
-    float *x = fnorm(r, n * D, 1.0f);
+    wt_make(&f->sh[0], r, mc->st, I, D, 3.0f / sqrtf((float)D));
+    wt_make(&f->sh[1], r, mc->st, D, I, 1.0f / sqrtf((float)I));
+    wt_make(&f->sh[2], r, mc->st, I, D, 3.0f / sqrtf((float)D));
+    f->x = fnorm(r, n * D, 1.0f);
     if (reference) {
-        struct dsi_act_quant_args q = {x, x, n, D, D, D, 128};
+        struct dsi_act_quant_args q = {f->x, f->x, n, D, D, D, 128};
         g_cpu->ops->act_quant(g_cpu, &q);
     }
-    int32_t *idx = malloc(sizeof(int32_t) * (size_t)nk);
-    float *wt = malloc(sizeof(float) * (size_t)nk);
+    f->idx = malloc(sizeof(int32_t) * (size_t)nk);
+    f->wt = malloc(sizeof(float) * (size_t)nk);
     for (int64_t i = 0; i < n; i++) /* expert 0 in every row: one expert gets many tiles */
         for (int k = 0; k < K; k++) {
             int e;
@@ -167,55 +181,73 @@ static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference
                 e = k == 0 ? 0 : rint_below(r, E);
                 dup = false;
                 for (int j = 0; j < k; j++)
-                    dup = dup || idx[i * K + j] == e;
+                    dup = dup || f->idx[i * K + j] == e;
             } while (dup);
-            idx[i * K + k] = e;
-            wt[i * K + k] = 0.2f + (float)runif(r);
+            f->idx[i * K + k] = e;
+            f->wt[i * K + k] = 0.2f + (float)runif(r);
         }
-    int64_t wf = dsi_moe_work_floats(n, K, D, I);
-    float *work = malloc(sizeof(float) * (size_t)wf);
-    float *yc = hpoison(n * D), *yg = hpoison(n * D);
-    if (g_moe_drop && K > 1) wt[1] = 0.0f;
-    float *dx = dput(x, sizeof(float) * (size_t)(n * D)),
-          *dwt = dput(wt, sizeof(float) * (size_t)nk);
-    int32_t keep1 = idx[1];
-    if (g_moe_drop && K > 1) idx[1] = -1;
-    int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)nk);
-    idx[1] = keep1;
-    float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
-          *dwork = dpoison(sizeof(float) * (size_t)wf);
-    struct dsi_moe_args a = {.x = x,
+    f->wf = dsi_moe_work_floats(n, K, D, I);
+    f->work = malloc(sizeof(float) * (size_t)f->wf);
+    f->yc = hpoison(n * D);
+    if (g_moe_drop && K > 1) f->wt[1] = 0.0f;
+    struct dsi_moe_args a = {.x = f->x,
                              .n = n,
                              .dim = D,
                              .inter = I,
                              .topk = K,
-                             .idx = idx,
-                             .weight = wt,
-                             .w1 = h1,
-                             .w2 = h2,
-                             .w3 = h3,
-                             .sw1 = &sh[0].h,
-                             .sw2 = &sh[1].h,
-                             .sw3 = &sh[2].h,
+                             .idx = f->idx,
+                             .weight = f->wt,
+                             .w1 = f->h1,
+                             .w2 = f->h2,
+                             .w3 = f->h3,
+                             .sw1 = &f->sh[0].h,
+                             .sw2 = &f->sh[1].h,
+                             .sw3 = &f->sh[2].h,
                              .n_experts = E,
                              .limit = 10.0f,
                              .act_quant = reference,
                              .round_bf16 = reference,
                              .fast = fast,
-                             .y = yc,
-                             .work = work};
+                             .y = f->yc,
+                             .work = f->work};
     g_cpu->ops->moe(g_cpu, &a);
-    a.x = dx;
-    a.idx = didx;
-    a.weight = dwt;
-    a.w1 = g1;
-    a.w2 = g2;
-    a.w3 = g3;
-    a.sw1 = &sh[0].d;
-    a.sw2 = &sh[1].d;
-    a.sw3 = &sh[2].d;
-    a.y = dy;
-    a.work = dwork;
+}
+
+/* The case on g_gpu against the CPU's result (fresh device copies of x and the routing, with
+ * slot 1's expert id out of range under g_moe_drop). */
+static int
+moe_fix_gpu(const struct moe_fix *f, const struct moe_case *mc, bool reference, bool fast) {
+    int E = mc->E, K = mc->K;
+    int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
+    float *yg = hpoison(n * D);
+    float *dx = dput(f->x, sizeof(float) * (size_t)(n * D)),
+          *dwt = dput(f->wt, sizeof(float) * (size_t)nk);
+    int32_t keep1 = f->idx[1];
+    if (g_moe_drop && K > 1) f->idx[1] = -1;
+    int32_t *didx = dput(f->idx, sizeof(int32_t) * (size_t)nk);
+    f->idx[1] = keep1;
+    float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
+          *dwork = dpoison(sizeof(float) * (size_t)f->wf);
+    struct dsi_moe_args a = {.x = dx,
+                             .n = n,
+                             .dim = D,
+                             .inter = I,
+                             .topk = K,
+                             .idx = didx,
+                             .weight = dwt,
+                             .w1 = f->g1,
+                             .w2 = f->g2,
+                             .w3 = f->g3,
+                             .sw1 = &f->sh[0].d,
+                             .sw2 = &f->sh[1].d,
+                             .sw3 = &f->sh[2].d,
+                             .n_experts = E,
+                             .limit = 10.0f,
+                             .act_quant = reference,
+                             .round_bf16 = reference,
+                             .fast = fast,
+                             .y = dy,
+                             .work = dwork};
     g_gpu->ops->moe(g_gpu, &a);
     int ok = gsync("moe") == 0;
     dget(yg, dy, sizeof(float) * (size_t)(n * D));
@@ -224,29 +256,42 @@ static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference
              fast        ? "fast"
              : reference ? "ref"
                          : "plain");
-    ok = ok && close_to(what, yg, yc, n * D, reference ? g_moe_tol : 1e-5);
+    ok = ok && close_to(what, yg, f->yc, n * D, reference ? g_moe_tol : 1e-5);
     dfree(dx);
     dfree(dwt);
     dfree(didx);
     dfree(dy);
     dfree(dwork);
-    for (int e = 0; e < 3 * E; e++)
-        wt_free(&ew[e]);
-    for (int i = 0; i < 3; i++)
-        wt_free(&sh[i]);
-    free(ew);
-    free(h1);
-    free(h2);
-    free(h3);
-    free(g1);
-    free(g2);
-    free(g3);
-    free(x);
-    free(idx);
-    free(wt);
-    free(work);
-    free(yc);
     free(yg);
+    return ok;
+}
+
+static void moe_fix_free(struct moe_fix *f, int E) {
+    if (!f->made) return;
+    for (int e = 0; e < 3 * E; e++)
+        wt_free(&f->ew[e]);
+    for (int i = 0; i < 3; i++)
+        wt_free(&f->sh[i]);
+    free(f->ew);
+    free(f->h1);
+    free(f->h2);
+    free(f->h3);
+    free(f->g1);
+    free(f->g2);
+    free(f->g3);
+    free(f->x);
+    free(f->idx);
+    free(f->wt);
+    free(f->work);
+    free(f->yc);
+    memset(f, 0, sizeof(*f));
+}
+
+static int run_moe_mode(struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
+    struct moe_fix f = {0};
+    moe_fix_make(&f, r, mc, reference, fast);
+    int ok = moe_fix_gpu(&f, mc, reference, fast);
+    moe_fix_free(&f, mc->E);
     return ok;
 }
 
@@ -287,9 +332,19 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {8, 3, 256, 128, 700, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},     /* 262, FP8 experts */
         {8, 2, 128, 128, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* tiny-a's decode step */
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    /* each case's inputs and CPU result made once, for the default backend here and the
+       variants' backends below */
+    enum { NC = sizeof(cases) / sizeof(cases[0]) };
+    struct moe_fix fx[NC];
+    memset(fx, 0, sizeof(fx));
+    int cases_ok = 1;
+    for (size_t i = 0; i < NC; i++) {
         if (tiny_only() && cases[i].D > 256) continue;
-        TEST_ASSERTF(run_moe_mode(&r, &cases[i], true, true), "moe fast case %zu", i);
+        moe_fix_make(&fx[i], &r, &cases[i], true, true);
+        if (!moe_fix_gpu(&fx[i], &cases[i], true, true)) {
+            fprintf(stderr, "[moe fast case %zu] ", i);
+            cases_ok = 0;
+        }
     }
     /* The decode kernels (gvf.cu) on the routed experts, tiles of 8, 16 and 32 rows (where
      * tc.cu runs by default): a second backend with the tensor-core threshold raised (read at
@@ -312,7 +367,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     }
     g_gpu = keep;
     g2->ops->free(g2);
-    TEST_ASSERT(ok);
+    ok = ok && cases_ok;
     /* By default the wgmma kernels take the routed tiles from 32 rows per expert and the
        shared expert from 512 rows (step 23; 33 before): wgr.cu's, the weights in registers
        (step 26), blocks of 64, 128 or 192 rows, the routed tiles of equal rows (expert 0, in
@@ -366,11 +421,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-            if (cases[i].n < other[b].nmin || cases[i].n > other[b].nmax ||
-                (tiny_only() && cases[i].D > 256))
-                continue;
-            if (!run_moe_mode(&r, &cases[i], true, true)) {
+        for (size_t i = 0; i < NC; i++) {
+            if (cases[i].n < other[b].nmin || cases[i].n > other[b].nmax || !fx[i].made) continue;
+            if (!moe_fix_gpu(&fx[i], &cases[i], true, true)) {
                 fprintf(stderr, "[moe fast case %zu with %s]\n", i, other[b].env);
                 ok = 0;
             }
@@ -378,6 +431,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         g_gpu = keep;
         g3->ops->free(g3);
     }
+    for (size_t i = 0; i < NC; i++)
+        moe_fix_free(&fx[i], cases[i].E);
     TEST_ASSERT(ok);
     return 0;
 }
