@@ -140,6 +140,33 @@ struct moe_fix {
     int64_t wf;
 };
 
+/* The op's arguments for the fixture's host tensors (the CPU's run; the GPU's swaps in device
+ * copies). */
+static struct dsi_moe_args
+moe_fix_args(const struct moe_fix *f, const struct moe_case *mc, bool reference, bool fast) {
+    struct dsi_moe_args a = {.x = f->x,
+                             .n = mc->n,
+                             .dim = mc->D,
+                             .inter = mc->I,
+                             .topk = mc->K,
+                             .idx = f->idx,
+                             .weight = f->wt,
+                             .w1 = f->h1,
+                             .w2 = f->h2,
+                             .w3 = f->h3,
+                             .sw1 = &f->sh[0].h,
+                             .sw2 = &f->sh[1].h,
+                             .sw3 = &f->sh[2].h,
+                             .n_experts = mc->E,
+                             .limit = 10.0f,
+                             .act_quant = reference,
+                             .round_bf16 = reference,
+                             .fast = fast,
+                             .y = f->yc,
+                             .work = f->work};
+    return a;
+}
+
 static void moe_fix_make(
     struct moe_fix *f, struct rng *r, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
@@ -190,26 +217,7 @@ static void moe_fix_make(
     f->work = malloc(sizeof(float) * (size_t)f->wf);
     f->yc = hpoison(n * D);
     if (g_moe_drop && K > 1) f->wt[1] = 0.0f;
-    struct dsi_moe_args a = {.x = f->x,
-                             .n = n,
-                             .dim = D,
-                             .inter = I,
-                             .topk = K,
-                             .idx = f->idx,
-                             .weight = f->wt,
-                             .w1 = f->h1,
-                             .w2 = f->h2,
-                             .w3 = f->h3,
-                             .sw1 = &f->sh[0].h,
-                             .sw2 = &f->sh[1].h,
-                             .sw3 = &f->sh[2].h,
-                             .n_experts = E,
-                             .limit = 10.0f,
-                             .act_quant = reference,
-                             .round_bf16 = reference,
-                             .fast = fast,
-                             .y = f->yc,
-                             .work = f->work};
+    struct dsi_moe_args a = moe_fix_args(f, mc, reference, fast);
     g_cpu->ops->moe(g_cpu, &a);
 }
 
@@ -218,7 +226,7 @@ static void moe_fix_make(
 static int
 moe_fix_gpu(const struct moe_fix *f, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
-    int64_t D = mc->D, I = mc->I, n = mc->n, nk = n * K;
+    int64_t D = mc->D, n = mc->n, nk = n * K;
     float *yg = hpoison(n * D);
     float *dx = dput(f->x, sizeof(float) * (size_t)(n * D)),
           *dwt = dput(f->wt, sizeof(float) * (size_t)nk);
@@ -228,26 +236,18 @@ moe_fix_gpu(const struct moe_fix *f, const struct moe_case *mc, bool reference, 
     f->idx[1] = keep1;
     float *dy = dpoison(sizeof(float) * (size_t)(n * D)),
           *dwork = dpoison(sizeof(float) * (size_t)f->wf);
-    struct dsi_moe_args a = {.x = dx,
-                             .n = n,
-                             .dim = D,
-                             .inter = I,
-                             .topk = K,
-                             .idx = didx,
-                             .weight = dwt,
-                             .w1 = f->g1,
-                             .w2 = f->g2,
-                             .w3 = f->g3,
-                             .sw1 = &f->sh[0].d,
-                             .sw2 = &f->sh[1].d,
-                             .sw3 = &f->sh[2].d,
-                             .n_experts = E,
-                             .limit = 10.0f,
-                             .act_quant = reference,
-                             .round_bf16 = reference,
-                             .fast = fast,
-                             .y = dy,
-                             .work = dwork};
+    struct dsi_moe_args a = moe_fix_args(f, mc, reference, fast);
+    a.x = dx;
+    a.idx = didx;
+    a.weight = dwt;
+    a.w1 = f->g1;
+    a.w2 = f->g2;
+    a.w3 = f->g3;
+    a.sw1 = &f->sh[0].d;
+    a.sw2 = &f->sh[1].d;
+    a.sw3 = &f->sh[2].d;
+    a.y = dy;
+    a.work = dwork;
     g_gpu->ops->moe(g_gpu, &a);
     int ok = gsync("moe") == 0;
     dget(yg, dy, sizeof(float) * (size_t)(n * D));
