@@ -1,10 +1,13 @@
 /* test_main.c - runs the registered tests. Flags: --list, --only GLOB, --slow, --seed N,
- * --root DIR. Ends with one "N passed, N failed" line; exit status 1 if any failed. */
+ * --root DIR. One line a test: its name, ok or FAILED, its wall time (what a short device run
+ * needs to plan its time limits by). Ends with one "N passed, N failed" line; exit status 1 if
+ * any failed. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 
 #include <fnmatch.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 struct entry {
@@ -19,6 +22,12 @@ static const struct entry g_tests[] = {
 };
 
 static const struct test_ctx *g_ctx;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 const char *test_path(const struct test_ctx *t, const char *rel) {
     static char buf[4096];
@@ -63,8 +72,9 @@ int main(int argc, char **argv) {
         }
         fprintf(stderr, "%-48s ", g_tests[i].name);
         fflush(stderr);
+        double t0 = now_s();
         int rc = g_tests[i].fn(&ctx);
-        fprintf(stderr, "%s\n", rc == 0 ? "ok" : "FAILED");
+        fprintf(stderr, "%s (%.1f s)\n", rc == 0 ? "ok" : "FAILED", now_s() - t0);
         if (rc == 0)
             passed++;
         else
