@@ -247,7 +247,7 @@ int test_cuda_hc(struct test_ctx *t) {
                                              yg, pg, cg, rnd));
                 /* `fast` numerics: the mix on hc_tf.cu's 3xTF32 tensor cores with the sums of
                    squares, from DSI_CUDA_HC_TF_MIN rows (tf1: from 1 row, every n, partial row
-                   tiles; the default backend from 512: n = 601), within 2e-5 of the CPU (one
+                   tiles; the default backend from 128: n = 601), within 2e-5 of the CPU (one
                    TF32 product alone would be ~1e-3 off); len % 64 != 0 (D = 200) is not taken
                    and runs the exact kernels. Then the norm after it, as above. */
                 struct dsi_hc_pre_args af = a;

@@ -149,9 +149,14 @@ struct cu_ctx {
     int idx_tpb;     /* their key tiles per block (DSI_CUDA_IDX_TPB; 0: up to 8 by the grid) */
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
     int hc_tf_min;   /* `fast` hc_pre: the mix on hc_tf.cu's 3xTF32 tensor cores from this many
-                        rows (DSI_CUDA_HC_TF_MIN, default 512; 0: never) */
+                        rows (DSI_CUDA_HC_TF_MIN, default 128; 0: never) */
     int wg_dense_min;   /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
                            (DSI_CUDA_WG_DENSE_MIN, default 512) */
+    int wg_shared_min;  /* the MoE's shared expert on wg.cu / wgr.cu from this many rows
+                           (DSI_CUDA_WG_SHARED_MIN, default 128 since step 37, 512 before;
+                           fewer: tc.cu) */
+    int wg_shared_bn;   /* below 512 rows, wgr.cu's shared-expert blocks at most this many
+                           rows (DSI_CUDA_WG_SHARED_BN, default 64; step 37) */
     int wg_grouped_min; /* the same for grouped calls (the output projection's wo_a;
                            DSI_CUDA_WG_GROUPED_MIN, default 128; step 36) */
     bool hc_fin_norm;   /* hc_pre's finish runs the norm after it where it can (one block a row;

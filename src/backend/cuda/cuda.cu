@@ -565,9 +565,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* off until measured on a GPU (docs/cuda.md, plan after step 15) */
     const char *hf = getenv("DSI_CUDA_HC_FUSE");
     c->hc_fuse = hf && *hf == '1';
-    /* step 32: the prefill's mix on the tensor cores with the sums of squares */
+    /* step 32: the prefill's mix on the tensor cores with the sums of squares; from 128 rows
+       since step 37 (batch 256 -1.2 to -1.7% a step; 512 before) */
     const char *ht = getenv("DSI_CUDA_HC_TF_MIN");
-    c->hc_tf_min = ht && *ht ? atoi(ht) : 512;
+    c->hc_tf_min = ht && *ht ? atoi(ht) : 128;
     /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;
@@ -579,6 +580,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg = !(wg && *wg == '0');
     const char *wdm = getenv("DSI_CUDA_WG_DENSE_MIN");
     c->wg_dense_min = wdm && *wdm ? atoi(wdm) : 512;
+    const char *wsm = getenv("DSI_CUDA_WG_SHARED_MIN");
+    const char *wsb = getenv("DSI_CUDA_WG_SHARED_BN");
+    c->wg_shared_min = wsm && *wsm ? atoi(wsm) : 128; /* (step 37; 512 before) */
+    c->wg_shared_bn = wsb && *wsb ? atoi(wsb) : 64;
     const char *wgm = getenv("DSI_CUDA_WG_GROUPED_MIN");
     /* (128: the output projection's wo_a at batch 128-256 -0.9 to -1.9% a step; step 36) */
     c->wg_grouped_min = wgm && *wgm ? atoi(wgm) : 128;

@@ -44,7 +44,21 @@ __device__ __forceinline__ void warp_argmax(float &bv, int &best) {
 #define ROUTE_V 16  /* experts per lane held in registers (E <= 512) */
 #define ROUTE_T 256 /* threads per k_moe_route block: a warp per row */
 
-/* One warp per row. */
+/* The scores sqrtsoftplus(logit) of the block's rows (ROUTE_T / 32 of them from row r0; E <= 32
+ * ROUTE_V) into ssp[row][e], spread over all the block's threads (step 37: at batch 1 each lane
+ * of the row's warp computed 8-16 of them one after the other while 7 warps idled, a chain of
+ * exact exp and log1p: 17 us of a 4-layer batch-1 step per learned layer). */
+__device__ void
+route_scores(const float *logits, int64_t r0, int64_t n, int64_t E, float (*ssp)[32 * ROUTE_V]) {
+    int rows = (int)(n - r0 < ROUTE_T / 32 ? n - r0 : ROUTE_T / 32), Ei = (int)E;
+#pragma unroll 1
+    for (int i = threadIdx.x; i < rows * Ei; i += ROUTE_T) {
+        int r = i / Ei, e = i - r * Ei;
+        ssp[r][e] = sqrtsoftplus(logits[(r0 + r) * E + e]);
+    }
+}
+
+/* One warp per row; E <= 32 ROUTE_V: the block's scores first (route_scores). */
 __global__ void __launch_bounds__(ROUTE_T) k_moe_route(const float *logits,
                                                        int64_t n,
                                                        int64_t E,
@@ -59,35 +73,33 @@ __global__ void __launch_bounds__(ROUTE_T) k_moe_route(const float *logits,
                                                        int32_t *idx,
                                                        float *weight) {
     cu_pdl_enter();
-    int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    __shared__ float ssp[ROUTE_T / 32][32 * ROUTE_V];
+    int64_t r0 = (int64_t)blockIdx.x * (ROUTE_T / 32), r = r0 + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
+    bool small = E <= 32 * ROUTE_V;
+    if (!tid2eid && small) { /* (the whole block: before any warp returns) */
+        route_scores(logits, r0, n, E, ssp);
+        __syncthreads();
+    }
     if (r >= n) return;
     const float *lg = logits + r * E;
     int32_t *ix = idx + r * K;
     float *w = weight + r * K;
+    const float *mine_sc = ssp[threadIdx.x >> 5];
     if (tid2eid) {
         const uint8_t *row = tid2eid + (int64_t)tokens[r] * t2e_row_bytes;
         for (int k = lane; k < K; k += 32)
             ix[k] = t2e_i64 ? (int32_t)((const int64_t *)row)[k] : ((const int32_t *)row)[k];
-    } else if (E <= 32 * ROUTE_V) {
-        /* the lane's scores computed once, in registers (the loop below computes every score
-           K times: ~40 us per call at E = 256, K = 6); the same choices */
-        /* (computed in a loop through shared memory: sqrtsoftplus's exact exp and log1p
-           inlined ROUTE_V times made the kernel 90 KB, most of a batch-1 call's time spent
-           fetching its instructions; step 18) */
-        __shared__ float rsc[ROUTE_T / 32][32 * ROUTE_V];
-        float *mine_sc = rsc[threadIdx.x >> 5];
-#pragma unroll 1
-        for (int m = 0; m < ROUTE_V; m++) {
-            int64_t e = lane + 32 * m;
-            mine_sc[lane + 32 * m] =
-                e < E ? sqrtsoftplus(lg[e]) + (bias.data ? vec_get(bias, e) : 0.0f) : 0.0f;
-        }
+    } else if (small) {
+        /* the lane's scores in registers (the loop below computes every score K times: ~40 us
+           per call at E = 256, K = 6); the same choices */
         float sc[ROUTE_V];
         unsigned taken = 0;
 #pragma unroll
-        for (int m = 0; m < ROUTE_V; m++)
-            sc[m] = mine_sc[lane + 32 * m]; /* the lane's own values: no barrier */
+        for (int m = 0; m < ROUTE_V; m++) {
+            int64_t e = lane + 32 * m;
+            sc[m] = e < E ? mine_sc[e] + (bias.data ? vec_get(bias, e) : 0.0f) : 0.0f;
+        }
         for (int k = 0; k < K; k++) {
             int best = -1, bm = -1;
             float bv = -INFINITY;
@@ -127,13 +139,24 @@ __global__ void __launch_bounds__(ROUTE_T) k_moe_route(const float *logits,
         }
     }
     __syncwarp();
-    if (lane == 0) {
-        float sum = 0.0f;
-        for (int k = 0; k < K; k++)
-            sum += (w[k] = sqrtsoftplus(lg[ix[k]]));
-        for (int k = 0; k < K; k++)
-            w[k] = w[k] / (sum + eps) * route_scale;
+    /* the weights: lane k's score of choice k (the block's where computed, the same function of
+       the same logit), added in k order on lane 0 */
+    float sum = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        int k = k0 + lane;
+        float v = 0.0f;
+        if (k < K) {
+            int e = ix[k];
+            v = small && !tid2eid ? mine_sc[e] : sqrtsoftplus(lg[e]);
+        }
+        int cnt = K - k0 < 32 ? K - k0 : 32;
+        for (int j = 0; j < cnt; j++)
+            sum += __shfl_sync(0xffffffffu, v, j);
+        if (k < K) w[k] = v;
     }
+    __syncwarp();
+    for (int k = lane; k < K; k += 32)
+        w[k] = w[k] / (sum + eps) * route_scale;
 }
 
 extern "C" void cuda_moe_route(struct dsi_backend *be, const struct dsi_moe_route_args *a) {
@@ -783,11 +806,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     while (snt > 1 && !gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt))
         snt /= 2;
     bool sgv = a->fast && !stc && gvf_moe_ok(c, &s1, &s3, &s2, D, I, a->x, n, snt);
-    /* (wg.cu from 512 rows as for dense GEMMs: at a decode batch of 256 its 192-row tiles made
-       64 blocks, 116 + 59 us a layer; tc.cu's 64-row tiles 75 + 41; step 23) */
-    bool swg = stc && c->wg && n >= 512;
+    /* (the wgmma kernels from c->wg_shared_min rows, default 128 since step 37: at a decode
+       batch of 256 wgr.cu's blocks of 64 rows measured -1.4% a step against tc.cu's tiles,
+       its 128- and 192-row blocks level, as wg.cu's 192-row blocks were slower in step 23;
+       below 512 rows wgr.cu's blocks of c->wg_shared_bn rows at most) */
+    bool swg = stc && c->wg && n >= c->wg_shared_min;
     int srx = swg   ? q8   ? wgq_pick_bn(c, (double)n)
-                      : rs ? wgr_pick_bn(c, (double)n)
+                      : rs ? (n < 512 ? std::min(wgr_pick_bn(c, (double)n), c->wg_shared_bn)
+                                      : wgr_pick_bn(c, (double)n))
                            : wg_pick_bn(c, (double)n, wdyn)
                 : stc ? tc_pick_bn(c, (double)n)
               : sgv ? 8 * snt
