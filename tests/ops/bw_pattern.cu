@@ -13,7 +13,9 @@
  *               step's loads issued before the current step's values are used; a tile's groups
  *               over ks warps, interleaved; 2 blocks of 8 warps an SM, tiles persistent
  *   linear K ks the same bytes per warp and step as `walk`, each load instruction 512
- *               consecutive bytes of the tile (the tile's bytes in address order) */
+ *               consecutive bytes of the tile (the tile's bytes in address order)
+ * then two 33.5 MB streams one after the other: plain launches, with programmatic dependent
+ * launch (the second kernel's first loads before its wait), and one kernel over both. */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,6 +56,34 @@ __global__ void k_stream(const uint4 *a, int64_t n16, uint32_t *sink) {
         for (int u = 0; u < 8; u++)
             acc ^= fold(v[u]);
     }
+    for (; i < n16; i += st)
+        acc ^= fold(ldg_nc(a + i));
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+/* k_stream with programmatic dependent launch, as the library's kernels: the dependents may
+ * start at once (launch_dependents first), and the first 8 loads of each thread are issued
+ * before the wait for the previous kernel (weights do not depend on it; the activations would). */
+__global__ void k_stream_pdl(const uint4 *a, int64_t n16, uint32_t *sink) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            st = (int64_t)gridDim.x * blockDim.x;
+    uint32_t acc = 0;
+    bool waited = false;
+    for (; i + 7 * st < n16; i += 8 * st) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = ldg_nc(a + i + u * st);
+        if (!waited) {
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            acc ^= fold(v[u]);
+    }
+    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
     for (; i < n16; i += st)
         acc ^= fold(ldg_nc(a + i));
     if (acc == 0x12345678u) sink[0] = acc;
@@ -156,6 +186,64 @@ int main() {
         float med = us[us.size() / 2];
         printf("%-7s K %5d ks %d: %7.2f us  %6.0f GB/s  (min %.2f us)\n", p.name, p.K, p.ks, med,
                (double)region / (med * 1e3), us[0]);
+    }
+    { /* the steady rate: one kernel over all 268 MB */
+        std::vector<float> us;
+        for (int r = 0; r < 8; r++) {
+            CK(cudaEventRecord(e0));
+            k_stream<<<2 * sms, 256>>>((const uint4 *)buf, nreg * region / 16, sink);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            us.push_back(1000.0f * ms);
+        }
+        std::sort(us.begin(), us.end());
+        printf("stream 268 MB: %.1f us  %.0f GB/s\n", us[4],
+               (double)(nreg * region) / (us[4] * 1e3));
+    }
+    /* Two 33.5 MB reads one after the other (two regions): one after the other as plain
+       launches, with programmatic dependent launch, and as one kernel over 67 MB; with 2 and with
+       4 resident blocks an SM (the library's walks: 2 of 256 threads). */
+    for (int bps = 2; bps <= 4; bps += 2) {
+        const char *names[3] = {"2 x 33.5 MB, plain", "2 x 33.5 MB, PDL", "1 x 67 MB"};
+        for (int mode = 0; mode < 3; mode++) {
+            std::vector<float> us;
+            for (int r = 0; r < reps + nreg; r++) {
+                const uint8_t *a = buf + (r % (nreg / 2)) * 2 * region;
+                CK(cudaEventRecord(e0));
+                if (mode == 2) {
+                    k_stream<<<bps * sms, 256>>>((const uint4 *)a, 2 * region / 16, sink);
+                } else {
+                    for (int k = 0; k < 2; k++) {
+                        const uint4 *ak = (const uint4 *)(a + k * region);
+                        if (mode == 0) {
+                            k_stream<<<bps * sms, 256>>>(ak, region / 16, sink);
+                            continue;
+                        }
+                        cudaLaunchConfig_t cfg = {};
+                        cfg.gridDim = dim3((unsigned)(bps * sms));
+                        cfg.blockDim = dim3(256);
+                        cudaLaunchAttribute at[1];
+                        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                        at[0].val.programmaticStreamSerializationAllowed = 1;
+                        cfg.attrs = at;
+                        cfg.numAttrs = 1;
+                        CK(cudaLaunchKernelEx(&cfg, k_stream_pdl, ak, (int64_t)(region / 16),
+                                              sink));
+                    }
+                }
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (r >= nreg) us.push_back(1000.0f * ms);
+            }
+            std::sort(us.begin(), us.end());
+            float med = us[us.size() / 2];
+            printf("%-20s %d blocks/SM: %7.2f us  %6.0f GB/s  (min %.2f us)\n", names[mode], bps,
+                   med, (double)(2 * region) / (med * 1e3), us[0]);
+        }
     }
     return 0;
 }
