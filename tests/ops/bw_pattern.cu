@@ -14,13 +14,16 @@
  *               over ks warps, interleaved; 2 blocks of 8 warps an SM, tiles persistent
  *   linear K ks the same bytes per warp and step as `walk`, each load instruction 512
  *               consecutive bytes of the tile (the tile's bytes in address order)
- * then two 33.5 MB streams one after the other: plain launches, with programmatic dependent
- * launch (the second kernel's first loads before its wait), and one kernel over both. */
+ * then a stream of 16.8 / 33.5 MB cold and after an L2 prefetch of it (l2pf.cu's bulk prefetch,
+ * given time to land); then two 33.5 MB streams one after the other: plain launches, with
+ * programmatic dependent launch (the second kernel's first loads before its wait), and one
+ * kernel over both. */
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <vector>
 
 #define CK(x)                                                                                      \
@@ -87,6 +90,16 @@ __global__ void k_stream_pdl(const uint4 *a, int64_t n16, uint32_t *sink) {
     for (; i < n16; i += st)
         acc ^= fold(ldg_nc(a + i));
     if (acc == 0x12345678u) sink[0] = acc;
+}
+
+/* Bulk L2 prefetches of n bytes at a, 16 KB a thread in turn (l2pf.cu's kernel, one range). */
+__global__ void k_prefetch(const uint8_t *a, int64_t n) {
+    for (int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16384; o < n;
+         o += (int64_t)gridDim.x * blockDim.x * 16384) {
+        unsigned len = (unsigned)(n - o < 16384 ? n - o : 16384);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a + o), "r"(len)
+                     : "memory");
+    }
 }
 
 /* LIN 0: gvf.cu's lane slices; 1: each load instruction 512 consecutive bytes. */
@@ -201,6 +214,33 @@ int main() {
         std::sort(us.begin(), us.end());
         printf("stream 268 MB: %.1f us  %.0f GB/s\n", us[4],
                (double)(nreg * region) / (us[4] * 1e3));
+    }
+    /* A read from L2: the region prefetched (l2pf.cu's way), the prefetches given 300 us to land,
+       then read; against the same read cold. 16.8 and 33.5 MB. */
+    for (int half = 1; half >= 0; half--) {
+        int64_t bytes = half ? region / 2 : region;
+        for (int pf = 0; pf < 2; pf++) {
+            std::vector<float> us;
+            for (int r = 0; r < reps + nreg; r++) {
+                const uint8_t *a = buf + (r % nreg) * region;
+                if (pf) {
+                    k_prefetch<<<16, 32>>>(a, bytes);
+                    CK(cudaDeviceSynchronize());
+                    usleep(300);
+                }
+                CK(cudaEventRecord(e0));
+                k_stream<<<2 * sms, 256>>>((const uint4 *)a, bytes / 16, sink);
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (r >= nreg) us.push_back(1000.0f * ms);
+            }
+            std::sort(us.begin(), us.end());
+            float med = us[us.size() / 2];
+            printf("stream %4.1f MB %-14s %7.2f us  %6.0f GB/s  (min %.2f us)\n", bytes / 1048576.0,
+                   pf ? "from L2" : "cold", med, (double)bytes / (med * 1e3), us[0]);
+        }
     }
     /* Two 33.5 MB reads one after the other (two regions): one after the other as plain
        launches, with programmatic dependent launch, and as one kernel over 67 MB; with 2 and with

@@ -207,13 +207,15 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
     /* step 33's switches: gvf.cu's warps along K on named barriers (DSI_CUDA_GVF_NBAR=1) on the
        cases of 1-63 rows; the wgmma kernels from 128 rows (DSI_CUDA_WG_DENSE_MIN=128, cuBLASLt
        off) on those of 128-511; step 36's evict-first weight loads (DSI_CUDA_GVF_EF=1) on those
-       of 1-63 */
+       of 1-63; step 37's cuBLASLt only from 2048 output columns (DSI_CUDA_LT_MIN_OUT=2048: the
+       narrower FP8 calls of 128 rows and more on tc.cu) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } s33[] = {{"DSI_CUDA_GVF_NBAR=1", 1, 63},
                {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
-               {"DSI_CUDA_GVF_EF=1", 1, 63}};
+               {"DSI_CUDA_GVF_EF=1", 1, 63},
+               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(s33) / sizeof(s33[0]) && ok; b++) {
         struct dsi_backend *g2 = cuda_backend_with(s33[b].env);
         TEST_ASSERT(g2 != NULL);

@@ -187,6 +187,8 @@ struct cu_ctx {
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;
+    int lt_min_out; /* lt.cu only for GEMMs of this many output columns or more
+                       (DSI_CUDA_LT_MIN_OUT, default 0; narrower: tc.cu / wgr.cu; step 37) */
     struct cu_lt *lt;
     bool moe_lt; /* the shared expert's down projection on lt.cu where it takes it
                     (DSI_CUDA_MOE_LT=0: off) */

@@ -657,6 +657,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        made here, never in a step; without it the GEMMs stay on tc.cu */
     const char *lm = getenv("DSI_CUDA_LT_MIN"), *ll = getenv("DSI_CUDA_LT_LAYOUT");
     c->lt_min = lm && *lm ? atoi(lm) : 128;
+    const char *lo = getenv("DSI_CUDA_LT_MIN_OUT");
+    c->lt_min_out = lo && *lo ? atoi(lo) : 0;
     c->lt = c->lt_min > 0 ? cu_lt_new(ll && *ll ? atoi(ll) : 1) : NULL;
     const char *ml = getenv("DSI_CUDA_MOE_LT");
     c->moe_lt = !(ml && *ml == '0');

@@ -19,7 +19,9 @@
  * Hopper's FP8 tensor cores inside a block (as tc.cu's bf16 ones truncate).
  *
  * Taken (launch_lt_gemm) in `fast` numerics for n >= c->lt_min rows (DSI_CUDA_LT_MIN, default
- * 128; 0: never, c->lt is then NULL) when the caller says the rows are act_quant's output
+ * 128; 0: never, c->lt is then NULL) and at least c->lt_min_out output columns
+ * (DSI_CUDA_LT_MIN_OUT, default 0; step 37: cuBLASLt runs the 512- and 1024-column calls at 256
+ * rows on 8 and 16 CTAs) when the caller says the rows are act_quant's output
  * (dsi_gemm_args.x_fp8) and wants the outputs bf16-rounded, on FP8 E4M3 weights with 128x128
  * scale blocks, K and n_out multiples of 512 (the scale tensors' leading dimensions multiples
  * of 4), row0 a multiple of 128, n a multiple of 4 (cuda_gemm gives lt.cu the rows in fours
@@ -229,7 +231,7 @@ static struct lt_plan *lt_plan_get(struct cu_lt *lt, int64_t m, int64_t n, int64
 bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) {
     const struct cu_w *w = g->w;
     int64_t K = w->K, m = g->n_out, n = g->n;
-    if (!c->lt || !x_fp8 || !g->round || n < c->lt_min || g->groups > 1 ||
+    if (!c->lt || !x_fp8 || !g->round || n < c->lt_min || m < c->lt_min_out || g->groups > 1 ||
         w->type != DSI_TYPE_F8_E4M3 || w->sb0 != 128 || w->sb1 != 128 || K % 512 || m % 512 ||
         g->row0 % 128 || n % 4 || g->ldx % 4 || g->ldy % 4 || (uintptr_t)g->x % 16 ||
         (uintptr_t)g->y % 16 || w->row_bytes != K)
