@@ -209,6 +209,10 @@ struct cu_ctx {
     cudaEvent_t pf_fork, pf_join;
     int l2pf_max;
     bool pf_pending;
+    /* moe.cu: the shared expert's side stream and its fork / join events (DSI_CUDA_MOE_SIDE=1;
+       NULL: off; made at backend creation, freed with the backend; step 37) */
+    cudaStream_t moe_side;
+    cudaEvent_t moe_fork, moe_join;
     int sticky; /* first error (dsi_status), 0 if none */
     char msg[400];
     /* imported weights: bump-allocated slabs, freed with the backend */
@@ -730,7 +734,9 @@ void cuda_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
 void cuda_moe(struct dsi_backend *, const struct dsi_moe_args *);
 int cuda_graph_begin(struct dsi_backend *, uint64_t key);
 /* l2pf.cu: the prefetch hints (cuda_prefetch is the op) */
-int cu_l2pf_init(struct cu_ctx *c); /* at backend creation; -1: the side stream failed */
+int cu_l2pf_init(struct cu_ctx *c);     /* at backend creation; -1: the side stream failed */
+int cu_moe_side_init(struct cu_ctx *c); /* moe.cu, at backend creation; -1: its stream failed */
+void cu_moe_side_free(struct cu_ctx *c);
 void cu_l2pf_free(struct cu_ctx *c);
 void cu_l2pf_join(struct cu_ctx *c); /* the main stream waits for the hints issued so far */
 bool cu_l2pf_on(const struct cu_ctx *c, int64_t rows); /* hints taken at this many rows */

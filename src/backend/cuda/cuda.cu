@@ -382,6 +382,7 @@ static void cuda_free(struct dsi_backend *be) {
     cu_lt_free(c->lt);
     if (c->hc_cnt) cudaFree(c->hc_cnt);
     cu_l2pf_free(c);
+    cu_moe_side_free(c);
     cudaStreamDestroy(c->stream);
     free(c);
     be->ctx = NULL;
@@ -480,12 +481,17 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
         free(c);
         return dsi_errf(err, DSI_ERR_DEVICE, "cuda: counters: %s", cudaGetErrorString(e));
     }
-    if (cu_l2pf_init(c)) {
+    int pf_bad = cu_l2pf_init(c), side_bad = pf_bad ? 0 : cu_moe_side_init(c);
+    if (pf_bad || side_bad) {
+        cu_l2pf_free(c);
+        cu_moe_side_free(c);
         cudaFree(c->hc_cnt);
         cudaStreamDestroy(c->stream);
         free(be);
         free(c);
-        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: the prefetch stream (DSI_CUDA_L2PF)");
+        return dsi_errf(err, DSI_ERR_DEVICE, "cuda: the %s",
+                        pf_bad ? "prefetch stream (DSI_CUDA_L2PF)"
+                               : "shared expert's stream (DSI_CUDA_MOE_SIDE)");
     }
     /* read once at start-up, never in a step */
     const char *pe = getenv("DSI_CUDA_PROFILE");

@@ -743,6 +743,58 @@ static bool moe_shapes_ok(
            w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) && gemm_w_ok(w2);
 }
 
+/* ---- the shared expert on a side stream (DSI_CUDA_MOE_SIDE=1; step 37, compiled only: not
+ * yet run on a GPU, off until measured) ------------------------------------------------------
+ * At a few rows (the shared expert on gvf.cu, below tc.cu's 64 rows) the shared expert needs
+ * only x, so it can run beside the routed experts' grouping and walks instead of after them:
+ * the main stream records moe_fork, the side stream waits for it and runs the shared up
+ * projection, its rows' act_quant and its down projection (their own rows of h and out, so
+ * nothing is shared with the routed work), then records moe_join, which the main stream waits
+ * for before the combine. In a captured step the fork and join become parallel branches of the
+ * graph. Why: at batch 1 the grouping (one block) and the routed walks leave DRAM and most SMs
+ * idle at their ends, and each walk pays ~6-8 us of ramp and drain alone (docs/cuda.md step 37);
+ * two walks side by side share theirs. Same values: every kernel computes the same rows. */
+int cu_moe_side_init(struct cu_ctx *c) {
+    const char *e = getenv("DSI_CUDA_MOE_SIDE");
+    if (!(e && *e == '1')) return 0;
+    if (cudaStreamCreateWithFlags(&c->moe_side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->moe_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->moe_join, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        cu_moe_side_free(c);
+        return -1;
+    }
+    return 0;
+}
+
+void cu_moe_side_free(struct cu_ctx *c) {
+    if (c->moe_side) {
+        cudaStreamSynchronize(c->moe_side);
+        cudaStreamDestroy(c->moe_side);
+    }
+    if (c->moe_fork) cudaEventDestroy(c->moe_fork);
+    if (c->moe_join) cudaEventDestroy(c->moe_join);
+    c->moe_side = NULL;
+    c->moe_fork = c->moe_join = NULL;
+}
+
+/* The main stream's wait for the side stream's join, once: before the combine, or at any early
+ * return (a capture must join every stream it forked). */
+struct moe_side_wait {
+    struct cu_ctx *c;
+    bool pending;
+    void wait() {
+        if (!pending) return;
+        pending = false;
+        if (cudaStreamWaitEvent(c->stream, c->moe_join, 0) != cudaSuccess) {
+            cudaGetLastError();
+            if (c->capturing) c->capture_bad = true;
+            cu_fail(c, DSI_ERR_DEVICE, "moe: waiting for the shared expert's stream");
+        }
+    }
+    ~moe_side_wait() { wait(); }
+};
+
 extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     int64_t n = a->n, D = a->dim, I = a->inter, nk = n * a->topk;
@@ -870,6 +922,17 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                 (long long)D);
         return;
     }
+    /* the shared expert on the side stream (DSI_CUDA_MOE_SIDE=1, see cu_moe_side_init): on
+       gvf.cu (below 64 rows), its h rows quantised alone; forked before the grouping */
+    bool sfirst = cu_l2pf_on(c, n);
+    bool side = c->moe_side && sgv && !(wg || swg) && !q8 && !sfirst;
+    struct moe_side_wait sw = {c, false};
+    if (side && (cudaEventRecord(c->moe_fork, c->stream) != cudaSuccess ||
+                 cudaStreamWaitEvent(c->moe_side, c->moe_fork, 0) != cudaSuccess)) {
+        cudaGetLastError();
+        if (c->capturing) c->capture_bad = true;
+        side = false;
+    }
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
               (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
@@ -878,7 +941,6 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        prefetch hints are taken (cu_l2pf_on, step 36): its weights were hinted before the FFN's
        hc_pre, and the routed experts' weights (~8 MB an expert) streamed before its own read
        would evict them from L2. The two write separate rows of h: the order changes nothing. */
-    bool sfirst = cu_l2pf_on(c, n);
     struct moe_p ps = p;
     ps.tiles = NULL;
     ps.w1 = s1;
@@ -912,7 +974,26 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
         cu_prof_end(c, pr);
         return ok;
     };
-    if (!(sfirst ? proj(true, true) && proj(true, false) : proj(true, false) && proj(true, true)))
+    if (side) { /* the shared expert's three launches on the side stream, then its join */
+        cudaStream_t keep = c->stream;
+        c->stream = c->moe_side;
+        bool ok = proj(true, true);
+        if (ok && a->act_quant) launch_act_quant(c, p.h + nk * I, p.h + nk * I, n, I, I, I, 128);
+        if (ok && !c->sticky) proj(false, true);
+        cudaError_t e = cudaEventRecord(c->moe_join, c->moe_side);
+        c->stream = keep;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            if (c->capturing) c->capture_bad = true;
+            cu_fail(c, DSI_ERR_DEVICE, "moe: the shared expert's stream: %s",
+                    cudaGetErrorString(e));
+            return;
+        }
+        sw.pending = true;
+    }
+    if (!(side     ? proj(true, false)
+          : sfirst ? proj(true, true) && proj(true, false)
+                   : proj(true, false) && proj(true, true)))
         return;
     /* h's act_quant and its bf16 copy for wgr.cu in one pass (step 27): the routed rows' floats
        are not read again when their down projection is on wgr.cu (the shared rows' may be:
@@ -928,12 +1009,14 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     }
     q16 = q16 || q8;
     if (c->sticky) return;
-    if (!q16 && a->act_quant) launch_act_quant(c, p.h, p.h, nk + n, I, I, I, 128);
+    if (!q16 && a->act_quant) launch_act_quant(c, p.h, p.h, side ? nk : nk + n, I, I, I, 128);
     if (!q16 && p.h16) launch_wg_bf16(c, p.h, nk + n, I, I, (uint16_t *)p.h16, I, rs);
     /* the down projections, in the up projections' order */
-    if (!(sfirst ? proj(false, true) && proj(false, false)
-                 : proj(false, false) && proj(false, true)))
+    if (!(side     ? proj(false, false)
+          : sfirst ? proj(false, true) && proj(false, false)
+                   : proj(false, false) && proj(false, true)))
         return;
+    sw.wait(); /* the shared rows of out */
     struct comb_p cp = {p.out, a->idx, E, a->topk, n, D, a->y, a->round_bf16};
     if (D % 4 == 0 && (uintptr_t)a->y % 16 == 0)
         cu_launch(c, k_moe_combine4,
