@@ -159,6 +159,31 @@ __global__ void __launch_bounds__(256, 2)
     if (acc == 0x12345678u) sink[0] = acc;
 }
 
+/* Runs of run(r) for r = 0 .. n - 1, each timed alone between events after pre(r) (untimed);
+ * the times in us of all but the first `skip`, sorted; empty after a CUDA error (printed). */
+template <class Pre, class Run> static std::vector<float> timed(int n, int skip, Pre pre, Run run) {
+    static cudaEvent_t e0, e1;
+    std::vector<float> us;
+    cudaError_t e = cudaSuccess;
+    if (!e0 && (e = cudaEventCreate(&e0)) == cudaSuccess) e = cudaEventCreate(&e1);
+    for (int r = 0; r < n && e == cudaSuccess; r++) {
+        pre(r);
+        float ms = 0;
+        if ((e = cudaEventRecord(e0)) != cudaSuccess) break;
+        run(r);
+        if ((e = cudaGetLastError()) == cudaSuccess && (e = cudaEventRecord(e1)) == cudaSuccess &&
+            (e = cudaEventSynchronize(e1)) == cudaSuccess)
+            e = cudaEventElapsedTime(&ms, e0, e1);
+        if (r >= skip) us.push_back(1000.0f * ms);
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "bw_pattern: %s\n", cudaGetErrorString(e));
+        return {};
+    }
+    std::sort(us.begin(), us.end());
+    return us;
+}
+
 int main() {
     const int64_t region = 32768LL * 1024; /* wq_b: 32768 rows x 1024 bytes = 33.5 MB */
     const int nreg = 8, reps = 24;
@@ -169,9 +194,15 @@ int main() {
     CK(cudaMalloc(&buf, region * nreg));
     CK(cudaMalloc(&sink, 4));
     CK(cudaMemset(buf, 1, region * nreg));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    auto none = [](int) {};
+    /* the first round over the regions warms up; "median (min)" of the rest */
+    auto report = [](const std::vector<float> &us, double bytes, const char *fmt, auto... args) {
+        if (us.empty()) return false;
+        float med = us[us.size() / 2];
+        printf(fmt, args...);
+        printf(" %7.2f us  %6.0f GB/s  (min %.2f us)\n", med, bytes / (med * 1e3), us[0]);
+        return true;
+    };
     struct pat {
         const char *name;
         int kind, K, ks;
@@ -179,67 +210,42 @@ int main() {
                 {"walk", 1, 4096, 8},  {"linear", 2, 4096, 8}, {"walk", 1, 8192, 8},
                 {"linear", 2, 8192, 8}};
     for (const pat &p : pats) {
-        std::vector<float> us;
-        for (int r = 0; r < reps + nreg; r++) {
+        auto us = timed(reps + nreg, nreg, none, [&](int r) {
             const uint8_t *a = buf + (r % nreg) * region;
-            CK(cudaEventRecord(e0));
             if (p.kind == 0)
                 k_stream<<<2 * sms, 256>>>((const uint4 *)a, region / 16, sink);
             else if (p.kind == 1)
                 k_walk<0><<<2 * sms, 256>>>(a, region / p.K, p.K, p.ks, sink);
             else
                 k_walk<1><<<2 * sms, 256>>>(a, region / p.K, p.K, p.ks, sink);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (r >= nreg) us.push_back(1000.0f * ms); /* the first round warms up */
-        }
-        std::sort(us.begin(), us.end());
-        float med = us[us.size() / 2];
-        printf("%-7s K %5d ks %d: %7.2f us  %6.0f GB/s  (min %.2f us)\n", p.name, p.K, p.ks, med,
-               (double)region / (med * 1e3), us[0]);
+        });
+        if (!report(us, (double)region, "%-7s K %5d ks %d:", p.name, p.K, p.ks)) return 1;
     }
-    { /* the steady rate: one kernel over all 268 MB */
-        std::vector<float> us;
-        for (int r = 0; r < 8; r++) {
-            CK(cudaEventRecord(e0));
-            k_stream<<<2 * sms, 256>>>((const uint4 *)buf, nreg * region / 16, sink);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(1000.0f * ms);
-        }
-        std::sort(us.begin(), us.end());
-        printf("stream 268 MB: %.1f us  %.0f GB/s\n", us[4],
-               (double)(nreg * region) / (us[4] * 1e3));
-    }
+    /* the steady rate: one kernel over all 268 MB */
+    auto all = timed(8, 0, none, [&](int) {
+        k_stream<<<2 * sms, 256>>>((const uint4 *)buf, nreg * region / 16, sink);
+    });
+    if (!report(all, (double)(nreg * region), "stream 268 MB:")) return 1;
     /* A read from L2: the region prefetched (l2pf.cu's way), the prefetches given 300 us to land,
        then read; against the same read cold. 16.8 and 33.5 MB. */
     for (int half = 1; half >= 0; half--) {
         int64_t bytes = half ? region / 2 : region;
         for (int pf = 0; pf < 2; pf++) {
-            std::vector<float> us;
-            for (int r = 0; r < reps + nreg; r++) {
-                const uint8_t *a = buf + (r % nreg) * region;
-                if (pf) {
-                    k_prefetch<<<16, 32>>>(a, bytes);
-                    CK(cudaDeviceSynchronize());
+            auto us = timed(
+                reps + nreg, nreg,
+                [&](int r) {
+                    if (!pf) return;
+                    k_prefetch<<<16, 32>>>(buf + (r % nreg) * region, bytes);
+                    cudaDeviceSynchronize();
                     usleep(300);
-                }
-                CK(cudaEventRecord(e0));
-                k_stream<<<2 * sms, 256>>>((const uint4 *)a, bytes / 16, sink);
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                float ms = 0;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= nreg) us.push_back(1000.0f * ms);
-            }
-            std::sort(us.begin(), us.end());
-            float med = us[us.size() / 2];
-            printf("stream %4.1f MB %-14s %7.2f us  %6.0f GB/s  (min %.2f us)\n", bytes / 1048576.0,
-                   pf ? "from L2" : "cold", med, (double)bytes / (med * 1e3), us[0]);
+                },
+                [&](int r) {
+                    const uint8_t *a = buf + (r % nreg) * region;
+                    k_stream<<<2 * sms, 256>>>((const uint4 *)a, bytes / 16, sink);
+                });
+            if (!report(us, (double)bytes, "stream %4.1f MB %-14s", bytes / 1048576.0,
+                        pf ? "from L2" : "cold"))
+                return 1;
         }
     }
     /* Two 33.5 MB reads one after the other (two regions): one after the other as plain
@@ -248,41 +254,31 @@ int main() {
     for (int bps = 2; bps <= 4; bps += 2) {
         const char *names[3] = {"2 x 33.5 MB, plain", "2 x 33.5 MB, PDL", "1 x 67 MB"};
         for (int mode = 0; mode < 3; mode++) {
-            std::vector<float> us;
-            for (int r = 0; r < reps + nreg; r++) {
+            auto us = timed(reps + nreg, nreg, none, [&](int r) {
                 const uint8_t *a = buf + (r % (nreg / 2)) * 2 * region;
-                CK(cudaEventRecord(e0));
                 if (mode == 2) {
                     k_stream<<<bps * sms, 256>>>((const uint4 *)a, 2 * region / 16, sink);
-                } else {
-                    for (int k = 0; k < 2; k++) {
-                        const uint4 *ak = (const uint4 *)(a + k * region);
-                        if (mode == 0) {
-                            k_stream<<<bps * sms, 256>>>(ak, region / 16, sink);
-                            continue;
-                        }
-                        cudaLaunchConfig_t cfg = {};
-                        cfg.gridDim = dim3((unsigned)(bps * sms));
-                        cfg.blockDim = dim3(256);
-                        cudaLaunchAttribute at[1];
-                        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                        at[0].val.programmaticStreamSerializationAllowed = 1;
-                        cfg.attrs = at;
-                        cfg.numAttrs = 1;
-                        CK(cudaLaunchKernelEx(&cfg, k_stream_pdl, ak, (int64_t)(region / 16),
-                                              sink));
-                    }
+                    return;
                 }
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                float ms = 0;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= nreg) us.push_back(1000.0f * ms);
-            }
-            std::sort(us.begin(), us.end());
-            float med = us[us.size() / 2];
-            printf("%-20s %d blocks/SM: %7.2f us  %6.0f GB/s  (min %.2f us)\n", names[mode], bps,
-                   med, (double)(2 * region) / (med * 1e3), us[0]);
+                for (int k = 0; k < 2; k++) {
+                    const uint4 *ak = (const uint4 *)(a + k * region);
+                    if (mode == 0) {
+                        k_stream<<<bps * sms, 256>>>(ak, region / 16, sink);
+                        continue;
+                    }
+                    cudaLaunchConfig_t cfg = {};
+                    cfg.gridDim = dim3((unsigned)(bps * sms));
+                    cfg.blockDim = dim3(256);
+                    cudaLaunchAttribute at[1];
+                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                    at[0].val.programmaticStreamSerializationAllowed = 1;
+                    cfg.attrs = at;
+                    cfg.numAttrs = 1;
+                    cudaLaunchKernelEx(&cfg, k_stream_pdl, ak, (int64_t)(region / 16), sink);
+                }
+            });
+            if (!report(us, (double)(2 * region), "%-20s %d blocks/SM:", names[mode], bps))
+                return 1;
         }
     }
     return 0;

@@ -735,6 +735,11 @@ void cuda_moe(struct dsi_backend *, const struct dsi_moe_args *);
 int cuda_graph_begin(struct dsi_backend *, uint64_t key);
 /* l2pf.cu: the prefetch hints (cuda_prefetch is the op) */
 int cu_l2pf_init(struct cu_ctx *c);     /* at backend creation; -1: the side stream failed */
+/* A side stream with its fork and join events (l2pf.cu, moe.cu): made at backend creation
+   (-1: failed, nothing left made), freed with the backend (its work finished first; all three
+   NULL after). */
+int cu_fork_make(cudaStream_t *s, cudaEvent_t *fork, cudaEvent_t *join);
+void cu_fork_free(cudaStream_t *s, cudaEvent_t *fork, cudaEvent_t *join);
 int cu_moe_side_init(struct cu_ctx *c); /* moe.cu, at backend creation; -1: its stream failed */
 void cu_moe_side_free(struct cu_ctx *c);
 void cu_l2pf_free(struct cu_ctx *c);

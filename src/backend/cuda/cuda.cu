@@ -388,6 +388,28 @@ static void cuda_free(struct dsi_backend *be) {
     be->ctx = NULL;
 }
 
+int cu_fork_make(cudaStream_t *s, cudaEvent_t *fork, cudaEvent_t *join) {
+    if (cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(join, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        cu_fork_free(s, fork, join);
+        return -1;
+    }
+    return 0;
+}
+
+void cu_fork_free(cudaStream_t *s, cudaEvent_t *fork, cudaEvent_t *join) {
+    if (*s) {
+        cudaStreamSynchronize(*s);
+        cudaStreamDestroy(*s);
+    }
+    if (*fork) cudaEventDestroy(*fork);
+    if (*join) cudaEventDestroy(*join);
+    *s = NULL;
+    *fork = *join = NULL;
+}
+
 static const struct dsi_backend_ops g_cuda_ops = {
     cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
     cuda_sync,        cuda_reserve,     cuda_free,      cuda_gemm,        cuda_act_quant,

@@ -69,25 +69,15 @@ int cu_l2pf_init(struct cu_ctx *c) {
     const char *e = getenv("DSI_CUDA_L2PF");
     c->l2pf_max = e && *e ? atoi(e) : 0;
     if (c->l2pf_max <= 0) return 0;
-    if (cudaStreamCreateWithFlags(&c->pf_stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->pf_fork, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->pf_join, cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError();
-        cu_l2pf_free(c);
+    if (cu_fork_make(&c->pf_stream, &c->pf_fork, &c->pf_join)) {
+        c->l2pf_max = 0;
         return -1;
     }
     return 0;
 }
 
 void cu_l2pf_free(struct cu_ctx *c) {
-    if (c->pf_stream) {
-        cudaStreamSynchronize(c->pf_stream);
-        cudaStreamDestroy(c->pf_stream);
-    }
-    if (c->pf_fork) cudaEventDestroy(c->pf_fork);
-    if (c->pf_join) cudaEventDestroy(c->pf_join);
-    c->pf_stream = NULL;
-    c->pf_fork = c->pf_join = NULL;
+    cu_fork_free(&c->pf_stream, &c->pf_fork, &c->pf_join);
     c->l2pf_max = 0;
     c->pf_pending = false;
 }

@@ -757,26 +757,10 @@ static bool moe_shapes_ok(
 int cu_moe_side_init(struct cu_ctx *c) {
     const char *e = getenv("DSI_CUDA_MOE_SIDE");
     if (!(e && *e == '1')) return 0;
-    if (cudaStreamCreateWithFlags(&c->moe_side, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->moe_fork, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->moe_join, cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError();
-        cu_moe_side_free(c);
-        return -1;
-    }
-    return 0;
+    return cu_fork_make(&c->moe_side, &c->moe_fork, &c->moe_join);
 }
 
-void cu_moe_side_free(struct cu_ctx *c) {
-    if (c->moe_side) {
-        cudaStreamSynchronize(c->moe_side);
-        cudaStreamDestroy(c->moe_side);
-    }
-    if (c->moe_fork) cudaEventDestroy(c->moe_fork);
-    if (c->moe_join) cudaEventDestroy(c->moe_join);
-    c->moe_side = NULL;
-    c->moe_fork = c->moe_join = NULL;
-}
+void cu_moe_side_free(struct cu_ctx *c) { cu_fork_free(&c->moe_side, &c->moe_fork, &c->moe_join); }
 
 /* The main stream's wait for the side stream's join, once: before the combine, or at any early
  * return (a capture must join every stream it forked). */
