@@ -734,7 +734,7 @@ void cuda_moe_route(struct dsi_backend *, const struct dsi_moe_route_args *);
 void cuda_moe(struct dsi_backend *, const struct dsi_moe_args *);
 int cuda_graph_begin(struct dsi_backend *, uint64_t key);
 /* l2pf.cu: the prefetch hints (cuda_prefetch is the op) */
-int cu_l2pf_init(struct cu_ctx *c);     /* at backend creation; -1: the side stream failed */
+int cu_l2pf_init(struct cu_ctx *c); /* at backend creation; -1: the side stream failed */
 /* A side stream with its fork and join events (l2pf.cu, moe.cu): made at backend creation
    (-1: failed, nothing left made), freed with the backend (its work finished first; all three
    NULL after). */
