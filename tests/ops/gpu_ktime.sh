@@ -8,7 +8,11 @@
 # and the checkpoint at $M (default /tmp/flash4; both as gpu_ab_env.sh leaves them; built /
 # written here when absent). KT_BATCH (default 1): the batch. Output: $OUT/ktime_b<batch>.csv
 # (ncu's CSV: one line per kernel launch in launch order) and a per-kernel-name summary in
-# $OUT/summary.txt (tools/ktime_sum.py). Usage (repository root, on the GPU machine):
+# $OUT/summary.txt (tools/ktime_sum.py). KT_DETAIL (a regex on the demangled kernel names, e.g. 'k_gvf<.int.1'): instead
+# of the timing, Nsight's full section set on KT_DETAIL_COUNT (default 2) launches of the matching
+# kernels after KT_DETAIL_SKIP (default 0) of them, written as $OUT/detail_b<batch>.txt (the
+# details page: throughput, DRAM bytes, occupancy, stall reasons). Usage (repository root, on the
+# GPU machine):
 #   OUT=$OUT bash tests/ops/gpu_ktime.sh
 set -u
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -24,6 +28,19 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 log "ncu: ${NCU:-none}"
 [ -n "$NCU" ] || exit 0
 for b in ${KT_BATCH:-1}; do
+    if [ -n "${KT_DETAIL:-}" ]; then
+        r="$OUT/detail_b$b"
+        DSI_CUDA_NOGRAPH=1 timeout ${KT_TIMEOUT:-240} "$NCU" --clock-control none \
+            --cache-control "${KT_CACHE:-all}" --kernel-name-base demangled --set full --metrics dram__bytes_read.sum,dram__bytes_write.sum -k "regex:$KT_DETAIL" \
+            --launch-skip "${KT_DETAIL_SKIP:-0}" --launch-count "${KT_DETAIL_COUNT:-2}" -f -o "$r" \
+            build/cuda/dsinfer bench layer -m $M --ctx 4096 --warmup 1 --steps 1 --batch "$b" \
+            --no-split --prefill 0 --numerics fast >"$r.log" 2>&1
+        log "ncu detail batch $b rc $?"
+        "$NCU" -i "$r.ncu-rep" --page details --print-units base >"$r.txt" 2>&1
+        grep -E "^  [a-z_]+<|Duration|DRAM Throughput|dram__bytes|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Executed Ipc A|L2 Hit Rate|Mem Busy|Max Bandwidth|Theoretical Occ" \
+            "$r.txt" | head -60 >>"$OUT/summary.txt"
+        continue
+    fi
     f="$OUT/ktime_b$b.csv"
     DSI_CUDA_NOGRAPH=1 timeout ${KT_TIMEOUT:-240} "$NCU" --clock-control none --csv \
         --cache-control "${KT_CACHE:-all}" \

@@ -225,13 +225,14 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
                              (long long)nd, (long long)ndm);
             }
             if (!getenv("DSI_CUDA_MOE_SIDE")) {
-                /* the shared expert on a side stream (DSI_CUDA_MOE_SIDE=1, step 37: forked into
+                /* the shared expert on a side stream (the default since step 38; forked into
                    the captured steps) changes no `fast` logit: token by token (the steps
-                   captured and replayed as graphs), against the same run without it */
+                   captured and replayed as graphs), against the same run without it
+                   (DSI_CUDA_MOE_SIDE=0) */
                 float *o2 = malloc(sizeof(float) * (size_t)n);
                 TEST_ASSERT(o2 != NULL);
                 int r1 = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, 1, &ps, o, NULL);
-                setenv("DSI_CUDA_MOE_SIDE", "1", 1);
+                setenv("DSI_CUDA_MOE_SIDE", "0", 1);
                 int r2 = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, 1, &ps, o2, NULL);
                 unsetenv("DSI_CUDA_MOE_SIDE");
                 bool same = !r1 && !r2 && !memcmp(o, o2, sizeof(float) * (size_t)n);

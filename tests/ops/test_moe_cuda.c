@@ -393,8 +393,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        weight loads evict-first (DSI_CUDA_GVF_EF=1, step 36); the shared expert's projections
        before the routed ones, as where the prefetch hints are taken (DSI_CUDA_L2PF=4096); the
        shared expert on wgr.cu from 64 rows (DSI_CUDA_WG_SHARED_MIN=64; default 128), also in
-       blocks of 64 rows (step 37); the shared expert on a side stream below 64 rows
-       (DSI_CUDA_MOE_SIDE=1, step 37) */
+       blocks of 64 rows (step 37); the shared expert on the main stream below 64 rows
+       (DSI_CUDA_MOE_SIDE=0; the side stream is the default since step 38) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
@@ -421,7 +421,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_L2PF=4096", 1, INT64_MAX},
                  {"DSI_CUDA_WG_SHARED_MIN=64", 64, INT64_MAX},
                  {"DSI_CUDA_WG_SHARED_MIN=64,DSI_CUDA_WG_BN=64", 64, INT64_MAX},
-                 {"DSI_CUDA_MOE_SIDE=1", 1, 63}};
+                 {"DSI_CUDA_MOE_SIDE=0", 1, 63}};
     /* Every variant and case runs, so one failure names all the cases that share it. */
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]); b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);

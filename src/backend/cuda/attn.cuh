@@ -54,7 +54,8 @@ struct attn_p {
 
 /* attn_fa.cu's configuration for a call of n rows: c's forced choices, else by n (common.cuh's
    attn_fa_big). hb: heads per block (32 or 64); kt: keys a tile asked for (16 or 32; 32 is
-   taken with 64 heads only); qn, orope: the q norm and the output's RoPE fused. */
+   taken with 64 heads only); qn, orope: the q norm and the output's RoPE fused (orope at
+   every n unless DSI_CUDA_ATTN_FA_OR=0: step 38 measured batch 1-8 level, 32 -1.5%). */
 struct attn_fa_cfg {
     int hb, kt;
     bool qn, orope;
@@ -66,7 +67,7 @@ static inline attn_fa_cfg attn_fa_cfg_of(const struct cu_ctx *c, int64_t n) {
     f.hb = c->attn_fa_hb == 32 || c->attn_fa_hb == 64 ? c->attn_fa_hb : big ? 64 : 32;
     f.kt = c->attn_fa_kt == 16 || c->attn_fa_kt == 32 ? c->attn_fa_kt : big ? 32 : 16;
     f.qn = c->attn_fa_qn >= 0 ? c->attn_fa_qn == 1 : big;
-    f.orope = c->attn_fa_or >= 0 ? c->attn_fa_or == 1 : big;
+    f.orope = c->attn_fa_or != 0; /* every configuration since step 38 (batch 32 -1.5%) */
     return f;
 }
 

@@ -130,8 +130,8 @@ struct cu_ctx {
     int attn_fa_hb;    /* heads per block, 64 or 32 (DSI_CUDA_ATTN_FA_HB; step 33) */
     int attn_fa_qn;    /* 1: apply attn's q_norm as q is staged, 0: not (DSI_CUDA_ATTN_FA_QN;
                           step 34) */
-    int attn_fa_or;    /* 1: apply attn's out_rope as out is written, 0: not
-                          (DSI_CUDA_ATTN_FA_OR; step 34) */
+    int attn_fa_or;    /* 0: attn's out_rope in a launch of its own; else applied as out is
+                          written (DSI_CUDA_ATTN_FA_OR; step 34, every row count since 38) */
     bool attn_fa_k8;   /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
                           each float4 through attn_k4, step 29's) */
     int hc_split;      /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
@@ -209,8 +209,8 @@ struct cu_ctx {
     cudaEvent_t pf_fork, pf_join;
     int l2pf_max;
     bool pf_pending;
-    /* moe.cu: the shared expert's side stream and its fork / join events (DSI_CUDA_MOE_SIDE=1;
-       NULL: off; made at backend creation, freed with the backend; step 37) */
+    /* moe.cu: the shared expert's side stream and its fork / join events (default on since step 38;
+       DSI_CUDA_MOE_SIDE=0 / NULL: off; made at backend creation, freed with the backend) */
     cudaStream_t moe_side;
     cudaEvent_t moe_fork, moe_join;
     int sticky; /* first error (dsi_status), 0 if none */

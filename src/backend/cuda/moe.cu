@@ -743,8 +743,8 @@ static bool moe_shapes_ok(
            w2->rows >= D && w1->type == w3->type && gemm_w_ok(w1) && gemm_w_ok(w3) && gemm_w_ok(w2);
 }
 
-/* ---- the shared expert on a side stream (DSI_CUDA_MOE_SIDE=1; step 37, compiled only: not
- * yet run on a GPU, off until measured) ------------------------------------------------------
+/* ---- the shared expert on a side stream (step 37; the default since step 38: batch 1 -1.6%,
+ * 8-32 -2.5% on the H100; DSI_CUDA_MOE_SIDE=0: off) ------------------------------------------
  * At a few rows (the shared expert on gvf.cu, below tc.cu's 64 rows) the shared expert needs
  * only x, so it can run beside the routed experts' grouping and walks instead of after them:
  * the main stream records moe_fork, the side stream waits for it and runs the shared up
@@ -755,8 +755,8 @@ static bool moe_shapes_ok(
  * idle at their ends, and each walk pays ~6-8 us of ramp and drain alone (docs/cuda.md step 37);
  * two walks side by side share theirs. Same values: every kernel computes the same rows. */
 int cu_moe_side_init(struct cu_ctx *c) {
-    const char *e = getenv("DSI_CUDA_MOE_SIDE");
-    if (!(e && *e == '1')) return 0;
+    const char *e = getenv("DSI_CUDA_MOE_SIDE"); /* default on (step 38); =0: off */
+    if (e && *e == '0') return 0;
     return cu_fork_make(&c->moe_side, &c->moe_fork, &c->moe_join);
 }
 
@@ -906,7 +906,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                 (long long)D);
         return;
     }
-    /* the shared expert on the side stream (DSI_CUDA_MOE_SIDE=1, see cu_moe_side_init): on
+    /* the shared expert on the side stream (default; see cu_moe_side_init): on
        gvf.cu (below 64 rows), its h rows quantised alone; forked before the grouping */
     bool sfirst = cu_l2pf_on(c, n);
     bool side = c->moe_side && sgv && !(wg || swg) && !q8 && !sfirst;
