@@ -12,7 +12,9 @@
 # DSI_CUDA_PROFILE's value, default 1, 2: gemm calls by shape too); PRE_MEMCHECK / PRE_RACECHECK:
 # compute-sanitizer on those tests (tiny mode, PRE_SAN_TIMEOUT seconds each). Key lines
 # in $OUT/summary.txt, the logs packed in $OUT/logs_pre.tgz (KEEP_OUT=1: left as files).
-# PRE_DEADLINE (seconds from the start; 0, the default: none): no step starts with less than
+# PRE_LAYERS (default 4): the checkpoint's layers (1: ~70 s to write instead of ~150-200, for a
+# quick A/B of the small batches; gpu_env.sh's FLASH_LAYERS); PRE_PREFILL (default 8192; 0: no
+# prefill in the bench). PRE_DEADLINE (seconds from the start; 0, the default: none): no step starts with less than
 # PRE_STEP_S (30) seconds left, each runs at most until then, and what is skipped is logged, so
 # the run packs its results before the device's limit instead of being cut. Usage (repository
 # root, on the GPU machine):
@@ -49,7 +51,7 @@ can() {
     log "skipped ($l s before the deadline): $*"
     return 1
 }
-start_flash4 "$OUT"
+FLASH_LAYERS=${PRE_LAYERS:-4} start_flash4 "$OUT"
 if [ "${PRE_TESTS:-test_cuda_*}" != none ]; then
     timeout $(lim ${PRE_TEST_TIMEOUT:-220}) build/cuda/dsinfer-test --root . --only "${PRE_TESTS:-test_cuda_*}" \
         >"$OUT/test_cuda.log" 2>&1
@@ -65,7 +67,7 @@ for rep in $(seq 1 "${PRE_REPS:-2}"); do
         f="$OUT/bench_${v//[=,]/_}_$rep.txt"
         can "bench $v rep $rep" || continue
         env "${envs[@]}" timeout $(lim 120) build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
-            --batch "${PRE_BATCH:-1}" --no-split --prefill 8192 --prefill-reps 1 --numerics fast >"$f" 2>&1
+            --batch "${PRE_BATCH:-1}" --no-split --prefill "${PRE_PREFILL:-8192}" --prefill-reps 1 --numerics fast >"$f" 2>&1
         log "$v rep $rep rc $?"
         grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
     done
