@@ -186,8 +186,9 @@ int test_cuda_hc(struct test_ctx *t) {
     for (int i = 0; i < NALT; i++)
         TEST_ASSERT(alt[i] != NULL);
     struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1"),
-                       *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1");
-    TEST_ASSERT(tf1 != NULL && fin != NULL);
+                       *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1"),
+                       *cl = cuda_backend_with("DSI_CUDA_HC_CL=1");
+    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -238,6 +239,14 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(close_to("hc_pre post", pg, pc, n * hc, 1e-5));
                 TEST_ASSERT(close_to("hc_pre comb", cg, cc, n * hc * hc, 1e-5));
                 if (n > 17) TEST_ASSERT(hc_tail_same(g_gpu, &a, NULL, yg, pg, cg, 17));
+                /* up to k_hc_pre_one's 32 rows, on a thread block cluster a row instead
+                   (DSI_CUDA_HC_CL=1, step 38; clusters of 1 block at D = 128 and 200, of 16 at
+                   4096): its bits, and with the norm as hc_norm_same holds it */
+                if (n <= 32) {
+                    TEST_ASSERT(hc_tail_same(cl, &a, NULL, yg, pg, cg, n));
+                    TEST_ASSERT(
+                        hc_norm_same(cl, &r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
+                }
                 for (int i = 0; i < NALT && n > 32; i++)
                     TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
                 /* the norm in hc_pre's finish at one block a row (fin: DSI_CUDA_HC_FIN_NORM=1;
@@ -340,6 +349,7 @@ int test_cuda_hc(struct test_ctx *t) {
         alt[i]->ops->free(alt[i]);
     tf1->ops->free(tf1);
     fin->ops->free(fin);
+    cl->ops->free(cl);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
     for (int c = 0; c < 3; c++) {

@@ -163,6 +163,8 @@ struct cu_ctx {
                            DSI_CUDA_HC_FIN_NORM=1; step 33; measured level in step 35: off) */
     int hc_one;  /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
                     0: never; at most CU_HC_ONE_MAX) */
+    bool hc_cl;  /* hc_pre's rows up to hc_one on a thread block cluster a row instead
+                    (hc_cl.cu; DSI_CUDA_HC_CL=1; step 38, compiled only: off) */
     int *hc_cnt; /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
                     launches) */
     bool wg;     /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */

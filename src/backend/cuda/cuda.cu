@@ -600,6 +600,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;
+    const char *hcl = getenv("DSI_CUDA_HC_CL");
+    c->hc_cl = hcl && *hcl == '1';
     const char *hfn = getenv("DSI_CUDA_HC_FIN_NORM");
     c->hc_fin_norm = hfn && *hfn == '1'; /* (step 33; measured level in step 35: off) */
     if (c->hc_one > CU_HC_ONE_MAX) c->hc_one = CU_HC_ONE_MAX;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 
-#define HC_MAX   8 /* streams; mix rows (2 + hc) * hc <= 80 */
 #define HC_AHEAD 8 /* loads in flight per thread in the norm statistic */
 
 #define MIX_STEP   CU_WARPS            /* k_hc_mix: chunks of 32 per step, one per warp */
@@ -230,63 +229,6 @@ __device__ __forceinline__ void small_sync(int nt) {
         __syncwarp();
     else
         asm volatile("bar.sync 1, 64;" ::: "memory");
-}
-
-/* comb from its logits m (lane jr hc + k of warp 0 holds element (jr, k), hc * hc <= 32): the
- * row softmax plus eps, then iters Sinkhorn normalisations (columns; from the second on rows
- * first), each sum in the CPU's order from the lanes' values by shuffles (the shared-memory
- * version below had two barriers per half step). HC > 0: hc is HC (the loops unrolled, a sum's
- * shuffles issued together; 0: any hc). The whole warp calls it; out: this lane's comb element
- * (null: none). */
-template <int HC>
-__device__ __forceinline__ void
-comb_sinkhorn_warp(float m, int jr, int k, int hc_, int iters, float hc_eps, float *out) {
-    const int hc = HC > 0 ? HC : hc_;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int kk = 0; kk < hc; kk++)
-        mx = fmaxf(mx, __shfl_sync(0xffffffffu, m, jr * hc + kk));
-    float v = exp_ref(m - mx), z = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < hc; kk++)
-        z += __shfl_sync(0xffffffffu, v, jr * hc + kk);
-    v = v / z + hc_eps;
-#pragma unroll 1
-    for (int it = 0; it < iters; it++) {
-        if (it > 0) { /* rows */
-            float s = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < hc; kk++)
-                s += __shfl_sync(0xffffffffu, v, jr * hc + kk);
-            v /= s + hc_eps;
-        }
-        float s = 0.0f; /* columns */
-#pragma unroll
-        for (int j = 0; j < hc; j++)
-            s += __shfl_sync(0xffffffffu, v, j * hc + k);
-        v /= s + hc_eps;
-    }
-    if (out) *out = v;
-}
-
-/* Warp 0's part of the finish when hc * hc <= 32: comb of row r from the mix values mr (rho
- * applied here) by comb_sinkhorn_warp (hc 4 unrolled). */
-__device__ __forceinline__ void hc_comb_warp(const float *mr,
-                                             float rho,
-                                             int hc,
-                                             struct cu_vec base,
-                                             struct cu_vec scale,
-                                             int iters,
-                                             float hc_eps,
-                                             float *comb_r) {
-    int tid = threadIdx.x & 31, nt = hc * hc;
-    bool act = tid < nt;
-    int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
-    float m = act ? mr[2 * hc + tid] * rho * vec_get(scale, 2) + vec_get(base, 2 * hc + tid) : 0.0f;
-    if (hc == 4)
-        comb_sinkhorn_warp<4>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
-    else
-        comb_sinkhorn_warp<0>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
 }
 
 /* The norm fused after hc_pre's collapse (z = RMSNorm(y) w, zq = act_quant(z); z null: none). */
@@ -589,18 +531,6 @@ __global__ void k_hc_pre_finish(const float *X,
  * collapse y, then with norm_w z = RMSNorm(y) w and zq = act_quant(z) as k_rms_norm_blk (the
  * sums of squares in double in another order: the float results equal but for the rare last-bit
  * tie, as between the other kernels). */
-struct hc_one_p {
-    const float *X, *fn;
-    int64_t ldw, n, dim;
-    int hc, iters;
-    struct cu_vec base, scale, nw;
-    float norm_eps, hc_eps, z_eps;
-    float *cv;   /* [nq][n n_mix] */
-    double *ssp; /* [n][S] */
-    int *cnt;    /* [n], zero on entry and on exit */
-    float *y, *post, *comb, *z, *zq;
-    bool round;
-};
 
 /* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32) */
 template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
@@ -696,6 +626,7 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
         (uintptr_t)a->y % 16 || fn->type != DSI_TYPE_F32 || !gemm_fast_ok(fn, a->X, len) ||
         fn->row_bytes % 16 || S > 65535)
         return false;
+    if (hc_pre_cl(c, a, fn, norm)) return true;         /* one cluster a row (c->hc_cl; hc_cl.cu) */
     unsigned og = (unsigned)cu_div_up(n_mix, CU_WARPS); /* blocks along the outputs */
     float *cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * a->n * n_mix) * 4);
     double *ssp = (double *)cu_scratch(c, CU_SCR_OP, (size_t)(a->n * S) * 8);

@@ -1,8 +1,88 @@
-/* hc.cuh - hc_pre's mix in `fast` numerics (hc_tf.cu), for hc.cu. */
+/* hc.cuh - what hc.cu shares with hc_tf.cu (hc_pre's mix in `fast` numerics) and hc_cl.cu
+ * (hc_pre of a few rows on a thread block cluster): the comb's Sinkhorn on a warp, the
+ * parameters of the one-launch hc_pre. */
 #ifndef DSI_CUDA_HC_CUH
 #define DSI_CUDA_HC_CUH
 
 #include "common.cuh"
+
+#define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
+
+/* comb from its logits m (lane jr hc + k of warp 0 holds element (jr, k), hc * hc <= 32): the
+ * row softmax plus eps, then iters Sinkhorn normalisations (columns; from the second on rows
+ * first), each sum in the CPU's order from the lanes' values by shuffles (the shared-memory
+ * version below had two barriers per half step). HC > 0: hc is HC (the loops unrolled, a sum's
+ * shuffles issued together; 0: any hc). The whole warp calls it; out: this lane's comb element
+ * (null: none). */
+template <int HC>
+__device__ __forceinline__ void
+comb_sinkhorn_warp(float m, int jr, int k, int hc_, int iters, float hc_eps, float *out) {
+    const int hc = HC > 0 ? HC : hc_;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int kk = 0; kk < hc; kk++)
+        mx = fmaxf(mx, __shfl_sync(0xffffffffu, m, jr * hc + kk));
+    float v = exp_ref(m - mx), z = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < hc; kk++)
+        z += __shfl_sync(0xffffffffu, v, jr * hc + kk);
+    v = v / z + hc_eps;
+#pragma unroll 1
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) { /* rows */
+            float s = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < hc; kk++)
+                s += __shfl_sync(0xffffffffu, v, jr * hc + kk);
+            v /= s + hc_eps;
+        }
+        float s = 0.0f; /* columns */
+#pragma unroll
+        for (int j = 0; j < hc; j++)
+            s += __shfl_sync(0xffffffffu, v, j * hc + k);
+        v /= s + hc_eps;
+    }
+    if (out) *out = v;
+}
+
+/* Warp 0's part of the finish when hc * hc <= 32: comb of row r from the mix values mr (rho
+ * applied here) by comb_sinkhorn_warp (hc 4 unrolled). */
+__device__ __forceinline__ void hc_comb_warp(const float *mr,
+                                             float rho,
+                                             int hc,
+                                             struct cu_vec base,
+                                             struct cu_vec scale,
+                                             int iters,
+                                             float hc_eps,
+                                             float *comb_r) {
+    int tid = threadIdx.x & 31, nt = hc * hc;
+    bool act = tid < nt;
+    int jr = act ? tid / hc : 0, k = act ? tid % hc : 0;
+    float m = act ? mr[2 * hc + tid] * rho * vec_get(scale, 2) + vec_get(base, 2 * hc + tid) : 0.0f;
+    if (hc == 4)
+        comb_sinkhorn_warp<4>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
+    else
+        comb_sinkhorn_warp<0>(m, jr, k, hc, iters, hc_eps, act ? comb_r + tid : nullptr);
+}
+
+struct hc_one_p {
+    const float *X, *fn;
+    int64_t ldw, n, dim;
+    int hc, iters;
+    struct cu_vec base, scale, nw;
+    float norm_eps, hc_eps, z_eps;
+    float *cv;   /* [nq][n n_mix] */
+    double *ssp; /* [n][S] */
+    int *cnt;    /* [n], zero on entry and on exit */
+    float *y, *post, *comb, *z, *zq;
+    bool round;
+};
+
+/* k_hc_pre_cl (hc_cl.cu; c->hc_cl, DSI_CUDA_HC_CL=1; step 38): hc_pre of a's rows (at most
+ * c->hc_one) with the norm after it where norm, one cluster of S = ceil(len / 1024) blocks a row;
+ * false: not taken (shapes: S > 16, hc * hc > 32, the norm's slices not whole 128-blocks; the
+ * caller runs k_hc_pre_one). Bit for bit k_hc_pre_one's y, post and comb. */
+bool hc_pre_cl(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w *fn, bool norm);
 
 /* fn[o] . X[r] for rows r < n of len floats and outputs o < n_mix <= 32 on the tensor cores
  * (3xTF32, `fast` numerics only), with each row's sum of squares, split along K into *S pieces:
