@@ -631,32 +631,10 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
     float *cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * a->n * n_mix) * 4);
     double *ssp = (double *)cu_scratch(c, CU_SCR_OP, (size_t)(a->n * S) * 8);
     if (!cv || !ssp) return true; /* failed (sticky), or the capture gave up */
-    struct hc_one_p p;
-    memset(&p, 0, sizeof(p));
-    p.X = a->X;
-    p.fn = (const float *)fn->data;
-    p.ldw = fn->row_bytes / 4;
-    p.n = a->n;
-    p.dim = a->dim;
-    p.hc = hc;
-    p.iters = a->iters;
-    p.base = cu_vec_of(a->base);
-    p.scale = cu_vec_of(a->scale);
-    p.norm_eps = a->norm_eps;
-    p.hc_eps = a->hc_eps;
+    struct hc_one_p p = hc_one_params(a, fn, norm);
     p.cv = cv;
     p.ssp = ssp;
     p.cnt = c->hc_cnt;
-    p.y = a->y;
-    p.post = a->post;
-    p.comb = a->comb;
-    p.round = a->round_bf16;
-    if (norm) {
-        p.nw = cu_vec_of(a->norm_w);
-        p.z_eps = a->z_eps;
-        p.z = a->z;
-        p.zq = a->zq;
-    }
     int pf = cu_prof_begin(c, "hc_pre.one");
     dim3 grid((unsigned)S, (unsigned)a->n, og);
     if (hc == 4)

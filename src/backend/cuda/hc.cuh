@@ -6,6 +6,8 @@
 
 #include "common.cuh"
 
+#include <string.h>
+
 #define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
 
 /* comb from its logits m (lane jr hc + k of warp 0 holds element (jr, k), hc * hc <= 32): the
@@ -77,6 +79,36 @@ struct hc_one_p {
     float *y, *post, *comb, *z, *zq;
     bool round;
 };
+
+/* The parameters of a's rows common to k_hc_pre_one and k_hc_pre_cl (fn: a's mix weights;
+ * norm: the norm after it, z / zq); cv, ssp and cnt left null. */
+static inline struct hc_one_p
+hc_one_params(const struct dsi_hc_pre_args *a, const struct cu_w *fn, bool norm) {
+    struct hc_one_p p;
+    memset(&p, 0, sizeof(p));
+    p.X = a->X;
+    p.fn = (const float *)fn->data;
+    p.ldw = fn->row_bytes / 4;
+    p.n = a->n;
+    p.dim = a->dim;
+    p.hc = (int)a->hc;
+    p.iters = a->iters;
+    p.base = cu_vec_of(a->base);
+    p.scale = cu_vec_of(a->scale);
+    p.norm_eps = a->norm_eps;
+    p.hc_eps = a->hc_eps;
+    p.y = a->y;
+    p.post = a->post;
+    p.comb = a->comb;
+    p.round = a->round_bf16;
+    if (norm) {
+        p.nw = cu_vec_of(a->norm_w);
+        p.z_eps = a->z_eps;
+        p.z = a->z;
+        p.zq = a->zq;
+    }
+    return p;
+}
 
 /* k_hc_pre_cl (hc_cl.cu; c->hc_cl, DSI_CUDA_HC_CL=1; step 38): hc_pre of a's rows (at most
  * c->hc_one) with the norm after it where norm, one cluster of S = ceil(len / 1024) blocks a row;

@@ -250,29 +250,7 @@ bool hc_pre_cl(struct cu_ctx *c,
         return false;
     size_t sm = (size_t)(nq * n_mix) * 4;
     if (norm) sm = std::max(sm, (size_t)(d4 / S) * 16);
-    struct hc_one_p p;
-    memset(&p, 0, sizeof(p));
-    p.X = a->X;
-    p.fn = (const float *)fn->data;
-    p.ldw = fn->row_bytes / 4;
-    p.n = a->n;
-    p.dim = dim;
-    p.hc = hc;
-    p.iters = a->iters;
-    p.base = cu_vec_of(a->base);
-    p.scale = cu_vec_of(a->scale);
-    p.norm_eps = a->norm_eps;
-    p.hc_eps = a->hc_eps;
-    p.y = a->y;
-    p.post = a->post;
-    p.comb = a->comb;
-    p.round = a->round_bf16;
-    if (norm) {
-        p.nw = cu_vec_of(a->norm_w);
-        p.z_eps = a->z_eps;
-        p.z = a->z;
-        p.zq = a->zq;
-    }
+    struct hc_one_p p = hc_one_params(a, fn, norm);
     int pf = cu_prof_begin(c, "hc_pre.cl");
     bool ok = hc == 4 ? hc_cl_go<4>(c, &p, (int)S, sm) : hc_cl_go<0>(c, &p, (int)S, sm);
     cu_prof_end(c, pf);
