@@ -145,6 +145,8 @@ struct cu_ctx {
     int tc_bn_max;   /* tc.cu's MoE tiles: activation rows per block at most (DSI_CUDA_TC_BN) */
     int gvf_moe_nt;  /* gvf.cu's routed tiles: 8 x this many rows (DSI_CUDA_GVF_MOE_NT; 0: auto) */
     int gvf_blocks;  /* gvf.cu's MoE grid: about this many blocks per SM (DSI_CUDA_GVF_BLOCKS) */
+    int gvf_bal;     /* gvf.cu's routed tiles: one row of this many blocks per SM splitting the tile
+                        table evenly (DSI_CUDA_GVF_BAL; 0: off, gx blocks a tile) */
     bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     int idx_tpb;     /* their key tiles per block (DSI_CUDA_IDX_TPB; 0: up to 8 by the grid) */
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */

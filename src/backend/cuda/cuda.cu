@@ -582,6 +582,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gb = getenv("DSI_CUDA_GVF_BLOCKS");
     /* 16 with gvf_ks_min 2 (step 21; 8 until step 20, then 32) */
     c->gvf_blocks = gb && atoi(gb) > 0 ? atoi(gb) : 16;
+    /* step 39: the routed walks' grid as one balanced wave (compiled only: off) */
+    const char *gl = getenv("DSI_CUDA_GVF_BAL");
+    c->gvf_bal = gl && atoi(gl) > 0 ? atoi(gl) : 0;
+    if (c->gvf_bal > 16) c->gvf_bal = 16;
     const char *hm = getenv("DSI_CUDA_HC_MIX_MIN");
     c->hc_mix_min = hm && *hm ? atoi(hm) : 2; /* 512 until step 23 (the old k_hc_mix) */
     const char *hx = getenv("DSI_CUDA_HC_MIX_SPLIT");

@@ -81,6 +81,11 @@ struct gvf_p {
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
     bool ef;        /* the weight loads evict-first in L2 (c->gvf_ef) */
+    /* MoE (c->gvf_bal, DSI_CUDA_GVF_BAL): one row of blocks that split the routed tile
+       table's items (tile, group of tpb weight tiles), *n_tiles x ceil(tiles / tpb) of them,
+       evenly in consecutive ranges, restaging the rows where a range enters the next tile;
+       instead of gx blocks a tile (grid.y = the table's size), whose waves end unevenly */
+    bool bal;
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
        by a second weight of w's type, K and scale layout at data2 / scale2 (rows 0 .. n_out2,
        tiles2 tiles) into y2 (ldy2); row0, gxs, gys 0 */
@@ -285,7 +290,7 @@ __device__ __forceinline__ const uint8_t *gvf_scale_row(const struct cu_w &w, in
     return nullptr;
 }
 
-template <int MODE, int WT, int NT>
+template <int MODE, int WT, int NT, bool BAL = false>
 __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
     /* MoE: the tile table is the previous kernel's. Dense: the first weight loads come first
@@ -302,11 +307,25 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     /* ---- the block's activation rows (MoE: the tile of blockIdx.y), staged as bf16 */
     int e = -1, rows;
     int64_t pos0 = 0, nk = p.m.n * p.m.topk, K;
+    /* p.bal: this block's items it0 .. it0 + n_bal - 1 (item it: tile it / citems of the table,
+       weight tiles (it % citems) tpb + ...); stt: the staged tile */
+    constexpr bool bal = MODE != GVF_DENSE && BAL; /* (an instance of its own: registers) */
+    int it0 = 0, n_bal = 0, citems = 1, stt = 0;
     if (MODE == GVF_DENSE) {
         K = p.w.K;
         rows = (int)(p.n < p.xrows ? p.n : p.xrows);
     } else {
-        if (!moe_tile(p.m, 8 * NT, &e, &pos0, &rows)) return; /* the whole block */
+        if (bal) {
+            citems = (int)((p.tiles + tpb - 1) / tpb);
+            int tot = *p.m.n_tiles * citems;
+            it0 = (int)((int64_t)blockIdx.x * tot / gridDim.x);
+            n_bal = (int)((int64_t)(blockIdx.x + 1) * tot / gridDim.x) - it0;
+            if (n_bal <= 0) return; /* the whole block */
+            stt = it0 / citems;
+            moe_tile_at(p.m, stt, &e, &pos0, &rows);
+        } else if (!moe_tile(p.m, 8 * NT, &e, &pos0, &rows)) {
+            return; /* the whole block */
+        }
         K = MODE == GVF_UP ? p.m.D : p.m.I;
         if (rows > p.xrows) rows = p.xrows; /* not reached: the launcher sizes xrows */
     }
@@ -347,9 +366,12 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         }
     };
     int xo[NT]; /* gvf_mma: column tile j's staged row (rows >= 1 here) */
+    auto set_xo = [&]() {
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-        xo[j] = (j * 8 + g < rows ? j * 8 + g : rows - 1) * (int)rw;
+        for (int j = 0; j < NT; j++)
+            xo[j] = (j * 8 + g < rows ? j * 8 + g : rows - 1) * (int)rw;
+    };
+    set_xo();
 
     /* ---- the weights: per tile, this lane's rows g (h = 0) and g + 8 (h = 1) */
     struct cu_w W[2];
@@ -396,9 +418,11 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     int qe = p.ilv ? ng : qa + gpw < ng ? qa + gpw : ng;
     int nb = p.ilv ? (ng + qs - 1) / qs : (gpw + GVF_U - 1) / GVF_U;
     int64_t tiles = MODE == GVF_DENSE ? dn.tiles : p.tiles;
-    int n_iter = (int)((tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb));
+    int n_iter =
+        bal ? n_bal : (int)((tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb));
     int steps = n_iter * nb;
     auto tile_of = [&](int64_t i) {
+        if (bal) return (int64_t)(((unsigned)(it0 + (int)i) % (unsigned)citems) * tpb + warp / ks);
         return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
     };
     /* No divisions per step: the load position (li, lb) holds its tile's row and scale
@@ -407,6 +431,15 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     const uint8_t *lp0 = nullptr, *lp1 = nullptr, *ls0 = nullptr, *ls1 = nullptr;
     int sh0 = W[0].sh1, sh1 = W[1].sh1;
     auto enter_tile = [&](int64_t i) {
+        if (bal) { /* the item's expert (none past the block's last item) */
+            if (i >= n_iter) return;
+            int ex = p.m.tiles[(unsigned)(it0 + (int)i) / (unsigned)citems].x;
+            const struct cu_moe_ent &te = p.m.tab[ex];
+            W[0].data = te.p[MODE == GVF_UP ? 0 : 4];
+            W[0].scale = te.p[MODE == GVF_UP ? 1 : 5];
+            W[1].data = te.p[MODE == GVF_UP ? 2 : 4];
+            W[1].scale = te.p[MODE == GVF_UP ? 3 : 5];
+        }
         int64_t tile = tile_of(i), r0 = wrow(tile, 0), r1 = wrow(tile, 1);
         lp0 = r0 >= 0 ? W[0].data + r0 * W[0].row_bytes : nullptr;
         lp1 = r1 >= 0 ? W[1].data + r1 * W[1].row_bytes : nullptr;
@@ -507,6 +540,18 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         };
     auto compute_step = [&](int64_t i, int b, const gvf_raw(&ra)[GVF_U],
                             const gvf_raw(&rb)[GVF_U]) {
+        if (bal && b == 0) { /* an item of the next tile: its rows (the same for the block) */
+            int tt = (int)((unsigned)(it0 + (int)i) / (unsigned)citems);
+            if (tt != stt) {
+                __syncthreads(); /* every warp is done with the staged rows */
+                stt = tt;
+                moe_tile_at(p.m, stt, &e, &pos0, &rows);
+                if (rows > p.xrows) rows = p.xrows;
+                set_xo();
+                stage_x();
+                __syncthreads();
+            }
+        }
 #pragma unroll
         for (int u = 0; u < GVF_U; u++) {
             int q = qa + b * qs + u;
@@ -612,20 +657,26 @@ static int64_t gvf_stage_bytes(int type, int64_t xrows, int64_t K) {
 
 static int gvf_nt(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : 4; }
 
-template <int MODE, int WT, int NT> static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
+template <int MODE, int WT, int NT, bool BAL = false>
+static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
     int64_t K = MODE == GVF_DENSE ? p->w.K : MODE == GVF_UP ? p->m.D : p->m.I;
     size_t sm = (size_t)gvf_stage_bytes(WT, p->xrows, K);
     static bool smem_done = false;
-    if (!smem_limit(c, k_gvf<MODE, WT, NT>, GVF_SMEM_MAX, &smem_done, "decode gemm")) return false;
+    if (!smem_limit(c, k_gvf<MODE, WT, NT, BAL>, GVF_SMEM_MAX, &smem_done, "decode gemm"))
+        return false;
     unsigned gy = (unsigned)(p->gy > 0 ? p->gy : 1);
     int64_t tpb = GVF_W / p->ks;
     int64_t gx = gvf_gx(c, MODE, gvf_tiles(p), gy, tpb);
     struct gvf_p q = *p;
+    if (BAL) { /* one row of c->gvf_bal blocks an SM */
+        gx = (int64_t)c->gvf_bal * c->n_sms;
+        gy = 1;
+    }
     if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
         int64_t it = gx * gy * tpb * 16 * q.w.row_bytes;
         q.pre = (int)std::min<int64_t>(q.pre, GVF_PRE_MAX / std::max<int64_t>(it, 1));
     }
-    cu_launch(c, k_gvf<MODE, WT, NT>, dim3((unsigned)gx, gy), GVF_T, sm, q);
+    cu_launch(c, k_gvf<MODE, WT, NT, BAL>, dim3((unsigned)gx, gy), GVF_T, sm, q);
     return cu_check(c, MODE == GVF_DENSE ? "gemm (decode, tensor cores)"
                                          : "moe (decode, tensor cores)");
 }
@@ -640,6 +691,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
     p->nbar = c->gvf_nbar;
     p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
     p->ef = c->gvf_ef;
+    if (MODE != GVF_DENSE && nt == 1 && p->bal) return gvf_go<MODE, WT, 1, true>(c, p) || c->sticky;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
     if (nt == 2) return gvf_go<MODE, WT, 2>(c, p) || c->sticky;
     return gvf_go<MODE, WT, 4>(c, p) || c->sticky;
@@ -786,6 +838,7 @@ bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int nt, u
     p.m = *mp;
     p.gy = tiles;
     p.xrows = (int)std::min<int64_t>(mp->n, 8 * nt); /* an expert has at most one row per token */
+    p.bal = c->gvf_bal > 0 && mp->tiles && nt == 1;
     int type = up ? mp->w1.type : mp->w2.type;
     bool fp4 = type == DSI_TYPE_FP4_E2M1, ok;
     if (up) {

@@ -30,16 +30,22 @@ struct moe_p {
     const float *x8s, *h8s;
 };
 
+/* Routed tile t (< *p.n_tiles) of the grouping's table: expert e, first h position, rows. */
+__device__ __forceinline__ void
+moe_tile_at(const struct moe_p &p, int t, int *e, int64_t *pos0, int *rows) {
+    int4 v = p.tiles[t];
+    *e = v.x;
+    *pos0 = v.y;
+    *rows = v.z;
+}
+
 /* Tile t of this launch: expert e (or -1 for the shared one), first h position, rows. */
 __device__ __forceinline__ bool
 moe_tile(const struct moe_p &p, int RX, int *e, int64_t *pos0, int *rows) {
     int64_t nk = p.n * p.topk;
     if (p.tiles) {
         if ((int)blockIdx.y >= *p.n_tiles) return false;
-        int4 t = p.tiles[blockIdx.y];
-        *e = t.x;
-        *pos0 = t.y;
-        *rows = t.z;
+        moe_tile_at(p, (int)blockIdx.y, e, pos0, rows);
     } else {
         int64_t r0 = (int64_t)blockIdx.y * RX;
         if (r0 >= p.n) return false;
