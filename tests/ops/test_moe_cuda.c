@@ -397,7 +397,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        (DSI_CUDA_MOE_SIDE=0; the side stream is the default since step 38); gvf.cu's routed
        walks as one row of blocks splitting the tile table evenly (DSI_CUDA_GVF_BAL, step 39:
        2 blocks an SM; 16, where blocks get one item or none; 1 with one warp along K, so a
-       block crosses several tiles and restages their rows) */
+       block crosses several tiles and restages their rows; in groups of 4 blocks by default,
+       also of 1 and of 3, DSI_CUDA_GVF_BALG) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
@@ -427,7 +428,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_MOE_SIDE=0", 1, 63},
                  {"DSI_CUDA_GVF_BAL=2", 1, INT64_MAX},
                  {"DSI_CUDA_GVF_BAL=16", 1, INT64_MAX},
-                 {"DSI_CUDA_GVF_BAL=1,DSI_CUDA_GVF_KS1_MIN=1", 1, INT64_MAX}};
+                 {"DSI_CUDA_GVF_BAL=1,DSI_CUDA_GVF_KS1_MIN=1", 1, INT64_MAX},
+                 {"DSI_CUDA_GVF_BAL=2,DSI_CUDA_GVF_BALG=1", 1, INT64_MAX},
+                 {"DSI_CUDA_GVF_BAL=1,DSI_CUDA_GVF_BALG=3", 1, INT64_MAX}};
     /* Every variant and case runs, so one failure names all the cases that share it. */
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]); b++) {
         struct dsi_backend *g3 = cuda_backend_with(other[b].env);

@@ -147,6 +147,7 @@ struct cu_ctx {
     int gvf_blocks;  /* gvf.cu's MoE grid: about this many blocks per SM (DSI_CUDA_GVF_BLOCKS) */
     int gvf_bal;     /* gvf.cu's routed tiles: one row of this many blocks per SM splitting the tile
                         table evenly (DSI_CUDA_GVF_BAL; 0: off, gx blocks a tile) */
+    int gvf_bal_g;   /* in groups of this many blocks on the same items (DSI_CUDA_GVF_BALG) */
     bool tc_idx;     /* `fast` indexer scores on tensor cores (DSI_CUDA_TC_IDX=0: off) */
     int idx_tpb;     /* their key tiles per block (DSI_CUDA_IDX_TPB; 0: up to 8 by the grid) */
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */

@@ -586,6 +586,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gl = getenv("DSI_CUDA_GVF_BAL");
     c->gvf_bal = gl && atoi(gl) > 0 ? atoi(gl) : 0;
     if (c->gvf_bal > 16) c->gvf_bal = 16;
+    const char *gg = getenv("DSI_CUDA_GVF_BALG");
+    c->gvf_bal_g = gg && atoi(gg) > 0 ? atoi(gg) : 4;
     const char *hm = getenv("DSI_CUDA_HC_MIX_MIN");
     c->hc_mix_min = hm && *hm ? atoi(hm) : 2; /* 512 until step 23 (the old k_hc_mix) */
     const char *hx = getenv("DSI_CUDA_HC_MIX_SPLIT");

@@ -86,6 +86,7 @@ struct gvf_p {
        evenly in consecutive ranges, restaging the rows where a range enters the next tile;
        instead of gx blocks a tile (grid.y = the table's size), whose waves end unevenly */
     bool bal;
+    int bal_g; /* bal: blocks a group (c->gvf_bal_g, DSI_CUDA_GVF_BALG); the grid a multiple */
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
        by a second weight of w's type, K and scale layout at data2 / scale2 (rows 0 .. n_out2,
        tiles2 tiles) into y2 (ldy2); row0, gxs, gys 0 */
@@ -307,8 +308,9 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     /* ---- the block's activation rows (MoE: the tile of blockIdx.y), staged as bf16 */
     int e = -1, rows;
     int64_t pos0 = 0, nk = p.m.n * p.m.topk, K;
-    /* p.bal: this block's items it0 .. it0 + n_bal - 1 (item it: tile it / citems of the table,
-       weight tiles (it % citems) tpb + ...); stt: the staged tile */
+    /* p.bal: this block's items it0, it0 + bal_g, ... (n_bal of them; item it: tile it / citems
+       of the table, weight tiles (it % citems) tpb + ...): its group of bal_g blocks takes a
+       range of the items, each block every bal_g-th; stt: the staged tile */
     constexpr bool bal = MODE != GVF_DENSE && BAL; /* (an instance of its own: registers) */
     int it0 = 0, n_bal = 0, citems = 1, stt = 0;
     if (MODE == GVF_DENSE) {
@@ -318,8 +320,10 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         if (bal) {
             citems = (int)((p.tiles + tpb - 1) / tpb);
             int tot = *p.m.n_tiles * citems;
-            it0 = (int)((int64_t)blockIdx.x * tot / gridDim.x);
-            n_bal = (int)((int64_t)(blockIdx.x + 1) * tot / gridDim.x) - it0;
+            int nq = (int)gridDim.x / p.bal_g, q = (int)blockIdx.x / p.bal_g;
+            int g1 = (int)((int64_t)(q + 1) * tot / nq);
+            it0 = (int)((int64_t)q * tot / nq) + (int)blockIdx.x % p.bal_g;
+            n_bal = g1 > it0 ? (g1 - it0 + p.bal_g - 1) / p.bal_g : 0;
             if (n_bal <= 0) return; /* the whole block */
             stt = it0 / citems;
             moe_tile_at(p.m, stt, &e, &pos0, &rows);
@@ -422,7 +426,9 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         bal ? n_bal : (int)((tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb));
     int steps = n_iter * nb;
     auto tile_of = [&](int64_t i) {
-        if (bal) return (int64_t)(((unsigned)(it0 + (int)i) % (unsigned)citems) * tpb + warp / ks);
+        if (bal)
+            return (int64_t)(((unsigned)(it0 + (int)i * p.bal_g) % (unsigned)citems) * tpb +
+                             warp / ks);
         return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
     };
     /* No divisions per step: the load position (li, lb) holds its tile's row and scale
@@ -433,7 +439,7 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     auto enter_tile = [&](int64_t i) {
         if (bal) { /* the item's expert (none past the block's last item) */
             if (i >= n_iter) return;
-            int ex = p.m.tiles[(unsigned)(it0 + (int)i) / (unsigned)citems].x;
+            int ex = p.m.tiles[(unsigned)(it0 + (int)i * p.bal_g) / (unsigned)citems].x;
             const struct cu_moe_ent &te = p.m.tab[ex];
             W[0].data = te.p[MODE == GVF_UP ? 0 : 4];
             W[0].scale = te.p[MODE == GVF_UP ? 1 : 5];
@@ -541,7 +547,7 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     auto compute_step = [&](int64_t i, int b, const gvf_raw(&ra)[GVF_U],
                             const gvf_raw(&rb)[GVF_U]) {
         if (bal && b == 0) { /* an item of the next tile: its rows (the same for the block) */
-            int tt = (int)((unsigned)(it0 + (int)i) / (unsigned)citems);
+            int tt = (int)((unsigned)(it0 + (int)i * p.bal_g) / (unsigned)citems);
             if (tt != stt) {
                 __syncthreads(); /* every warp is done with the staged rows */
                 stt = tt;
@@ -668,8 +674,8 @@ static bool gvf_go(struct cu_ctx *c, const struct gvf_p *p) {
     int64_t tpb = GVF_W / p->ks;
     int64_t gx = gvf_gx(c, MODE, gvf_tiles(p), gy, tpb);
     struct gvf_p q = *p;
-    if (BAL) { /* one row of c->gvf_bal blocks an SM */
-        gx = (int64_t)c->gvf_bal * c->n_sms;
+    if (BAL) { /* one row of c->gvf_bal blocks an SM, whole groups of bal_g */
+        gx = (int64_t)c->gvf_bal * c->n_sms / q.bal_g * q.bal_g;
         gy = 1;
     }
     if (MODE == GVF_DENSE && q.pre > 0) { /* at most GVF_PRE_MAX bytes prefetched by the grid */
@@ -839,6 +845,7 @@ bool launch_gvf_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, int nt, u
     p.gy = tiles;
     p.xrows = (int)std::min<int64_t>(mp->n, 8 * nt); /* an expert has at most one row per token */
     p.bal = c->gvf_bal > 0 && mp->tiles && nt == 1;
+    p.bal_g = std::max(1, std::min(c->gvf_bal_g, c->gvf_bal * c->n_sms));
     int type = up ? mp->w1.type : mp->w2.type;
     bool fp4 = type == DSI_TYPE_FP4_E2M1, ok;
     if (up) {
