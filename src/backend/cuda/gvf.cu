@@ -291,6 +291,20 @@ __device__ __forceinline__ const uint8_t *gvf_scale_row(const struct cu_w &w, in
     return nullptr;
 }
 
+/* DSI_CUDA_GVF_BAL's item it (of citems weight tile groups a table tile): its table tile tt and
+ * group cg. An expert's T tiles hold the items of their span in the order (group, tile), so that
+ * the blocks of a group (every bal_g-th item; bal_g even) read the same weights at the same time
+ * (from L2 for all but one), each block staying on one tile (k_moe_group: a tile's w = its index
+ * in its expert | T << 16). */
+__device__ __forceinline__ void
+gvf_item(const struct moe_p &m, int it, int citems, int *tt, int *cg) {
+    unsigned t0 = (unsigned)it / (unsigned)citems; /* a tile of the item's expert */
+    int w = m.tiles[t0].w, first = (int)t0 - (w & 0xffff), T = w >> 16;
+    unsigned k = (unsigned)(it - first * citems);
+    *cg = (int)(k / (unsigned)T);
+    *tt = first + (int)k - *cg * T;
+}
+
 template <int MODE, int WT, int NT, bool BAL = false>
 __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     if (MODE == GVF_DENSE && p.pre > 0) gvf_prefetch(p, GVF_W / p.ks);
@@ -325,7 +339,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
             it0 = (int)((int64_t)q * tot / nq) + (int)blockIdx.x % p.bal_g;
             n_bal = g1 > it0 ? (g1 - it0 + p.bal_g - 1) / p.bal_g : 0;
             if (n_bal <= 0) return; /* the whole block */
-            stt = it0 / citems;
+            int cg0;
+            gvf_item(p.m, it0, citems, &stt, &cg0);
             moe_tile_at(p.m, stt, &e, &pos0, &rows);
         } else if (!moe_tile(p.m, 8 * NT, &e, &pos0, &rows)) {
             return; /* the whole block */
@@ -426,9 +441,11 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         bal ? n_bal : (int)((tiles + (int64_t)gridDim.x * tpb - 1) / ((int64_t)gridDim.x * tpb));
     int steps = n_iter * nb;
     auto tile_of = [&](int64_t i) {
-        if (bal)
-            return (int64_t)(((unsigned)(it0 + (int)i * p.bal_g) % (unsigned)citems) * tpb +
-                             warp / ks);
+        if (bal) {
+            int tt, cg;
+            gvf_item(p.m, it0 + (int)i * p.bal_g, citems, &tt, &cg);
+            return (int64_t)cg * tpb + warp / ks;
+        }
         return ((int64_t)blockIdx.x + i * gridDim.x) * tpb + warp / ks;
     };
     /* No divisions per step: the load position (li, lb) holds its tile's row and scale
@@ -440,6 +457,7 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
         if (bal) { /* the item's expert (none past the block's last item) */
             if (i >= n_iter) return;
             int ex = p.m.tiles[(unsigned)(it0 + (int)i * p.bal_g) / (unsigned)citems].x;
+            /* (any tile of the item's span: the same expert) */
             const struct cu_moe_ent &te = p.m.tab[ex];
             W[0].data = te.p[MODE == GVF_UP ? 0 : 4];
             W[0].scale = te.p[MODE == GVF_UP ? 1 : 5];
@@ -547,7 +565,8 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     auto compute_step = [&](int64_t i, int b, const gvf_raw(&ra)[GVF_U],
                             const gvf_raw(&rb)[GVF_U]) {
         if (bal && b == 0) { /* an item of the next tile: its rows (the same for the block) */
-            int tt = (int)((unsigned)(it0 + (int)i * p.bal_g) / (unsigned)citems);
+            int tt, cg;
+            gvf_item(p.m, it0 + (int)i * p.bal_g, citems, &tt, &cg);
             if (tt != stt) {
                 __syncthreads(); /* every warp is done with the staged rows */
                 stt = tt;
