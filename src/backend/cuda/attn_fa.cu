@@ -37,7 +37,7 @@
 #define FA_KT 16
 
 struct fa_smem_layout {
-    size_t q, k, sp, pr, st, kp, total;
+    size_t q, k, sp, pr, st, kp, cs, total;
 };
 
 __host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb, int kt) {
@@ -49,7 +49,8 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb, int k
     l.pr = l.sp + (size_t)4 * hb * (kt + 1) * 4; /* P bf16 [hb][kt + 8] */
     l.st = l.pr + (size_t)hb * (kt + 8) * 2;     /* m, l, factor [3][hb] */
     l.kp = l.st + (size_t)3 * hb * 4;            /* key rows [2][kt] */
-    l.total = l.kp + (size_t)2 * kt * 8;
+    l.cs = l.kp + (size_t)2 * kt * 8;            /* RoPE (cos, sin) of q and out [2][hd / 2] */
+    l.total = l.cs + (size_t)hd * 8;
     return l;
 }
 
@@ -77,17 +78,17 @@ __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf
 /* q staged with attn's q norm applied (p.qn_on): warp w of the block's HB / 4 takes heads
  * w, w + warps, ..., two at a time (their loads issued together), each lane 4 HQ values of a
  * head as k_rms_norm_warp<HQ, true> holds them, with its arithmetic (rms_in4, the sum of squares
- * in double by shuffles, rms_out4, rope4 on the last qn_rope dims): the same values that kernel
+ * in double by shuffles, rms_out4, rope4's rotation on the last qn_rope dims with the cosines and
+ * sines of the block's table cs, rope_cs's values): the same values that kernel
  * writes and the unfused staging reads back, here rounded to bf16 straight into Qs (zeros past
  * the last head, whose row the warp reads in their place). */
 template <int HQ, int HB>
-__device__ __forceinline__ void
-fa_stage_q_norm(const struct attn_p &p, uint16_t *Qs, int r, int h0, int warp, int lane) {
+__device__ __forceinline__ void fa_stage_q_norm(
+    const struct attn_p &p, uint16_t *Qs, const float2 *cs, int r, int h0, int warp, int lane) {
     constexpr int HD = 128 * HQ, LDK = HD + 8, NW = HB / 4, HPW = HB / NW, HU = 2;
     static_assert(HPW % HU == 0, "q norm staging");
     const struct cu_vec now = {nullptr, 0};
     int rs = HD - p.qn_rope;
-    float pos = p.qn_rope > 0 ? (float)p.qn_pos[r] : 0.0f;
 #pragma unroll 1
     for (int j0 = 0; j0 < HPW; j0 += HU) {
         float4 v[HU][HQ];
@@ -111,11 +112,37 @@ fa_stage_q_norm(const struct attn_p &p, uint16_t *Qs, int r, int h0, int warp, i
             for (int i = 0; i < HQ; i++) {
                 int e = (i * 32 + lane) * 4;
                 float4 o = rms_out4(v[u][i], inv, now, e, p.qn_round);
-                if (e >= rs) o = rope4<>(pos, p.qn_freq + (e - rs) / 2, o, p.qn_round);
+                if (e >= rs) { /* rope4's pairs, their cosines and sines from the block's table */
+                    float2 c0 = cs[(e - rs) / 2], c1 = cs[(e - rs) / 2 + 1];
+                    rope_rot(o.x, o.y, c0.x, c0.y, p.qn_round);
+                    rope_rot(o.z, o.w, c1.x, c1.y, p.qn_round);
+                }
                 if (h0 + h >= p.H) o = make_float4(0, 0, 0, 0);
                 *(uint2 *)(Qs + h * LDK + e) = make_uint2(bf16x2_rn(o.x, o.y), bf16x2_rn(o.z, o.w));
             }
         }
+    }
+}
+
+/* The row's RoPE tables (k_attn_fa's CSq: nq pairs at qpos, CSo: no pairs at opos), threads tid,
+ * tid + ft, ... one pair each. Out of line with scalar arguments: inlined, its registers spilled
+ * into the kernel's tile loop (and with the parameters by reference, p went to the stack). */
+__device__ __noinline__ void fa_rope_tables(int nq,
+                                            int no,
+                                            float qpos,
+                                            float opos,
+                                            const float *qf,
+                                            const float *of,
+                                            bool inv,
+                                            float2 *csq,
+                                            float2 *cso,
+                                            int tid,
+                                            int ft) {
+    for (int i = tid; i < nq + no; i += ft) {
+        if (i < nq)
+            csq[i] = rope_cs<>(qpos, qf[i], false);
+        else
+            cso[i - nq] = rope_cs<>(opos, of[i - nq], inv);
     }
 }
 
@@ -139,6 +166,10 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     uint16_t *Ps = (uint16_t *)(base + L.pr);
     float *Ms = (float *)(base + L.st), *Ls = Ms + HB, *Fs = Ls + HB;
     int64_t *Kp = (int64_t *)(base + L.kp); /* [2][16]: the keys (attn_kh) of tiles t, t + 1 */
+    /* the row's RoPE cosines and sines, q's (CSq[i]: qn_freq[i] at qn_pos[r]) and the output's
+       (CSo[i]: or_freq[i] at or_pos[r], the sine negated for or_inv): rope_cs once a frequency,
+       where each head computed them again (64x the double-precision sine and cosine; step 39) */
+    float2 *CSq = (float2 *)(base + L.cs), *CSo = CSq + HD / 2;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp % WM, wn = warp / WM;
     int g = lane >> 2, t4 = lane & 3;
     int r = blockIdx.x, h0 = blockIdx.y * HB;
@@ -149,8 +180,16 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
        load then its store per step made 16 dependent round trips per block at head_dim 512) */
     constexpr int QN = HB * (HD / 4) / FT, QB = QN % 8 == 0 ? 8 : QN % 4 == 0 ? 4 : QN;
     static_assert(QN * FT == HB * (HD / 4) && QN % QB == 0, "q staging");
+    {
+        int nq = p.qn_on ? p.qn_rope / 2 : 0, no = p.or_on && !p.fa_o ? p.or_rope / 2 : 0;
+        if (nq + no > 0) {
+            fa_rope_tables(nq, no, nq ? (float)p.qn_pos[r] : 0.0f, no ? (float)p.or_pos[r] : 0.0f,
+                           p.qn_freq, p.or_freq, p.or_inv, CSq, CSo, tid, FT);
+            __syncthreads();
+        }
+    }
     if (p.qn_on)
-        fa_stage_q_norm<HQ, HB>(p, Qs, r, h0, warp, lane);
+        fa_stage_q_norm<HQ, HB>(p, Qs, CSq, r, h0, warp, lane);
     else {
 #pragma unroll
         for (int i0 = 0; i0 < QN; i0 += QB) {
@@ -379,19 +418,19 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     /* out_rope (p.or_on): the lane's pair (d, d + 1) of each row rotated as k_rope does, the
        angle's cosine and sine once for both rows */
     int rs = HD - p.or_rope;
-    float opos = p.or_on ? (float)p.or_pos[r] : 0.0f;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         int d = wn * DQ + j * 8 + 2 * t4;
         float2 cs = make_float2(1.0f, 0.0f);
         bool rot = p.or_on && d >= rs;
-        if (rot) cs = rope_cs<>(opos, p.or_freq[(d - rs) / 2], p.or_inv);
+        if (rot) cs = CSo[(d - rs) / 2];
 #pragma unroll
         for (int i = 0; i < 4; i += 2) {
             int h = h0 + wm * 16 + g + (i >> 1) * 8;
             float f = i < 2 ? fa : fb;
-            float x0 = rbf(acc[j][i] * f + 0.0f, p.round_bf16),
-                  x1 = rbf(acc[j][i + 1] * f + 0.0f, p.round_bf16);
+            /* (the hardware rounding: bf16_round's bits, 2 instructions against ~8) */
+            float x0 = rbf_cvt(acc[j][i] * f + 0.0f, p.round_bf16),
+                  x1 = rbf_cvt(acc[j][i + 1] * f + 0.0f, p.round_bf16);
             if (rot) rope_rot(x0, x1, cs.x, cs.y, p.or_round);
             if (h < p.H) *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
         }
