@@ -85,9 +85,7 @@ __device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf
 template <int HQ, int HB>
 __device__ __forceinline__ void fa_stage_q_norm(
     const struct attn_p &p, uint16_t *Qs, const float2 *cs, int r, int h0, int warp, int lane) {
-    /* (HU: heads whose loads a warp has in flight at once; all 4 since step 39: 2 left the
-       first use of q's loads exposed twice, 9% of the kernel's stall samples at batch 256) */
-    constexpr int HD = 128 * HQ, LDK = HD + 8, NW = HB / 4, HPW = HB / NW, HU = 4;
+    constexpr int HD = 128 * HQ, LDK = HD + 8, NW = HB / 4, HPW = HB / NW, HU = 2;
     static_assert(HPW % HU == 0, "q norm staging");
     const struct cu_vec now = {nullptr, 0};
     int rs = HD - p.qn_rope;
