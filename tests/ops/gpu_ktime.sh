@@ -11,7 +11,10 @@
 # $OUT/summary.txt (tools/ktime_sum.py). KT_DETAIL (a regex on the demangled kernel names, e.g. 'k_gvf<.int.1'): instead
 # of the timing, Nsight's full section set on KT_DETAIL_COUNT (default 2) launches of the matching
 # kernels after KT_DETAIL_SKIP (default 0) of them, written as $OUT/detail_b<batch>.txt (the
-# details page: throughput, DRAM bytes, occupancy, stall reasons). Usage (repository root, on the
+# details page: throughput, DRAM bytes, occupancy, stall reasons); with KT_DETAIL_SRC=1 also the
+# report's raw metrics ($OUT/detail_b<batch>.raw.csv.gz: the stall reasons per issue) and source
+# counters (.src.csv.gz, summarised by tools/ncu_src_sum.py into .src.txt: the samples by SASS
+# block and the hottest instructions). Usage (repository root, on the
 # GPU machine):
 #   OUT=$OUT bash tests/ops/gpu_ktime.sh
 set -u
@@ -39,6 +42,14 @@ for b in ${KT_BATCH:-1}; do
         "$NCU" -i "$r.ncu-rep" --page details --print-units base >"$r.txt" 2>&1
         grep -E "^  [a-z_]+<|Duration|DRAM Throughput|dram__bytes|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Executed Ipc A|L2 Hit Rate|Mem Busy|Max Bandwidth|Theoretical Occ" \
             "$r.txt" | head -60 >>"$OUT/summary.txt"
+        if [ "${KT_DETAIL_SRC:-0}" = 1 ]; then # the raw metrics and the source counters too
+            "$NCU" -i "$r.ncu-rep" --page raw --csv --print-units base >"$r.raw.csv" 2>&1
+            "$NCU" -i "$r.ncu-rep" --page source --csv --print-source sass --print-units base \
+                >"$r.src.csv" 2>&1
+            python3 tools/ncu_src_sum.py "$r.src.csv" >"$r.src.txt" 2>&1
+            log "source page batch $b rc $?"
+            gzip -9f "$r.raw.csv" "$r.src.csv"
+        fi
         continue
     fi
     f="$OUT/ktime_b$b.csv"
