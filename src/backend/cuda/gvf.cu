@@ -81,10 +81,12 @@ struct gvf_p {
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
                        (c->gvf_pre) */
     bool ef;        /* the weight loads evict-first in L2 (c->gvf_ef) */
-    /* MoE (c->gvf_bal, DSI_CUDA_GVF_BAL): one row of blocks that split the routed tile
-       table's items (tile, group of tpb weight tiles), *n_tiles x ceil(tiles / tpb) of them,
-       evenly in consecutive ranges, restaging the rows where a range enters the next tile;
-       instead of gx blocks a tile (grid.y = the table's size), whose waves end unevenly */
+    /* MoE (c->gvf_bal, DSI_CUDA_GVF_BAL; off: step 39 measured batch 256 +3.7%): one row of
+       blocks that split the routed tile table's items (tile, group of tpb weight tiles),
+       *n_tiles x ceil(tiles / tpb) of them, evenly: each group of bal_g blocks a consecutive
+       range (gvf_item's order), each block every bal_g-th item of it, restaging the rows where
+       its next item is another tile's; instead of gx blocks a tile (grid.y = the table's size),
+       whose waves end unevenly */
     bool bal;
     int bal_g; /* bal: blocks a group (c->gvf_bal_g, DSI_CUDA_GVF_BALG); the grid a multiple */
     /* dense pairs (pair, gy 2; launch_gvf_pair): the blocks of blockIdx.y 1 multiply the same x
