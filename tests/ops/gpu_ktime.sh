@@ -14,7 +14,8 @@
 # details page: throughput, DRAM bytes, occupancy, stall reasons); with KT_DETAIL_SRC=1 also the
 # report's raw metrics ($OUT/detail_b<batch>.raw.csv.gz: the stall reasons per issue) and source
 # counters (.src.csv.gz, summarised by tools/ncu_src_sum.py into .src.txt: the samples by SASS
-# block and the hottest instructions). Usage (repository root, on the
+# block and the hottest instructions). KT_PREFILL (default 0): the tokens of a prefill the bench
+# runs after the decode steps (its kernels then timed or matched too). Usage (repository root, on the
 # GPU machine):
 #   OUT=$OUT bash tests/ops/gpu_ktime.sh
 set -u
@@ -37,7 +38,7 @@ for b in ${KT_BATCH:-1}; do
             --cache-control "${KT_CACHE:-all}" --kernel-name-base demangled --set full --metrics dram__bytes_read.sum,dram__bytes_write.sum -k "regex:$KT_DETAIL" \
             --launch-skip "${KT_DETAIL_SKIP:-0}" --launch-count "${KT_DETAIL_COUNT:-2}" -f -o "$r" \
             build/cuda/dsinfer bench layer -m $M --ctx 4096 --warmup 1 --steps 1 --batch "$b" \
-            --no-split --prefill 0 --numerics fast >"$r.log" 2>&1
+            --no-split --prefill "${KT_PREFILL:-0}" --prefill-reps 1 --numerics fast >"$r.log" 2>&1
         log "ncu detail batch $b rc $?"
         "$NCU" -i "$r.ncu-rep" --page details --print-units base >"$r.txt" 2>&1
         grep -E "^  [a-z_]+<|Duration|DRAM Throughput|dram__bytes|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Executed Ipc A|L2 Hit Rate|Mem Busy|Max Bandwidth|Theoretical Occ" \
@@ -56,7 +57,7 @@ for b in ${KT_BATCH:-1}; do
     DSI_CUDA_NOGRAPH=1 timeout ${KT_TIMEOUT:-240} "$NCU" --clock-control none --csv \
         --cache-control "${KT_CACHE:-all}" \
         --print-units base --metrics gpu__time_duration.sum build/cuda/dsinfer bench layer -m $M \
-        --ctx 4096 --warmup 1 --steps 1 --batch "$b" --no-split --prefill 0 --numerics fast \
+        --ctx 4096 --warmup 1 --steps 1 --batch "$b" --no-split --prefill "${KT_PREFILL:-0}" --prefill-reps 1 --numerics fast \
         >"$f" 2>"$OUT/ktime_b$b.err"
     log "ncu batch $b rc $?: $(grep -c gpu__time_duration "$f") kernels"
     python3 tools/ktime_sum.py "$f" --list >"$OUT/ktime_b$b.txt"

@@ -653,6 +653,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* (the stagger lost: the 8k prefill 126.8 -> 119.1 ms without it, step 30) */
     const char *wqs = getenv("DSI_CUDA_WGQ_STG");
     c->wgq_stg = wqs && *wqs == '1';
+    const char *wp = getenv("DSI_CUDA_WG_P");
+    c->wg_p = wp && *wp == '1';
+    const char *wpc = getenv("DSI_CUDA_WGP_CF");
+    c->wgp_cf = wpc && *wpc == '1';
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

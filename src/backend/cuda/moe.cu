@@ -818,20 +818,26 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
               wgr_w_ok(&s1) && wgr_w_ok(&s3) && wgr_w_ok(&s2);
     /* (wgq.cu: FP8 tensor cores on act_quant's codes, c->wg_q8; routed and shared together, as
        they share the codes of x and h) */
-    bool q8 = rs && c->wg_q8 && a->act_quant && wgq_ok(D, I) && wgq_w_ok(&r1) && wgq_w_ok(&r3) &&
-              wgq_w_ok(&r2) && wgq_w_ok(&s1) && wgq_w_ok(&s3) && wgq_w_ok(&s2);
+    bool q8 = rs && (c->wg_q8 || c->wg_p) && a->act_quant && wgq_ok(D, I) && wgq_w_ok(&r1) &&
+              wgq_w_ok(&r3) && wgq_w_ok(&r2) && wgq_w_ok(&s1) && wgq_w_ok(&s3) && wgq_w_ok(&s2);
     /* wg.cu's wgmma kernels for tc.cu's tiles from 32 rows per expert (c->wg); with wgq.cu also
        from c->wgq_min rows per expert (DSI_CUDA_WGQ_MIN; 0: wg.cu's rule only): the decode's
        tiles on the FP8 tensor cores, blocks of 32 rows */
     bool wg = (tc && c->wg && (double)nk / E > 32) ||
               (rfast && q8 && c->wgq_min > 0 && (double)nk / E >= c->wgq_min);
     gv = gv && !wg;
+    /* (wgp.cu: the routed tiles on the FP8 tensor cores with a producer warpgroup, c->wg_p;
+       tiles of 128 rows and the rest, not balanced: a last tile of up to 64 rows runs one of its
+       two consumer warpgroups) */
+    bool wp = c->wg_p && q8 && wg && wgp_w_ok(&r1) && wgp_w_ok(&r3) && wgp_w_ok(&r2);
+    if (!c->wg_q8 && !wp) q8 = false; /* (DSI_CUDA_WG_P alone: the codes only for wgp.cu's calls) */
     /* (wg.cu's tiles of equal rows, each block's wgmma as wide as its tile's rows: c->wg_dyn) */
     bool wdyn = c->wg_dyn;
-    int rx = wg   ? q8   ? wgq_pick_bn(c, (double)nk / E)
+    int rx = wp   ? 128
+             : wg ? q8   ? wgq_pick_bn(c, (double)nk / E)
                     : rs ? wgr_pick_bn(c, (double)nk / E)
                          : wg_pick_bn(c, (double)nk / E, wdyn)
-               : tc ? tc_pick_bn(c, (double)nk / E)
+             : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt
                   : pick_rx((double)nk / E);
     /* the shared expert: implicit tiles over all rows */
@@ -917,8 +923,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
         if (c->capturing) c->capture_bad = true;
         side = false;
     }
-    cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn, (int32_t *)(s + o_perm),
-              (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
+    cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn && !wp,
+              (int32_t *)(s + o_perm), (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
     if (!cu_check(c, "moe group")) return;
     if (tma) launch_wg_bf16_pos(c, a->x, n, nk, p.perm, a->topk, D, (uint16_t *)p.x16);
     /* The up projections, routed and shared; the shared expert first where the forward's
@@ -950,7 +956,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
             !up && sh && c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
         dim3 gx((unsigned)(up ? cu_div_up(I, CU_WARPS) : cu_div_up(D, CU_WARPS * GEMM_RW)), gy);
         bool ok = slt   ? !c->sticky
-                  : kwg ? launch_wg_moe(c, mp, up, bn, rs, wdyn, gy) && !c->sticky
+                  : kwg ? ((!sh && wp && launch_wgp_moe(c, mp, up, gy)) ||
+                           launch_wg_moe(c, mp, up, bn, rs, wdyn, gy)) &&
+                              !c->sticky
                   : ktc ? launch_tc_moe(c, mp, up, bn, gy) && !c->sticky
                   : kgv ? launch_gvf_moe(c, mp, up, nt, gy) && !c->sticky
                   : up  ? moe_up(c, mp, (sh ? s1 : r1).type, bn, gx)

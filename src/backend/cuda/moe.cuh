@@ -129,6 +129,12 @@ bool wgq_ok(int64_t D, int64_t I);
 int wgq_pick_bn(const struct cu_ctx *c, double rows);
 bool launch_wgq_moe(
     struct cu_ctx *c, const struct moe_p *p, bool up, int bn, bool dyn, unsigned tiles);
+/* wgp.cu: the routed experts' block GEMMs on the FP8 tensor cores with a producer warpgroup
+ * (c->wg_p): FP4 weights with 32-blocks along K (wgp_w_ok), p->x8 / p->h8 as wgq.cu's, D and I
+ * multiples of 128, p->tiles of up to 128 rows; grid (column blocks, tiles) as launch_wg_moe's.
+ * false: not taken (nothing launched) or the launch failed (c's error set). */
+bool wgp_w_ok(const struct cu_w *w);
+bool launch_wgp_moe(struct cu_ctx *c, const struct moe_p *p, bool up, unsigned tiles);
 /* The FP8 codes of rows 0 .. rows - 1 of x (cols a multiple of 128, row stride ldx) in wgq.cu's
  * K order into q (row stride cols) and their scales into qs ([rows, cols / 128]): act_quant's
  * codes and scales (blocks of 128; on rows already act_quant's output, the same values: the

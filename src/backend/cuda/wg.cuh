@@ -407,6 +407,33 @@ wg_mma_q8_k32(float (&d)[NR], const uint32_t (&a)[4], uint64_t db, uint32_t sd) 
         WG_MMA_Q8("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64, %65, %66, %67", "%68", "%69",
                   WG_O16(0), WG_O16(16), WG_O16(32), WG_O16(48));
 }
+
+/* FP8 with both operands in shared memory (wgp.cu): d (+)= A (64 x 32 e4m3, descriptor da) * B
+ * (N x 32 e4m3, descriptor db)^T, both K-major 128-byte swizzled tiles, N = 64 or 128; sd: 0
+ * overwrites d (a step's first slice), else adds. */
+#define WG_MMA_Q8SS(NS, REGS, DA, DB, P, ...)                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" NS "k32.f32.e4m3.e4m3 {" REGS "}, " DA        \
+                 ", " DB ", p, 1, 1;\n}\n"                                                         \
+                 : __VA_ARGS__                                                                     \
+                 : "l"(da), "l"(db), "r"(sd))
+
+template <int N, int NR>
+__device__ __forceinline__ void
+wg_mma_q8ss_k32(float (&d)[NR], uint64_t da, uint64_t db, uint32_t sd) {
+    static_assert((N == 64 || N == 128) && N / 2 <= NR, "wgmma width");
+    if constexpr (N == 64)
+        WG_MMA_Q8SS("64", WG_S0 ", " WG_S1, "%32", "%33", "%34", WG_O16(0), WG_O16(16));
+    else
+        WG_MMA_Q8SS("128", WG_S0 ", " WG_S1 ", " WG_S2 ", " WG_S3, "%64", "%65", "%66", WG_O16(0),
+                    WG_O16(16), WG_O16(32), WG_O16(48));
+}
+
+/* One arrival on the mbarrier at bar (release: this thread's earlier writes are visible to a
+ * thread that waits for the phase). */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 #endif
 
 #endif
