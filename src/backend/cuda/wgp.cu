@@ -116,11 +116,24 @@ __device__ __forceinline__ void wp_produce(const struct tc_p &p,
        K / 32 bytes apart, K a multiple of 128), behind the first copies */
     uint32_t B = 0;
     if (wv) {
-        const uint32_t *sw = (const uint32_t *)wsrow;
         uint32_t m = 0;
+        if (((uintptr_t)wsrow & 15) == 0 && K % 512 == 0 && K <= 8192) {
+            /* 16-byte loads, all in flight at once (one round trip before the first conversion) */
+            const uint4 *sw = (const uint4 *)wsrow;
+            uint4 v[16];
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+                if (q < K / 512) v[q] = __ldg(sw + q);
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+                if (q < K / 512)
+                    m = __vmaxu4(m, __vmaxu4(__vmaxu4(v[q].x, v[q].y), __vmaxu4(v[q].z, v[q].w)));
+        } else {
+            const uint32_t *sw = (const uint32_t *)wsrow;
 #pragma unroll 8
-        for (int64_t q = 0; q < K / 128; q++)
-            m = __vmaxu4(m, __ldg(sw + q));
+            for (int64_t q = 0; q < K / 128; q++)
+                m = __vmaxu4(m, __ldg(sw + q));
+        }
         B = max(max(m & 0xffu, (m >> 8) & 0xffu), max((m >> 16) & 0xffu, m >> 24));
     }
     wsc_s[t] = wv ? wq_pow2((int)B - 133) : 0.0f;
