@@ -51,6 +51,20 @@
 static size_t wp_smem_bytes() { return (size_t)WP_ST * WP_STAGE + 1024; }
 
 #ifdef WG_HAVE
+/* wq_table's bytes as a value: the out-of-line path's pointers stay inside it (with wq_table's
+ * references into the producer's arrays those arrays lived in local memory, read back each step:
+ * step 40's profile) */
+static __device__ __noinline__ uint2 wp_table_small(int dp) {
+    uint32_t a, b;
+    wq_table_small(dp, &a, &b);
+    return make_uint2(a, b);
+}
+__device__ __forceinline__ uint2 wp_table(int dp) {
+    if (dp >= -5) return make_uint2(0x3c383000u + (uint32_t)dp * 0x08080800u,
+                                    0x4c484440u + (uint32_t)dp * 0x08080808u);
+    return wp_table_small(dp);
+}
+
 /* the producer: see the header. CF (c->wgp_cf): its copies arrive on the stage's `full` barrier
  * themselves when they land (cp.async.mbarrier.arrive.noinc) and the consumers fence the stage for
  * the async proxy after their wait, so this thread's fence never waits for the copies it has in
@@ -85,17 +99,28 @@ __device__ __forceinline__ void wp_produce(const struct tc_p &p,
     const bool wv = wrow != nullptr;
     const int xc = t & 7, xj = t >> 3;
     const uint32_t rot = (uint32_t)(t >> 1);
+    /* the copies' sources and shared offsets, once (step 40's profile: each step re-read the
+       row pointers from shared memory, ~480 instructions a step a producer warp): chunk xc of
+       rows xj + 16 v (valid: bit v of xv; offsets wg_sw(xj, xc) + 2048 v: rows 16 apart share
+       the swizzle), the row's activation scales, the weight row */
+    const uint8_t *xp[8];
+    uint32_t xv = 0;
+#pragma unroll
+    for (int v = 0; v < 8; v++) {
+        const uint8_t *src = xrow[xj + 16 * v];
+        xp[v] = src ? src + xc * 16 : xs;
+        xv |= src ? 1u << v : 0u;
+    }
+    const float *const sr = srow[t];
+    const uint32_t aoff = WP_A + wg_sw(xj, xc);
     auto issue = [&](int64_t s) {
         if (s < steps) {
             uint32_t st = base + (uint32_t)(s % WP_ST) * WP_STAGE;
 #pragma unroll
             for (int v = 0; v < 8; v++) {
-                int j = xj + 16 * v;
-                const uint8_t *src = xrow[j];
-                cu_cp16(st + WP_A + wg_sw(j, xc), src ? src + s * WQ_BK + xc * 16 : xs,
-                        src != nullptr);
+                bool ok = (xv >> v) & 1u;
+                cu_cp16(st + aoff + (uint32_t)v * 2048u, ok ? xp[v] + s * WQ_BK : xp[v], ok);
             }
-            const float *sr = srow[t];
             cu_cp4(st + WP_AS + (uint32_t)t * 4u, sr ? sr + s : ss, sr != nullptr);
 #pragma unroll
             for (int u = 0; u < 4; u++)
@@ -158,8 +183,11 @@ __device__ __forceinline__ void wp_produce(const struct tc_p &p,
         asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(st + WP_WS + (uint32_t)t * 4u));
         uint32_t t0[4], t1[4];
 #pragma unroll
-        for (int m = 0; m < 4; m++)
-            wq_table(wv ? (int)((sc >> (8 * m)) & 0xffu) - (int)B + 6 : 6, t0[m], t1[m]);
+        for (int m = 0; m < 4; m++) {
+            uint2 tb = wp_table(wv ? (int)((sc >> (8 * m)) & 0xffu) - (int)B + 6 : 6);
+            t0[m] = tb.x;
+            t1[m] = tb.y;
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) { /* raw words 4 m + i -> chunks 2 i (low), 2 i + 1 (high) */
             uint32_t lo[4], hi[4];
