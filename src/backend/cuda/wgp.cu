@@ -60,8 +60,9 @@ static __device__ __noinline__ uint2 wp_table_small(int dp) {
     return make_uint2(a, b);
 }
 __device__ __forceinline__ uint2 wp_table(int dp) {
-    if (dp >= -5) return make_uint2(0x3c383000u + (uint32_t)dp * 0x08080800u,
-                                    0x4c484440u + (uint32_t)dp * 0x08080808u);
+    if (dp >= -5)
+        return make_uint2(0x3c383000u + (uint32_t)dp * 0x08080800u,
+                          0x4c484440u + (uint32_t)dp * 0x08080808u);
     return wp_table_small(dp);
 }
 
