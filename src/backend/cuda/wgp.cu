@@ -300,14 +300,10 @@ template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(st
     uint32_t raw = smem_u32(wp_smem), base = (raw + 1023u) & ~1023u;
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[WP_ST]);
     int tid = threadIdx.x, wgi = tid >> 7;
-    const uint8_t *xs = MODE == TC_UP ? p.m.x8 : p.m.h8;
-    const float *ss = MODE == TC_UP ? p.m.x8s : p.m.h8s;
-    int64_t lds = MODE == TC_UP ? p.m.D : p.m.I;
     int e, rows = WP_BM;
     int64_t K;
-    if (!tc_block_rows<MODE, WP_BM>(p, xs, lds, 0, xrow, opos, &e, &K, &rows)) return;
-    if (tid < WP_BM) { /* (this thread wrote xrow[tid] and opos[tid]) */
-        srow[tid] = xrow[tid] ? ss + (xrow[tid] - xs) / lds * (lds / WQ_BK) : nullptr;
+    if (!wq_block_rows<MODE, WP_BM>(p, xrow, srow, opos, &e, &K, &rows)) return;
+    if (tid < WP_BM) { /* (this thread wrote opos[tid]) */
         int64_t pos = opos[tid], nk = p.m.n * p.m.topk;
         if (MODE == TC_UP)
             rw_s[tid] = pos >= 0 && pos < nk ? p.m.weight[p.m.perm[pos]] : 1.0f;

@@ -120,12 +120,9 @@ __global__ void __launch_bounds__(WQ_T, BN <= 32 && WT == DSI_TYPE_FP4_E2M1 ? 2 
 
     const uint8_t *xs = MODE == TC_UP ? p.m.x8 : p.m.h8;
     const float *ss = MODE == TC_UP ? p.m.x8s : p.m.h8s;
-    int64_t lds = MODE == TC_UP ? p.m.D : p.m.I;
     int e, rows = BN;
     int64_t K;
-    if (!tc_block_rows<MODE, BN>(p, xs, lds, 0, xrow, opos, &e, &K, &rows)) return;
-    if (tid < BN) /* (this thread wrote xrow[tid]) */
-        srow[tid] = xrow[tid] ? ss + (xrow[tid] - xs) / lds * (lds / WQ_BK) : nullptr;
+    if (!wq_block_rows<MODE, BN>(p, xrow, srow, opos, &e, &K, &rows)) return;
     const int nv = DYN ? min(BN, (rows + 31) & ~31) : BN;
     const uint8_t *wrow[2], *wsrow[2];
     int sh1[2], sb1[2];

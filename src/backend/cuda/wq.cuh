@@ -116,6 +116,27 @@ __device__ __forceinline__ uint32_t wq_row_base(const uint8_t *srow,
     return max(b, __shfl_xor_sync(0xffffffffu, b, 2));
 }
 
+/* The block's activation rows on the FP8 codes (wgq.cu, wgp.cu; threads below BN write them):
+ * tc_block_rows on p.m.x8 (up) or p.m.h8 (down), and each row's scales (srow; NULL: none).
+ * false: no tile here (the whole block returns). */
+template <int MODE, int BN>
+__device__ __forceinline__ bool wq_block_rows(struct tc_p &p,
+                                              const uint8_t **xrow,
+                                              const float **srow,
+                                              int64_t *opos,
+                                              int *e,
+                                              int64_t *K,
+                                              int *rows) {
+    const uint8_t *xs = MODE == TC_UP ? p.m.x8 : p.m.h8;
+    const float *ss = MODE == TC_UP ? p.m.x8s : p.m.h8s;
+    int64_t lds = MODE == TC_UP ? p.m.D : p.m.I;
+    if (!tc_block_rows<MODE, BN>(p, xs, lds, 0, xrow, opos, e, K, rows)) return false;
+    int tid = threadIdx.x;
+    if (tid < BN) /* (this thread wrote xrow[tid]) */
+        srow[tid] = xrow[tid] ? ss + (xrow[tid] - xs) / lds * (lds / WQ_BK) : nullptr;
+    return true;
+}
+
 /* A step's fragments a[slice][reg] from the raw loads of rows g (w[0]) and g + 8 (w[1]) (a row
  * not valid: zeros). FP8: ws, the rows' step scales. FP4: each code times 2^(S_q - B + 6), B =
  * base[h], the row's largest scale (wq_row_base; the row's weight scale 2^(B - 6 - 127) is then
