@@ -156,6 +156,14 @@ static inline struct dsi_rope_args dsi_rms_norm_rope(const struct dsi_rms_norm_a
     return r;
 }
 
+/* mHC post: Xo[k] = post[k] * f + sum_j comb[j][k] * X[j] (Xo must not alias X). */
+struct dsi_hc_post_args {
+    const float *f, *X, *post, *comb;
+    float *Xo;
+    int64_t n, hc, dim;
+    bool round_bf16;
+};
+
 /* mHC pre (spec 4.4): X [n, hc, D] -> y [n, D], post [n, hc], comb [n, hc, hc]. */
 struct dsi_hc_pre_args {
     const float *X;
@@ -173,6 +181,11 @@ struct dsi_hc_pre_args {
     const struct dsi_tensor *norm_w;
     float z_eps;
     float *z, *zq;
+    /* optional: the hc_post that makes X (post_first->Xo == X), in the same op before the rest:
+       the forward's hc_post is always followed by a hc_pre, so a backend may compute X's values
+       where it reads them and skip a pass (the values are hc_post's). post_first->post and
+       ->comb may be this op's post and comb (read before they are written). */
+    const struct dsi_hc_post_args *post_first;
 };
 
 /* The norm of a hc_pre with norm_w, as an rms_norm call of its own (y -> z, zq). */
@@ -190,14 +203,6 @@ static inline struct dsi_rms_norm_args dsi_hc_pre_norm(const struct dsi_hc_pre_a
     r.yq = a->zq;
     return r;
 }
-
-/* mHC post: Xo[k] = post[k] * f + sum_j comb[j][k] * X[j] (Xo must not alias X). */
-struct dsi_hc_post_args {
-    const float *f, *X, *post, *comb;
-    float *Xo;
-    int64_t n, hc, dim;
-    bool round_bf16;
-};
 
 /* Final collapse (spec 4.10): y = sum_k (sigmoid(m_k * scale + base_k) + eps) X_k. */
 struct dsi_hc_head_args {

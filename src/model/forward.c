@@ -48,6 +48,9 @@ struct dsi_fwd {
     uint8_t *h_store;
     /* activations in backend memory, [max_rows, ...] */
     float *X, *X2, *y, *x, *xq, *post, *comb, *f;
+    /* a hc_post owed (hc_merge): X is still the old streams, the new ones to be made from f,
+       post and comb into X2 by the next hc_site's op (post_first) or by hc_flush */
+    bool merge_due;
     float *qa, *qaq, *q, *kv_rows, *o, *z;
     float *ca, *cb, *ia, *ib, *qI, *wI, *glog, *moe_w, *moe_work, *ent, *ient, *logits;
     int32_t *moe_idx, *sel, *n_sel;
@@ -591,10 +594,35 @@ static void moe(struct dsi_fwd *f, int il) {
 
 /* hc_pre, then x = RMSNorm(y) norm (and xq = act_quant(x) in reference / fast numerics) in the
  * same op, as rmsq(f, f->y, f->x, n, D, norm, f->xq) would. */
+static struct dsi_hc_post_args merge_args(const struct dsi_fwd *f, int64_t n) {
+    const struct dsi_config *c = f->c;
+    return (struct dsi_hc_post_args){.f = f->f,
+                                     .X = f->X,
+                                     .post = f->post,
+                                     .comb = f->comb,
+                                     .Xo = f->X2,
+                                     .n = n,
+                                     .hc = c->hc_mult,
+                                     .dim = c->hidden_size,
+                                     .round_bf16 = f->R};
+}
+
+/* X and X2 swapped: the streams hc_post wrote are X now */
+static void merge_swap(struct dsi_fwd *f) {
+    float *t = f->X;
+    f->X = f->X2;
+    f->X2 = t;
+    f->merge_due = false;
+}
+
 static void
 hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n, const struct dsi_tensor *norm) {
     const struct dsi_config *c = f->c;
     float *zq = f->R ? f->xq : NULL;
+    /* the hc_post owed by the last sublayer, as this op's first part */
+    struct dsi_hc_post_args pa = merge_args(f, n);
+    bool due = f->merge_due;
+    if (due) merge_swap(f);
     struct dsi_hc_pre_args a = {.X = f->X,
                                 .n = n,
                                 .hc = c->hc_mult,
@@ -613,26 +641,22 @@ hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n, const struct ds
                                 .norm_w = norm,
                                 .z_eps = (float)c->rms_norm_eps,
                                 .z = f->x,
-                                .zq = zq};
+                                .zq = zq,
+                                .post_first = due ? &pa : NULL};
     f->be->ops->hc_pre(f->be, &a);
     mark_q(f, f->x, zq, n, c->hidden_size);
 }
 
-static void hc_merge(struct dsi_fwd *f, int64_t n) {
-    const struct dsi_config *c = f->c;
-    struct dsi_hc_post_args a = {.f = f->f,
-                                 .X = f->X,
-                                 .post = f->post,
-                                 .comb = f->comb,
-                                 .Xo = f->X2,
-                                 .n = n,
-                                 .hc = c->hc_mult,
-                                 .dim = c->hidden_size,
-                                 .round_bf16 = f->R};
+/* The sublayer's output f merged into the streams (spec 4.4's hc_post): owed to the next
+ * hc_site, which runs it as its op's first part (post_first), or to hc_flush. */
+static void hc_merge(struct dsi_fwd *f) { f->merge_due = true; }
+
+/* The owed hc_post as an op of its own (before anything but a hc_site reads X). */
+static void hc_flush(struct dsi_fwd *f) {
+    if (!f->merge_due) return;
+    struct dsi_hc_post_args a = merge_args(f, f->st.n);
     f->be->ops->hc_post(f->be, &a);
-    float *t = f->X;
-    f->X = f->X2;
-    f->X2 = t;
+    merge_swap(f);
 }
 
 static void block(struct dsi_fwd *f, int il) {
@@ -642,12 +666,12 @@ static void block(struct dsi_fwd *f, int il) {
     prefetch(f, &L->wq_b, NULL, NULL, NULL);
     hc_site(f, &L->hc_attn, n, &L->attn_norm); /* and attention's first act() */
     attention(f, il);
-    hc_merge(f, n);
+    hc_merge(f);
     /* the router's and the shared expert's weights, read after hc_pre and the norm */
     prefetch(f, &L->gate_w, &L->sh_w1, &L->sh_w3, &L->sh_w2);
     hc_site(f, &L->hc_ffn, n, &L->ffn_norm); /* and moe's act() after the routing */
     moe(f, il);
-    hc_merge(f, n);
+    hc_merge(f);
 }
 
 /* The rows that want logits: their indices uploaded to d_idx; returns their count m. */
@@ -810,10 +834,12 @@ main_step(struct dsi_fwd *f, const struct dsi_batch *b, int64_t m, bool sample, 
     int mode = graph ? be->ops->graph_begin(be, key) : DSI_GRAPH_EAGER;
     for (;;) {
         if (mode != DSI_GRAPH_REPLAY) {
+            f->merge_due = false; /* (an op that failed may have left one owed) */
             struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n, c->hc_mult, f->X};
             be->ops->embed(be, &ea);
             for (int il = 0; il < c->num_hidden_layers; il++)
                 block(f, il);
+            hc_flush(f);
             head(f, m, &f->m->hc_head, &f->m->norm);
             if (sample && m) {
                 struct dsi_sample_args sa = {.logits = f->logits,
@@ -885,6 +911,7 @@ int dsi_mtp_forward(struct dsi_fwd *f,
     const struct dsi_layer_w *L = &f->m->layers[il];
     int64_t n = b->n, D = c->hidden_size, hc = c->hc_mult;
     struct dsi_backend *be = f->be;
+    f->merge_due = false;
     /* e = enorm(embed[next]); X_in[k] = e_proj e + h_proj hnorm(X_t[k]) */
     struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, n, 1, f->y};
     be->ops->embed(be, &ea);
@@ -900,6 +927,7 @@ int dsi_mtp_forward(struct dsi_fwd *f,
         be->ops->add(be, &ad);
     }
     block(f, il);
+    hc_flush(f);
     advance(f, b, true);
     if (logits) head_logits(f, b, &L->hc_head, &L->norm, logits);
     return be->ops->sync(be, err);

@@ -167,6 +167,83 @@ static int hc_norm_same(struct dsi_backend *be,
     return ok;
 }
 
+/* hc_pre with post_first, the forward's way (step 41: the hc_post owed by the last sublayer
+ * in the same op, its post and comb the buffers this op then overwrites) on backend be, with the
+ * norm after it (F32 weights; zq where dim % 128 == 0). pre: device arguments whose X holds the
+ * old streams; df, the CPU's post and comb (pc, cc) and its hc_post of them (Xc, the new
+ * streams). The streams written bit for bit Xc, and y, post, comb, z and zq bit for bit those of
+ * the same backend's hc_pre on Xc alone. */
+static int hc_post_first_same(struct dsi_backend *be,
+                              struct rng *r,
+                              const struct dsi_hc_pre_args *pre,
+                              const float *df,
+                              const float *pc,
+                              const float *cc,
+                              const float *Xc) {
+    int64_t n = pre->n, D = pre->dim, hc = pre->hc, len = hc * D, nz = n * D;
+    bool q = D % 128 == 0;
+    float *wv = fnorm(r, D, 0.2f);
+    struct wt w;
+    vec_make(&w, wv, D, DSI_TYPE_F32);
+    float *d[2][5], *h[2][5];
+    int64_t sz[5] = {nz, n * hc, n * hc * hc, nz, nz};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 5; i++) {
+            d[k][i] = dpoison(sizeof(float) * (size_t)sz[i]);
+            h[k][i] = hpoison(sz[i]);
+        }
+    /* the reference: hc_pre alone on the new streams */
+    float *dXn = dput(Xc, sizeof(float) * (size_t)(n * len));
+    struct dsi_hc_pre_args a = *pre;
+    a.X = dXn;
+    a.y = d[0][0];
+    a.post = d[0][1];
+    a.comb = d[0][2];
+    a.norm_w = &w.d;
+    a.z_eps = 1e-6f;
+    a.z = d[0][3];
+    a.zq = q ? d[0][4] : NULL;
+    be->ops->hc_pre(be, &a);
+    /* post_first: the old post and comb in the buffers the op writes */
+    dfree(d[1][1]);
+    dfree(d[1][2]);
+    d[1][1] = dput(pc, sizeof(float) * (size_t)(n * hc));
+    d[1][2] = dput(cc, sizeof(float) * (size_t)(n * hc * hc));
+    float *dXo = dpoison(sizeof(float) * (size_t)(n * len));
+    struct dsi_hc_post_args pa = {df, pre->X, d[1][1], d[1][2], dXo, n, hc, D, pre->round_bf16};
+    struct dsi_hc_pre_args b = a;
+    b.X = dXo;
+    b.y = d[1][0];
+    b.post = d[1][1];
+    b.comb = d[1][2];
+    b.z = d[1][3];
+    b.zq = q ? d[1][4] : NULL;
+    b.post_first = &pa;
+    be->ops->hc_pre(be, &b);
+    int ok = gsync_on(be, "hc_pre with post_first") == 0;
+    float *Xg = hpoison(n * len);
+    dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
+    ok = ok && same("post_first streams", Xg, Xc, sizeof(float) * (size_t)(n * len));
+    const char *names[5] = {"post_first y", "post_first post", "post_first comb", "post_first z",
+                            "post_first zq"};
+    for (int i = 0; i < (q ? 5 : 4); i++) {
+        for (int k = 0; k < 2; k++)
+            dget(h[k][i], d[k][i], sizeof(float) * (size_t)sz[i]);
+        ok = ok && same(names[i], h[1][i], h[0][i], sizeof(float) * (size_t)sz[i]);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 5; i++) {
+            dfree(d[k][i]);
+            free(h[k][i]);
+        }
+    dfree(dXn);
+    dfree(dXo);
+    free(Xg);
+    free(wv);
+    wt_free(&w);
+    return ok;
+}
+
 /* hc_pre takes k_hc_pre_one up to 32 rows, then k_hc_mix (hc_head: from 2 rows): n = 40 and 601
  * have a partial last block of 8 and 25 rows, split along K; D = 200: 25 chunks of 32, the last
  * piece of K one chunk. Each run again on backends with the mix on the other paths (bitwise):
@@ -187,8 +264,10 @@ int test_cuda_hc(struct test_ctx *t) {
         TEST_ASSERT(alt[i] != NULL);
     struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1"),
                        *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1"),
-                       *cl = cuda_backend_with("DSI_CUDA_HC_CL=1");
-    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL);
+                       *cl = cuda_backend_with("DSI_CUDA_HC_CL=1"),
+                       *npf = cuda_backend_with("DSI_CUDA_HC_PF=0"),
+                       *tree = cuda_backend_with("DSI_CUDA_HC_TREE=1");
+    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -258,11 +337,12 @@ int test_cuda_hc(struct test_ctx *t) {
                    squares, from DSI_CUDA_HC_TF_MIN rows (tf1: from 1 row, every n, partial row
                    tiles; the default backend from 128: n = 601), within 2e-5 of the CPU (one
                    TF32 product alone would be ~1e-3 off); len % 64 != 0 (D = 200) is not taken
-                   and runs the exact kernels. Then the norm after it, as above. */
+                   and runs the exact kernels; and k_hc_pre_one's pieces summed by shuffles
+                   (tree). Then the norm after it, as above. */
                 struct dsi_hc_pre_args af = a;
                 af.fast = true;
-                for (int b = 0; b < 2; b++) {
-                    struct dsi_backend *be = b == 0 ? tf1 : g_gpu;
+                for (int b = 0; b < 3; b++) { /* (tree: DSI_CUDA_HC_TREE=1, up to 32 rows) */
+                    struct dsi_backend *be = b == 0 ? tf1 : b == 1 ? g_gpu : tree;
                     be->ops->hc_pre(be, &af);
                     TEST_ASSERT(gsync_on(be, "hc_pre fast") == 0);
                     dget(yg, dy, sizeof(float) * (size_t)(n * D));
@@ -289,6 +369,16 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(gsync("hc_post") == 0);
                 dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
                 TEST_ASSERT(same("hc_post", Xg, Xc, sizeof(float) * (size_t)(n * len)));
+                /* hc_pre with the hc_post first (the forward's op; k_hc_pre_one makes the
+                   streams itself up to 32 rows, else and with DSI_CUDA_HC_PF=0 k_hc_post runs
+                   first; with DSI_CUDA_HC_CL=1 the cluster kernel after k_hc_post) */
+                {
+                    struct dsi_hc_pre_args ap = a;
+                    ap.X = dX;
+                    struct dsi_backend *pbe[3] = {g_gpu, npf, cl};
+                    for (int b = 0; b < (n <= 32 ? 3 : 1); b++)
+                        TEST_ASSERT(hc_post_first_same(pbe[b], &r, &ap, df, pc, cc, Xc));
+                }
                 /* hc_head */
                 wt_make(&hfn, &r, DSI_TYPE_F32, hc, len, 1.0f / sqrtf((float)len));
                 float *hb = fnorm(&r, hc, 0.5f), hs = 1.0f + 0.1f * rnorm(&r);
@@ -350,6 +440,8 @@ int test_cuda_hc(struct test_ctx *t) {
     tf1->ops->free(tf1);
     fin->ops->free(fin);
     cl->ops->free(cl);
+    npf->ops->free(npf);
+    tree->ops->free(tree);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
     for (int c = 0; c < 3; c++) {

@@ -167,6 +167,7 @@ static void hc_pre_part(void *ctx, int64_t r0, int64_t r1, int tid) {
 
 void cpu_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args *a) {
     DSI_ASSERT(a->hc <= 64 && (2 + a->hc) * a->hc <= 64 + 64 * 64);
+    if (a->post_first) cpu_hc_post(be, a->post_first);
     struct hc_job j = {be, a};
     dsi_pool_run(cpu_ctx(be)->pool, a->n, 1, hc_pre_part, &j);
     if (a->norm_w) { /* the fused norm: rms_norm itself */

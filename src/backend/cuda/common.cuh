@@ -77,6 +77,15 @@ struct cu_ctx {
        2 always (the op tests) */
     bool pdl;
     int pdl_mode, pdl_max;
+    /* a probe (DSI_CUDA_PAD, step 41): after every cu_launch, this many empty dependent kernels
+       (k_pad: 1 block, only cu_pdl_enter), so a step's time against the same step without them
+       gives what a kernel boundary costs in a recorded step; 0 (the default): none */
+    int pad;
+    /* hc_pre's post_first inside k_hc_pre_one (DSI_CUDA_HC_PF=0: off, k_hc_post's launch first;
+       step 41) */
+    bool hc_pf;
+    bool hc_tree; /* k_hc_pre_one's pieces summed by shuffles in `fast` numerics
+                     (DSI_CUDA_HC_TREE=1; step 41) */
     bool grouped; /* grouped GEMMs in one launch (cuda_gemm); DSI_CUDA_GROUPED=0: one by one */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
@@ -263,6 +272,8 @@ void cu_fail(struct cu_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* After a launch: record a launch error under `what`. Returns true if the launch is fine. */
 bool cu_check(struct cu_ctx *c, const char *what);
+/* c->pad empty dependent kernels on c->stream (the DSI_CUDA_PAD probe; misc.cu) */
+void cu_pad(const struct cu_ctx *c);
 #ifdef __CUDACC__
 /* Launch kernel k on c->stream (programmatic dependent launch when c->pdl, see cu_pdl_enter);
  * errors surface through cu_check as with <<<>>>. */
@@ -280,6 +291,7 @@ static inline void cu_launch(
     cfg.attrs = at;
     cfg.numAttrs = c->pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+    if (c->pad) cu_pad(c);
 }
 #endif
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The

@@ -562,6 +562,13 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->gvf_pair = !(gpr && *gpr == '0');
     const char *gef = getenv("DSI_CUDA_GVF_EF");
     c->gvf_ef = gef && *gef == '1'; /* (measured level in step 36: off) */
+    const char *pad = getenv("DSI_CUDA_PAD");
+    c->pad = pad && atoi(pad) > 0 ? atoi(pad) : 0;
+    if (c->pad > 8) c->pad = 8;
+    const char *hpf = getenv("DSI_CUDA_HC_PF");
+    c->hc_pf = !(hpf && *hpf == '0');
+    const char *htr = getenv("DSI_CUDA_HC_TREE");
+    c->hc_tree = htr && *htr == '1';
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

@@ -240,13 +240,25 @@ struct hc_norm_p {
 
 #define HC_ONE_CW (CU_THREADS - 32) /* the collapse's threads: warps 1.. */
 
+/* hc_post's value of one element: Xo[k][d] from the streams' column x[j] = X[j][d], f[d] and
+ * the row's comb column c[j] = comb[j][k] and post[k] (the CPU's operations in its order; k_hc_post
+ * and k_hc_pre_one's fused hc_post, so the same bits) */
+__device__ __forceinline__ float hc_post_val(
+    const float (&c)[HC_MAX], const float (&x)[HC_MAX], float pk, float fd, int hc, bool round) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC_MAX; j++)
+        if (j < hc) acc += c[j] * x[j];
+    return rbf(pk * fd + acc, round);
+}
+
 /* Warps 1.. of a block (HC_ONE_CW threads; warp 0 runs the Sinkhorn meanwhile): the collapse of
  * row Xr (hc streams of dim) into y, k_hc_pre_finish's arithmetic by float4, CU of them (HM
  * streams each) loaded at once; then with nm.z the norm as k_rms_norm_blk (y kept in ys, dim
  * floats of shared memory; the sums of squares in double in another order: the float results
  * equal but for the rare last-bit tie, as between the other kernels) and with nm.zq its act_quant
  * copy. red: CU_WARPS doubles of shared memory. Used by k_hc_pre_one and k_hc_pre_finish. */
-template <int HM>
+template <int HM, bool CG = false>
 __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
                                                  const float *pre_s,
                                                  int hc,
@@ -270,7 +282,8 @@ __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
 #pragma unroll
             for (int k = 0; k < HM; k++) {
                 int64_t e = e0 + (int64_t)u * HC_ONE_CW;
-                xv[u][k] = e < d4 && k < hc ? X4[k * d4 + e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                xv[u][k] = e < d4 && k < hc ? (CG ? __ldcg(X4 + k * d4 + e) : X4[k * d4 + e])
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
         for (int u = 0; u < CU; u++) {
@@ -532,6 +545,63 @@ __global__ void k_hc_pre_finish(const float *X,
  * sums of squares in double in another order: the float results equal but for the rare last-bit
  * tie, as between the other kernels). */
 
+/* k_hc_pre_one's fused hc_post (p.pX): chunk q (32 values of stream k = 32 q / dim, from column
+ * d0 = 32 q % dim; dim % 32 == 0) of row r's new streams from the old ones, f and the old post /
+ * comb, as k_hc_post computes them (hc_post_val), into xf; with st also stored into X (one warp
+ * of the row's blocks does). The old post / comb are read here, before the block's count: the
+ * block that writes the new ones counts last. */
+template <int HM, int HP = 2>
+__device__ __forceinline__ void hc_post_chunk(const struct hc_one_p &p,
+                                              int64_t r,
+                                              int64_t q,
+                                              bool qv,
+                                              int hc,
+                                              int64_t dim,
+                                              bool st,
+                                              float (&xf)[32]) {
+    int64_t len = hc * dim, e0 = q * 32, k = e0 / dim, d0 = e0 - k * dim;
+    const float *Xo = p.pX + r * len + d0, *fr = p.pf + r * dim + d0;
+    float c[HC_MAX], pk = qv ? p.ppost[r * hc + k] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC_MAX; j++)
+        c[j] = qv && j < hc ? p.pcomb[(r * hc + j) * hc + k] : 0.0f;
+#pragma unroll
+    for (int h = 0; h < 8; h += HP) { /* HP float4 of the chunk's columns in flight at once */
+        float4 xv[HP][HM], fv[HP];
+#pragma unroll
+        for (int v = 0; v < HP; v++) {
+            fv[v] = qv ? *(const float4 *)(fr + 4 * (h + v)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int j = 0; j < HM; j++)
+                xv[v][j] = qv && j < hc ? *(const float4 *)(Xo + j * dim + 4 * (h + v))
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int v = 0; v < HP; v++) {
+            float x0[HC_MAX], x1[HC_MAX], x2[HC_MAX], x3[HC_MAX];
+#pragma unroll
+            for (int j = 0; j < HC_MAX; j++) {
+                float4 t = j < HM ? xv[v][j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                x0[j] = t.x;
+                x1[j] = t.y;
+                x2[j] = t.z;
+                x3[j] = t.w;
+            }
+            int e = 4 * (h + v);
+            xf[e] = hc_post_val(c, x0, pk, fv[v].x, hc, p.round);
+            xf[e + 1] = hc_post_val(c, x1, pk, fv[v].y, hc, p.round);
+            xf[e + 2] = hc_post_val(c, x2, pk, fv[v].z, hc, p.round);
+            xf[e + 3] = hc_post_val(c, x3, pk, fv[v].w, hc, p.round);
+        }
+    }
+    if (st && qv) {
+        float4 *xo = (float4 *)(p.X + r * len + e0);
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            xo[v] = make_float4(xf[4 * v], xf[4 * v + 1], xf[4 * v + 2], xf[4 * v + 3]);
+    }
+}
+
 /* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32) */
 template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     extern __shared__ float4 one_sm[]; /* with norm: y of the row, then z */
@@ -559,8 +629,19 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
             if (p.z) cu_prefetch_l2(p.nw.data, (size_t)dim * vec_esize(p.nw));
         }
         cu_pdl_enter();
-        load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
-        if (qv && o < n_mix) p.cv[q * T + r * n_mix + o] = chunk_dot(xf, wf);
+        if (p.pX) /* the hc_post first: this chunk of X made here (every warp the same values) */
+            hc_post_chunk<HM>(p, r, qv ? q : 0, qv, hc, dim, blockIdx.z == 0 && warp == 0, xf);
+        else
+            load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
+        float v = qv && o < n_mix ? chunk_dot(xf, wf) : 0.0f;
+        if (p.tree) { /* the piece's sum (xor butterfly: every lane the same value) */
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, m);
+            if (lane == 0 && o < n_mix) p.cv[blockIdx.x * T + r * n_mix + o] = v;
+        } else if (qv && o < n_mix) {
+            p.cv[q * T + r * n_mix + o] = v;
+        }
         if (warp == 0 && blockIdx.z == 0) {
             double ss = 0.0;
 #pragma unroll
@@ -580,7 +661,7 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     __threadfence(); /* the other blocks' values (read below through L2: __ldcg) */
     for (int o0 = 0; o0 < n_mix; o0 += 32) {
         bool tv = o0 + lane < n_mix;
-        float acc = chunk_sum_staged(p.cv, nq, T, r * n_mix + o0 + lane, tv, red_buf);
+        float acc = chunk_sum_staged(p.cv, p.tree ? S : nq, T, r * n_mix + o0 + lane, tv, red_buf);
         if (warp == 0 && tv) mix_s[o0 + lane] = acc + 0.0f;
     }
     double ss = 0.0; /* the S partial sums in order: 32 loads at a time, then shuffles */
@@ -607,15 +688,21 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     /* warps 1..: the collapse and the norm */
     struct hc_norm_p nm = {p.nw, p.z_eps, p.z ? p.z + r * dim : nullptr,
                            p.zq ? p.zq + r * dim : nullptr};
-    hc_collapse_norm<HM>(Xr, pre_s, hc, dim, p.y + r * dim, nm, p.round, one_sm, red);
+    /* (X through L2: with the fused hc_post, other blocks of this grid wrote it) */
+    hc_collapse_norm<HM, true>(Xr, pre_s, hc, dim, p.y + r * dim, nm, p.round, one_sm, red);
 }
 
 static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a);
 
-/* k_hc_pre_one for a's rows, or false (not taken: the caller runs the other kernels); *normed:
- * it did the norm too (else the caller runs it, where a asks for it) */
-static bool
-hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w *fn, bool *normed) {
+/* k_hc_pre_one for a's rows, or false (not taken: the caller runs the other kernels, and
+ * a->post_first first); *normed: it did the norm too (else the caller runs it, where a asks for
+ * it). With a->post_first the hc_post inside k_hc_pre_one where its rows allow (else its own
+ * launch before). */
+static bool hc_pre_one(struct dsi_backend *be,
+                       const struct dsi_hc_pre_args *a,
+                       const struct cu_w *fn,
+                       bool *normed) {
+    struct cu_ctx *c = cu_ctx_of(be);
     int hc = (int)a->hc;
     int64_t len = hc * a->dim, nq = len / 32, S = cu_div_up(nq, 32), n_mix = (2 + hc) * hc;
     bool norm = a->norm_w && a->dim % 128 == 0 && a->dim * 4 <= 48 * 1024 &&
@@ -626,6 +713,10 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
         (uintptr_t)a->y % 16 || fn->type != DSI_TYPE_F32 || !gemm_fast_ok(fn, a->X, len) ||
         fn->row_bytes % 16 || S > 65535)
         return false;
+    const struct dsi_hc_post_args *pa = a->post_first;
+    bool fuse = pa && c->hc_pf && !c->hc_cl && a->dim % 32 == 0 && (uintptr_t)pa->X % 16 == 0 &&
+                (uintptr_t)pa->f % 16 == 0 && (uintptr_t)a->X % 16 == 0;
+    if (pa && !fuse) cuda_hc_post(be, pa);              /* its own launch first */
     if (hc_pre_cl(c, a, fn, norm)) return true;         /* one cluster a row (c->hc_cl; hc_cl.cu) */
     unsigned og = (unsigned)cu_div_up(n_mix, CU_WARPS); /* blocks along the outputs */
     float *cv = (float *)cu_scratch(c, CU_SCR_GEMM, (size_t)(nq * a->n * n_mix) * 4);
@@ -635,6 +726,13 @@ hc_pre_one(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct cu_w 
     p.cv = cv;
     p.ssp = ssp;
     p.cnt = c->hc_cnt;
+    p.tree = a->fast && c->hc_tree;
+    if (fuse) {
+        p.pX = pa->X;
+        p.pf = pa->f;
+        p.ppost = pa->post;
+        p.pcomb = pa->comb;
+    }
     int pf = cu_prof_begin(c, "hc_pre.one");
     dim3 grid((unsigned)S, (unsigned)a->n, og);
     if (hc == 4)
@@ -673,10 +771,11 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         return;
     }
     bool normed = false;
-    if (hc_pre_one(c, a, &fn, &normed)) {
+    if (hc_pre_one(be, a, &fn, &normed)) { /* (a->post_first in it, or before it) */
         if (!normed) hc_norm_after(be, a);
         return;
     }
+    if (a->post_first) cuda_hc_post(be, a->post_first); /* the other kernels read X */
     /* the mix: mraw, or its split-K chunk values for the finish to add (c->hc_fuse); in `fast`
        numerics from c->hc_tf_min rows on the tensor cores (hc_tf.cu), split along K, with the
        rows' sums of squares (ssp) */
@@ -766,7 +865,7 @@ __global__ void k_hc_post(const float *f,
             if (k >= hc) break;
             hc_fv<V> o;
 #pragma unroll
-            for (int i = 0; i < V; i++) {
+            for (int i = 0; i < V; i++) { /* (hc_post_val's operations) */
                 float acc = 0.0f;
 #pragma unroll
                 for (int j = 0; j < HC_MAX; j++)

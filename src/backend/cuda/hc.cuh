@@ -78,6 +78,14 @@ struct hc_one_p {
     int *cnt;    /* [n], zero on entry and on exit */
     float *y, *post, *comb, *z, *zq;
     bool round;
+    /* the hc_post before it (dsi_hc_pre_args.post_first; k_hc_pre_one only, else null): X's
+       values made from the old streams pX [n][hc][dim], f [n][dim] and the old post / comb,
+       and written to X, where k_hc_pre_one reads them (step 41) */
+    const float *pX, *pf, *ppost, *pcomb;
+    /* `fast` numerics (DSI_CUDA_HC_TREE=1; step 41): each block's 32 chunk values of an output
+       added by a warp's shuffles into one value a piece (cv [S][n n_mix]), so the finish adds S
+       values an output where it added nq in chunk order */
+    bool tree;
 };
 
 /* The parameters of a's rows common to k_hc_pre_one and k_hc_pre_cl (fn: a's mix weights;

@@ -411,3 +411,21 @@ extern "C" void cuda_entry_store(struct dsi_backend *be, const struct dsi_entry_
               (float *)a->pool.data);
     cu_check(c, "entry_store");
 }
+
+/* ---- the DSI_CUDA_PAD probe (cu_pad; step 41): an empty kernel that only waits for its
+ * predecessor (and lets its successor launch), the cost of a kernel boundary alone */
+__global__ void k_pad() { cu_pdl_enter(); }
+
+void cu_pad(const struct cu_ctx *c) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    for (int i = 0; i < c->pad; i++)
+        cudaLaunchKernelEx(&cfg, k_pad);
+}
