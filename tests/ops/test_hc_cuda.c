@@ -265,9 +265,9 @@ int test_cuda_hc(struct test_ctx *t) {
     struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1"),
                        *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1"),
                        *cl = cuda_backend_with("DSI_CUDA_HC_CL=1"),
-                       *npf = cuda_backend_with("DSI_CUDA_HC_PF=0"),
-                       *tree = cuda_backend_with("DSI_CUDA_HC_TREE=1");
-    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL);
+                       *pf = cuda_backend_with("DSI_CUDA_HC_PF=1"),
+                       *tree = cuda_backend_with("DSI_CUDA_HC_TREE=0");
+    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && pf != NULL && tree != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -337,12 +337,14 @@ int test_cuda_hc(struct test_ctx *t) {
                    squares, from DSI_CUDA_HC_TF_MIN rows (tf1: from 1 row, every n, partial row
                    tiles; the default backend from 128: n = 601), within 2e-5 of the CPU (one
                    TF32 product alone would be ~1e-3 off); len % 64 != 0 (D = 200) is not taken
-                   and runs the exact kernels; and k_hc_pre_one's pieces summed by shuffles
-                   (tree). Then the norm after it, as above. */
+                   and runs the exact kernels; k_hc_pre_one's pieces summed by shuffles (the
+                   default) and in chunk order (tree: DSI_CUDA_HC_TREE=0). Then the norm after
+                   it, as above. */
                 struct dsi_hc_pre_args af = a;
                 af.fast = true;
-                for (int b = 0; b < 3; b++) { /* (tree: DSI_CUDA_HC_TREE=1, up to 32 rows) */
-                    struct dsi_backend *be = b == 0 ? tf1 : b == 1 ? g_gpu : tree;
+                for (int b = 0; b < 3; b++) { /* (tree: DSI_CUDA_HC_TREE=0; g_gpu last: its
+                                                 values are hc_norm_same's below) */
+                    struct dsi_backend *be = b == 0 ? tf1 : b == 1 ? tree : g_gpu;
                     be->ops->hc_pre(be, &af);
                     TEST_ASSERT(gsync_on(be, "hc_pre fast") == 0);
                     dget(yg, dy, sizeof(float) * (size_t)(n * D));
@@ -369,13 +371,13 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(gsync("hc_post") == 0);
                 dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
                 TEST_ASSERT(same("hc_post", Xg, Xc, sizeof(float) * (size_t)(n * len)));
-                /* hc_pre with the hc_post first (the forward's op; k_hc_pre_one makes the
-                   streams itself up to 32 rows, else and with DSI_CUDA_HC_PF=0 k_hc_post runs
-                   first; with DSI_CUDA_HC_CL=1 the cluster kernel after k_hc_post) */
+                /* hc_pre with the hc_post first (the forward's op; k_hc_post's launch first
+                   by default; with DSI_CUDA_HC_PF=1 k_hc_pre_one makes the streams itself up to
+                   32 rows; with DSI_CUDA_HC_CL=1 the cluster kernel after k_hc_post) */
                 {
                     struct dsi_hc_pre_args ap = a;
                     ap.X = dX;
-                    struct dsi_backend *pbe[3] = {g_gpu, npf, cl};
+                    struct dsi_backend *pbe[3] = {pf, g_gpu, cl};
                     for (int b = 0; b < (n <= 32 ? 3 : 1); b++)
                         TEST_ASSERT(hc_post_first_same(pbe[b], &r, &ap, df, pc, cc, Xc));
                 }
@@ -440,7 +442,7 @@ int test_cuda_hc(struct test_ctx *t) {
     tf1->ops->free(tf1);
     fin->ops->free(fin);
     cl->ops->free(cl);
-    npf->ops->free(npf);
+    pf->ops->free(pf);
     tree->ops->free(tree);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};

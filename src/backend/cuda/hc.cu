@@ -545,60 +545,63 @@ __global__ void k_hc_pre_finish(const float *X,
  * sums of squares in double in another order: the float results equal but for the rare last-bit
  * tie, as between the other kernels). */
 
-/* k_hc_pre_one's fused hc_post (p.pX): chunk q (32 values of stream k = 32 q / dim, from column
- * d0 = 32 q % dim; dim % 32 == 0) of row r's new streams from the old ones, f and the old post /
- * comb, as k_hc_post computes them (hc_post_val), into xf; with st also stored into X (one warp
- * of the row's blocks does). The old post / comb are read here, before the block's count: the
- * block that writes the new ones counts last. */
-template <int HM, int HP = 2>
-__device__ __forceinline__ void hc_post_chunk(const struct hc_one_p &p,
+/* k_hc_pre_one's fused hc_post (p.pX): the block's piece of row r's new streams (its 32 chunks of
+ * 32 values, from chunk 32 s; dim % 32 == 0, so a chunk lies in one stream k) from the old
+ * streams, f and the old post / comb, as k_hc_post computes them (hc_post_val): thread t the
+ * float4 t % 8 of chunk t / 8, all its loads in flight at once (one round trip), into pc (9
+ * float4 a chunk: the lanes' reads below without bank conflicts) and with st into X too (one
+ * block of the row's og does); after the block's barrier each lane reads its chunk's 32 values.
+ * The old post / comb are read here, before the block's count: the block that writes the new
+ * ones counts last. (Step 41's first form had every warp compute its lanes' chunks itself, the
+ * loads in four rounds: the step +6% at batch 1.) */
+__device__ __forceinline__ void hc_post_piece(const struct hc_one_p &p,
                                               int64_t r,
-                                              int64_t q,
-                                              bool qv,
+                                              int64_t nq,
                                               int hc,
                                               int64_t dim,
                                               bool st,
+                                              float4 *pc,
                                               float (&xf)[32]) {
-    int64_t len = hc * dim, e0 = q * 32, k = e0 / dim, d0 = e0 - k * dim;
-    const float *Xo = p.pX + r * len + d0, *fr = p.pf + r * dim + d0;
-    float c[HC_MAX], pk = qv ? p.ppost[r * hc + k] : 0.0f;
+    int t = threadIdx.x, c = t >> 3, v = t & 7, lane = t & 31;
+    int64_t len = hc * dim, q = (int64_t)blockIdx.x * 32 + c;
+    if (t < 256 && q < nq) {
+        int64_t e0 = q * 32 + 4 * v, k = e0 / dim, d = e0 - k * dim;
+        const float *Xo = p.pX + r * len + d;
+        float4 xv[HC_MAX], fv = *(const float4 *)(p.pf + r * dim + d);
+        float cc[HC_MAX], pk = p.ppost[r * hc + k];
 #pragma unroll
-    for (int j = 0; j < HC_MAX; j++)
-        c[j] = qv && j < hc ? p.pcomb[(r * hc + j) * hc + k] : 0.0f;
-#pragma unroll
-    for (int h = 0; h < 8; h += HP) { /* HP float4 of the chunk's columns in flight at once */
-        float4 xv[HP][HM], fv[HP];
-#pragma unroll
-        for (int v = 0; v < HP; v++) {
-            fv[v] = qv ? *(const float4 *)(fr + 4 * (h + v)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int j = 0; j < HM; j++)
-                xv[v][j] = qv && j < hc ? *(const float4 *)(Xo + j * dim + 4 * (h + v))
-                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < HC_MAX; j++) {
+            xv[j] = j < hc ? *(const float4 *)(Xo + j * dim) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            cc[j] = j < hc ? p.pcomb[(r * hc + j) * hc + k] : 0.0f;
         }
+        float x0[HC_MAX], x1[HC_MAX], x2[HC_MAX], x3[HC_MAX];
 #pragma unroll
-        for (int v = 0; v < HP; v++) {
-            float x0[HC_MAX], x1[HC_MAX], x2[HC_MAX], x3[HC_MAX];
-#pragma unroll
-            for (int j = 0; j < HC_MAX; j++) {
-                float4 t = j < HM ? xv[v][j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                x0[j] = t.x;
-                x1[j] = t.y;
-                x2[j] = t.z;
-                x3[j] = t.w;
-            }
-            int e = 4 * (h + v);
-            xf[e] = hc_post_val(c, x0, pk, fv[v].x, hc, p.round);
-            xf[e + 1] = hc_post_val(c, x1, pk, fv[v].y, hc, p.round);
-            xf[e + 2] = hc_post_val(c, x2, pk, fv[v].z, hc, p.round);
-            xf[e + 3] = hc_post_val(c, x3, pk, fv[v].w, hc, p.round);
+        for (int j = 0; j < HC_MAX; j++) {
+            x0[j] = xv[j].x;
+            x1[j] = xv[j].y;
+            x2[j] = xv[j].z;
+            x3[j] = xv[j].w;
         }
+        float4 o = make_float4(
+            hc_post_val(cc, x0, pk, fv.x, hc, p.round), hc_post_val(cc, x1, pk, fv.y, hc, p.round),
+            hc_post_val(cc, x2, pk, fv.z, hc, p.round), hc_post_val(cc, x3, pk, fv.w, hc, p.round));
+        pc[c * 9 + v] = o;
+        if (st) *(float4 *)(p.X + r * len + e0) = o;
     }
-    if (st && qv) {
-        float4 *xo = (float4 *)(p.X + r * len + e0);
+    __syncthreads();
+    if (blockIdx.x * 32 + lane < nq) {
 #pragma unroll
-        for (int v = 0; v < 8; v++)
-            xo[v] = make_float4(xf[4 * v], xf[4 * v + 1], xf[4 * v + 2], xf[4 * v + 3]);
+        for (int u = 0; u < 8; u++) {
+            float4 o = pc[lane * 9 + u];
+            xf[4 * u] = o.x;
+            xf[4 * u + 1] = o.y;
+            xf[4 * u + 2] = o.z;
+            xf[4 * u + 3] = o.w;
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 32; u++)
+            xf[u] = 0.0f;
     }
 }
 
@@ -610,6 +613,7 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     __shared__ float mix_s[(2 + HC_MAX) * HC_MAX];
     __shared__ float red_buf[RED_ROWS][32];
     __shared__ double red[CU_WARPS];
+    __shared__ float4 pc_s[32 * 9];     /* the fused hc_post's piece (hc_post_piece) */
     constexpr int HM = HC > 0 ? HC : 5; /* streams held per float4 of the collapse */
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hc = HC > 0 ? HC : p.hc;
     int n_mix = (2 + hc) * hc;
@@ -629,8 +633,8 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
             if (p.z) cu_prefetch_l2(p.nw.data, (size_t)dim * vec_esize(p.nw));
         }
         cu_pdl_enter();
-        if (p.pX) /* the hc_post first: this chunk of X made here (every warp the same values) */
-            hc_post_chunk<HM>(p, r, qv ? q : 0, qv, hc, dim, blockIdx.z == 0 && warp == 0, xf);
+        if (p.pX) /* the hc_post first: the block's piece of X made here */
+            hc_post_piece(p, r, nq, hc, dim, blockIdx.z == 0, pc_s, xf);
         else
             load_x_chunk(Xr + (qv ? q * 32 : 0), qv, xf);
         float v = qv && o < n_mix ? chunk_dot(xf, wf) : 0.0f;

@@ -82,9 +82,9 @@ struct hc_one_p {
        values made from the old streams pX [n][hc][dim], f [n][dim] and the old post / comb,
        and written to X, where k_hc_pre_one reads them (step 41) */
     const float *pX, *pf, *ppost, *pcomb;
-    /* `fast` numerics (DSI_CUDA_HC_TREE=1; step 41): each block's 32 chunk values of an output
-       added by a warp's shuffles into one value a piece (cv [S][n n_mix]), so the finish adds S
-       values an output where it added nq in chunk order */
+    /* `fast` numerics (c->hc_tree, DSI_CUDA_HC_TREE; step 41): each block's 32 chunk values of an
+       output added by a warp's shuffles into one value a piece (cv [S][n n_mix]), so the finish
+       adds S values an output where it added nq in chunk order */
     bool tree;
 };
 
