@@ -203,6 +203,9 @@ static int hc_post_first_same(struct dsi_backend *be,
     a.z_eps = 1e-6f;
     a.z = d[0][3];
     a.zq = q ? d[0][4] : NULL;
+    /* (the uploads above ran on g_gpu's stream and may still be landing: be is another
+       backend, with a stream of its own, when it is not g_gpu) */
+    int ok = gsync("post_first inputs") == 0;
     be->ops->hc_pre(be, &a);
     /* post_first: the old post and comb in the buffers the op writes */
     dfree(d[1][1]);
@@ -219,8 +222,9 @@ static int hc_post_first_same(struct dsi_backend *be,
     b.z = d[1][3];
     b.zq = q ? d[1][4] : NULL;
     b.post_first = &pa;
+    ok = ok && gsync("post_first inputs") == 0 && gsync_on(be, "hc_pre alone") == 0;
     be->ops->hc_pre(be, &b);
-    int ok = gsync_on(be, "hc_pre with post_first") == 0;
+    ok = ok && gsync_on(be, "hc_pre with post_first") == 0;
     float *Xg = hpoison(n * len);
     dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
     ok = ok && same("post_first streams", Xg, Xc, sizeof(float) * (size_t)(n * len));
