@@ -269,9 +269,9 @@ int test_cuda_hc(struct test_ctx *t) {
     struct dsi_backend *tf1 = cuda_backend_with("DSI_CUDA_HC_TF_MIN=1"),
                        *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1"),
                        *cl = cuda_backend_with("DSI_CUDA_HC_CL=1"),
-                       *pf = cuda_backend_with("DSI_CUDA_HC_PF=1"),
+                       *npf = cuda_backend_with("DSI_CUDA_HC_PF=0"),
                        *tree = cuda_backend_with("DSI_CUDA_HC_TREE=0");
-    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && pf != NULL && tree != NULL);
+    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -375,13 +375,13 @@ int test_cuda_hc(struct test_ctx *t) {
                 TEST_ASSERT(gsync("hc_post") == 0);
                 dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
                 TEST_ASSERT(same("hc_post", Xg, Xc, sizeof(float) * (size_t)(n * len)));
-                /* hc_pre with the hc_post first (the forward's op; k_hc_post's launch first
-                   by default; with DSI_CUDA_HC_PF=1 k_hc_pre_one makes the streams itself up to
-                   32 rows; with DSI_CUDA_HC_CL=1 the cluster kernel after k_hc_post) */
+                /* hc_pre with the hc_post first (the forward's op; k_hc_pre_one makes the
+                   streams itself up to 32 rows, else and with DSI_CUDA_HC_PF=0 k_hc_post's
+                   launch first; with DSI_CUDA_HC_CL=1 the cluster kernel after k_hc_post) */
                 {
                     struct dsi_hc_pre_args ap = a;
                     ap.X = dX;
-                    struct dsi_backend *pbe[3] = {pf, g_gpu, cl};
+                    struct dsi_backend *pbe[3] = {g_gpu, npf, cl};
                     for (int b = 0; b < (n <= 32 ? 3 : 1); b++)
                         TEST_ASSERT(hc_post_first_same(pbe[b], &r, &ap, df, pc, cc, Xc));
                 }
@@ -446,7 +446,7 @@ int test_cuda_hc(struct test_ctx *t) {
     tf1->ops->free(tf1);
     fin->ops->free(fin);
     cl->ops->free(cl);
-    pf->ops->free(pf);
+    npf->ops->free(npf);
     tree->ops->free(tree);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};

@@ -264,6 +264,16 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
                          "%s %s: CUDA with prefetch hints differs (whole %d, chunk 1 %d)", name, pn,
                          same[0], same[1]);
         }
+        if (!getenv("DSI_CUDA_HC_PF")) {
+            /* the hc_post owed by each sublayer made inside the next hc_pre's k_hc_pre_one (the
+               default since step 41, up to 32 rows: the token-by-token steps) gives the logits
+               of its own launch first (DSI_CUDA_HC_PF=0) bit for bit, whole and at chunk 1 */
+            int same[2];
+            TEST_ASSERT(same_with(model, num, &ps, o, g, n, "DSI_CUDA_HC_PF", "0", same) == 0);
+            TEST_ASSERTF(same[0] && same[1],
+                         "%s %s: CUDA with hc_post's own launch differs (whole %d, chunk 1 %d)",
+                         name, pn, same[0], same[1]);
+        }
         if (num && !getenv("DSI_CUDA_KV_FP8")) {
             /* FP8 cache rows (the engine's auto format, step 30) hold the reference values
                exactly: fp32 rows (DSI_CUDA_KV_FP8=0) give the same logits bit for bit, whole and

@@ -81,7 +81,7 @@ struct cu_ctx {
        (k_pad: 1 block, only cu_pdl_enter), so a step's time against the same step without them
        gives what a kernel boundary costs in a recorded step; 0 (the default): none */
     int pad;
-    /* hc_pre's post_first inside k_hc_pre_one (DSI_CUDA_HC_PF=1; off: k_hc_post's launch
+    /* hc_pre's post_first inside k_hc_pre_one (DSI_CUDA_HC_PF=0: off, k_hc_post's launch
        first; step 41) */
     bool hc_pf;
     bool hc_tree; /* k_hc_pre_one's pieces summed by shuffles in `fast` numerics
