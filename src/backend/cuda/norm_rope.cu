@@ -38,15 +38,21 @@ struct norm_rq {
     int rope_dim, q_dim, q_lanes;
 };
 
-/* rq on the float4 o at element e of a group of dim values of row r (e % 4 == 0), held by a
- * lane of a warp whose 32 lanes hold consecutive float4 (a quantisation block is q_lanes of
- * them, aligned): rope_pair on its two pairs where they are rope dims (rope_dim % 4 == 0: a
- * float4 is wholly in or out), then the block's amax by shuffles and q8_value (k_act_quant's
- * numbers). The whole warp calls it (the shuffles). */
-__device__ __forceinline__ float4
-norm_rq_apply(float4 o, int64_t e, int64_t dim, const struct norm_rq &rq, int64_t r, bool round) {
+/* rq on the float4 o at element e of a group of dim values (e % 4 == 0), held by a lane of a
+ * warp whose 32 lanes hold consecutive float4 (a quantisation block is q_lanes of them,
+ * aligned): its two pairs rotated where they are rope dims (rope_dim % 4 == 0: a float4 is
+ * wholly in or out) by the row's (cos, sin) table cs (rope_cs's values at the row's position:
+ * rope4's bits), then the block's amax by shuffles and q8_value (k_act_quant's numbers). The
+ * whole warp calls it (the shuffles). */
+__device__ __forceinline__ float4 norm_rq_apply(
+    float4 o, int64_t e, int64_t dim, const struct norm_rq &rq, const float2 *cs, bool round) {
     int64_t rs = dim - rq.rope_dim;
-    if (e >= rs) o = rope4<>((float)rq.pos[r], rq.freq + (e - rs) / 2, o, round);
+    if (e >= rs) {
+        int p0 = (int)(e - rs) / 2;
+        float2 c0 = cs[p0], c1 = cs[p0 + 1];
+        rope_rot(o.x, o.y, c0.x, c0.y, round);
+        rope_rot(o.z, o.w, c1.x, c1.y, round);
+    }
     if (rq.q_dim > 0) {
         float a = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(o.x)), fabsf(o.y)), fabsf(o.z)), fabsf(o.w));
         for (int off = rq.q_lanes / 2; off > 0; off >>= 1)
@@ -63,7 +69,9 @@ norm_rq_apply(float4 o, int64_t e, int64_t dim, const struct norm_rq &rq, int64_
 /* One warp per (row, group) for dims of 128 V (V <= 16: the per-head and LoRA norms, many short
  * groups): a lane holds its V float4 in registers (read once; y may alias x), the sum of squares
  * in double as k_rms_norm's. 8 warps per block. RQ: then norm_rq_apply (the q-head norm's RoPE,
- * the KV norm's RoPE and quantisation). */
+ * the KV norm's RoPE and quantisation), with the (cos, sin) of the block's 8 rows computed by
+ * all its threads, one pair each, while their loads are in flight (step 41: before, each
+ * lane computed its own pairs' double-precision sines after the norm, on the row's chain). */
 template <int V, bool RQ>
 __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
                                                        float *y,
@@ -76,17 +84,30 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
                                                        bool round,
                                                        struct norm_rq rq) {
     cu_pdl_enter();
-    int64_t rg = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (rg >= rows) return;
-    int lane = threadIdx.x & 31;
-    int64_t r = rg / n_groups, g = rg - r * n_groups;
+    __shared__ float2 cs_s[RQ ? 8 * 64 : 1]; /* RQ: warp w's row's pairs at 64 w.. */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t rg = (int64_t)blockIdx.x * 8 + warp;
+    if (!RQ && rg >= rows) return;
+    bool live = rg < rows;
+    int64_t r = live ? rg / n_groups : 0, g = live ? rg - r * n_groups : 0;
     const float4 *xs = (const float4 *)(x + r * ldx + g * V * 128);
     float4 *ys = (float4 *)(y + r * ldy + g * V * 128);
     float4 v[V];
     double ss = 0.0;
 #pragma unroll
     for (int i = 0; i < V; i++)
-        v[i] = xs[i * 32 + lane];
+        v[i] = !RQ || live ? xs[i * 32 + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (RQ) { /* (rope_dim / 2 <= 64: rms_norm_rq) */
+        int half = rq.rope_dim / 2;
+        for (int k = threadIdx.x; k < 8 * half; k += blockDim.x) {
+            int w = k / half, i = k - w * half;
+            int64_t rw = (int64_t)blockIdx.x * 8 + w;
+            if (rw < rows)
+                cs_s[w * 64 + i] = rope_cs<>((float)rq.pos[rw / n_groups], rq.freq[i], false);
+        }
+        __syncthreads();
+        if (!live) return;
+    }
 #pragma unroll
     for (int i = 0; i < V; i++)
         v[i] = rms_in4(v[i], round, ss);
@@ -95,7 +116,7 @@ __global__ void __launch_bounds__(256) k_rms_norm_warp(const float *x,
     for (int i = 0; i < V; i++) {
         int64_t e = (int64_t)(i * 32 + lane) * 4;
         float4 o = rms_out4(v[i], inv, w, e, round);
-        if (RQ) o = norm_rq_apply(o, e, V * 128, rq, r, round);
+        if (RQ) o = norm_rq_apply(o, e, V * 128, rq, cs_s + warp * 64, round);
         ys[i * 32 + lane] = o;
     }
 }
