@@ -562,9 +562,10 @@ __device__ __forceinline__ void hc_post_piece(const struct hc_one_p &p,
                                               bool st,
                                               float4 *pc,
                                               float (&xf)[32]) {
+    static_assert(CU_THREADS == 256, "a thread per float4 of the piece");
     int t = threadIdx.x, c = t >> 3, v = t & 7, lane = t & 31;
     int64_t len = hc * dim, q = (int64_t)blockIdx.x * 32 + c;
-    if (t < 256 && q < nq) {
+    if (q < nq) {
         int64_t e0 = q * 32 + 4 * v, k = e0 / dim, d = e0 - k * dim;
         const float *Xo = p.pX + r * len + d;
         float4 xv[HC_MAX], fv = *(const float4 *)(p.pf + r * dim + d);
