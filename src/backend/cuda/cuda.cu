@@ -566,7 +566,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->pad = pad && atoi(pad) > 0 ? atoi(pad) : 0;
     if (c->pad > 8) c->pad = 8;
     const char *hpf = getenv("DSI_CUDA_HC_PF");
-    /* (step 41: the first form +6% at batch 1; the second level at batch 1, -1.4% at batch 8
+    /* (step 41: the first form +6.8% at batch 1; the second level at batch 1, -1.5% at batch 8
        and -0.5% at 32 on a 1-layer checkpoint, one fused site a step) */
     c->hc_pf = !(hpf && *hpf == '0');
     const char *htr = getenv("DSI_CUDA_HC_TREE");
