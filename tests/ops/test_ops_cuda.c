@@ -977,6 +977,9 @@ int test_cuda_attn(struct test_ctx *t) {
         {64, 512, 128, 128, 512, false, true, 1, {8000}, {1}, true},
         {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {1, 8}, true},
         {4, 128, 16, 4, 4, true, true, 1, {200}, {3}, true},
+        /* HCA far along (1094 entries + the window: 77 tiles, 39 splits at one row): the merge's
+           splits past a warp's 32 lanes and its FA_MQ rows in flight */
+        {64, 512, 128, 128, 512, false, true, 1, {140000}, {1}, true},
         /* the same with tiny heads and enough keys to split (so that the sanitizers' tiny runs
            see the split and the merge): all entries, 4 splits; selection, a split past the
            rows' keys */

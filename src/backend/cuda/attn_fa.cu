@@ -439,57 +439,93 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
 
 /* The splits' merge: grid (rows, heads), FA_MT threads. With the sink, mx = max(m_z, sink) over
  * the splits z, w_z = exp(m_z - mx) (0 for a split without keys), out = sum_z o_z w_z / (sum_z
- * l_z w_z + exp(sink - mx)), the unsplit kernel's end with the sums in split order. */
+ * l_z w_z + exp(sink - mx)), the unsplit kernel's end with the sums in split order. Its time is
+ * a chain of loads, so they go out together (step 42; before, three or more round trips to L2
+ * one after another: warp 0's m, thread 0's l split by split, then the rows): a thread's float4
+ * of the first FA_MQ splits' rows is loaded first, then warp 0 loads every split's (m, l) as one
+ * float2 a lane, and the RoPE pairs' (cos, sin) are computed while the rows are in flight. The
+ * same operations in the same order as before (the denominator's products added in split order
+ * by lane 0 through shuffles), so the same bits. hd <= 4 FA_MT (attn_fa_ok): a float4 a thread. */
 #define FA_MT    128
 #define FA_S_MAX FA_MT /* splits at most (a weight per thread) */
+#define FA_MQ    8     /* splits' rows of a thread in flight at once */
 __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int splits) {
     cu_pdl_enter();
     __shared__ float w_s[FA_S_MAX];
     __shared__ float den_s;
-    int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, rows = gridDim.x;
-    auto ml = [&](int z, int i) { return p.fa_ml[(((size_t)z * rows + r) * p.H + h) * 2 + i]; };
+    int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, rows = gridDim.x, d = tid * 4;
+    size_t zs = (size_t)rows * p.H; /* from one split's (row, head) to the next one's */
+    const float *orow = p.fa_o + ((size_t)r * p.H + h) * p.hd + d;
+    bool dv = d < p.hd;
+    float4 v[FA_MQ];
+#pragma unroll
+    for (int j = 0; j < FA_MQ; j++)
+        v[j] = dv && j < splits ? *(const float4 *)(orow + j * zs * p.hd)
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (tid < 32) { /* warp 0: the maximum, the weights, the denominator (in split order) */
+        const float2 *ml = (const float2 *)p.fa_ml + (size_t)r * p.H + h;
+        float2 s[FA_S_MAX / 32];
+#pragma unroll
+        for (int i = 0; i < FA_S_MAX / 32; i++) {
+            int z = tid + 32 * i;
+            s[i] = z < splits ? ml[z * zs] : make_float2(-INFINITY, 0.0f);
+        }
         float sink = vec_get(p.sinks, h), mx = sink;
-        for (int z = tid; z < splits; z += 32)
-            mx = fmaxf(mx, ml(z, 0));
+#pragma unroll
+        for (int i = 0; i < FA_S_MAX / 32; i++)
+            mx = fmaxf(mx, s[i].x);
         mx = warp_max(mx);
-        for (int z = tid; z < splits; z += 32) {
-            float m = ml(z, 0);
-            w_s[z] = m == -INFINITY ? 0.0f : exp_ref(m - mx);
+        float lw[FA_S_MAX / 32];
+#pragma unroll
+        for (int i = 0; i < FA_S_MAX / 32; i++) {
+            int z = tid + 32 * i;
+            float w = s[i].x == -INFINITY ? 0.0f : exp_ref(s[i].x - mx);
+            if (z < splits) w_s[z] = w;
+            lw[i] = s[i].y * w;
         }
-        __syncwarp();
-        if (tid == 0) {
-            float den = 0.0f;
-            for (int z = 0; z < splits; z++)
-                den += ml(z, 1) * w_s[z];
-            den_s = den + exp_ref(sink - mx);
-        }
+        float den = 0.0f;
+#pragma unroll
+        for (int i = 0; i < FA_S_MAX / 32; i++)
+            for (int j = 0; j < 32 && 32 * i + j < splits; j++)
+                den += __shfl_sync(0xffffffffu, lw[i], j);
+        if (tid == 0) den_s = den + exp_ref(sink - mx);
+    }
+    int rs = p.hd - p.or_rope;
+    bool rot = p.or_on && dv && d >= rs;
+    float2 c0 = make_float2(1.0f, 0.0f), c1 = c0;
+    if (rot) { /* out_rope's two pairs (as k_rope), while the rows are in flight */
+        float pp = (float)p.or_pos[r];
+        c0 = rope_cs<>(pp, p.or_freq[(d - rs) / 2], p.or_inv);
+        c1 = rope_cs<>(pp, p.or_freq[(d - rs) / 2 + 1], p.or_inv);
     }
     __syncthreads();
+    if (!dv) return;
     float inv = 1.0f / den_s;
-    for (int d = tid * 4; d < p.hd; d += FA_MT * 4) {
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int z = 0; z < splits; z++) {
-            float w = w_s[z];
-            float4 v = *(const float4 *)(p.fa_o + (((size_t)z * rows + r) * p.H + h) * p.hd + d);
-            o.x += v.x * w;
-            o.y += v.y * w;
-            o.z += v.z * w;
-            o.w += v.w * w;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int z0 = 0; z0 < splits; z0 += FA_MQ) {
+        if (z0 > 0) {
+#pragma unroll
+            for (int j = 0; j < FA_MQ; j++)
+                if (z0 + j < splits) v[j] = *(const float4 *)(orow + (z0 + j) * zs * p.hd);
         }
-        float4 y =
-            make_float4(rbf(o.x * inv + 0.0f, p.round_bf16), rbf(o.y * inv + 0.0f, p.round_bf16),
-                        rbf(o.z * inv + 0.0f, p.round_bf16), rbf(o.w * inv + 0.0f, p.round_bf16));
-        int rs = p.hd - p.or_rope;
-        if (p.or_on && d >= rs) { /* out_rope on the two pairs, as k_rope */
-            float pp = (float)p.or_pos[r];
-            float2 c0 = rope_cs<>(pp, p.or_freq[(d - rs) / 2], p.or_inv),
-                   c1 = rope_cs<>(pp, p.or_freq[(d - rs) / 2 + 1], p.or_inv);
-            rope_rot(y.x, y.y, c0.x, c0.y, p.or_round);
-            rope_rot(y.z, y.w, c1.x, c1.y, p.or_round);
+#pragma unroll
+        for (int j = 0; j < FA_MQ; j++) {
+            if (z0 + j >= splits) break;
+            float w = w_s[z0 + j];
+            o.x += v[j].x * w;
+            o.y += v[j].y * w;
+            o.z += v[j].z * w;
+            o.w += v[j].w * w;
         }
-        *(float4 *)(p.out + ((int64_t)r * p.H + h) * p.hd + d) = y;
     }
+    float4 y =
+        make_float4(rbf(o.x * inv + 0.0f, p.round_bf16), rbf(o.y * inv + 0.0f, p.round_bf16),
+                    rbf(o.z * inv + 0.0f, p.round_bf16), rbf(o.w * inv + 0.0f, p.round_bf16));
+    if (rot) {
+        rope_rot(y.x, y.y, c0.x, c0.y, p.or_round);
+        rope_rot(y.z, y.w, c1.x, c1.y, p.or_round);
+    }
+    *(float4 *)(p.out + ((int64_t)r * p.H + h) * p.hd + d) = y;
 }
 
 template <int HQ, bool K8, int HB, int KT>
