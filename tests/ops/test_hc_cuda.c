@@ -270,8 +270,10 @@ int test_cuda_hc(struct test_ctx *t) {
                        *fin = cuda_backend_with("DSI_CUDA_HC_FIN_NORM=1"),
                        *cl = cuda_backend_with("DSI_CUDA_HC_CL=1"),
                        *npf = cuda_backend_with("DSI_CUDA_HC_PF=0"),
-                       *tree = cuda_backend_with("DSI_CUDA_HC_TREE=0");
-    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL);
+                       *tree = cuda_backend_with("DSI_CUDA_HC_TREE=0"),
+                       *early = cuda_backend_with("DSI_CUDA_HC_EARLY=1");
+    TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL &&
+                early != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -329,6 +331,11 @@ int test_cuda_hc(struct test_ctx *t) {
                     TEST_ASSERT(hc_tail_same(cl, &a, NULL, yg, pg, cg, n));
                     TEST_ASSERT(
                         hc_norm_same(cl, &r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
+                    /* the same with k_hc_pre_one's finish issuing its loads early
+                       (DSI_CUDA_HC_EARLY=1, step 42): its bits */
+                    TEST_ASSERT(hc_tail_same(early, &a, NULL, yg, pg, cg, n));
+                    TEST_ASSERT(
+                        hc_norm_same(early, &r, &a, &fn.h, &base.h, &scale.h, X, yg, pg, cg, rnd));
                 }
                 for (int i = 0; i < NALT && n > 32; i++)
                     TEST_ASSERT(hc_tail_same(alt[i], &a, NULL, yg, pg, cg, n));
@@ -381,8 +388,8 @@ int test_cuda_hc(struct test_ctx *t) {
                 {
                     struct dsi_hc_pre_args ap = a;
                     ap.X = dX;
-                    struct dsi_backend *pbe[3] = {g_gpu, npf, cl};
-                    for (int b = 0; b < (n <= 32 ? 3 : 1); b++)
+                    struct dsi_backend *pbe[4] = {g_gpu, npf, cl, early};
+                    for (int b = 0; b < (n <= 32 ? 4 : 1); b++)
                         TEST_ASSERT(hc_post_first_same(pbe[b], &r, &ap, df, pc, cc, Xc));
                 }
                 /* hc_head */
@@ -448,6 +455,7 @@ int test_cuda_hc(struct test_ctx *t) {
     cl->ops->free(cl);
     npf->ops->free(npf);
     tree->ops->free(tree);
+    early->ops->free(early);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
     for (int c = 0; c < 3; c++) {

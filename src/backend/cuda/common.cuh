@@ -84,9 +84,10 @@ struct cu_ctx {
     /* hc_pre's post_first inside k_hc_pre_one (DSI_CUDA_HC_PF=0: off, k_hc_post's launch
        first; step 41) */
     bool hc_pf;
-    bool hc_tree; /* k_hc_pre_one's pieces summed by shuffles in `fast` numerics
-                     (DSI_CUDA_HC_TREE=0: off; step 41) */
-    bool grouped; /* grouped GEMMs in one launch (cuda_gemm); DSI_CUDA_GROUPED=0: one by one */
+    bool hc_tree;  /* k_hc_pre_one's pieces summed by shuffles in `fast` numerics
+                      (DSI_CUDA_HC_TREE=0: off; step 41) */
+    bool hc_early; /* k_hc_pre_one's finish issues its loads early (DSI_CUDA_HC_EARLY=1; step 42) */
+    bool grouped;  /* grouped GEMMs in one launch (cuda_gemm); DSI_CUDA_GROUPED=0: one by one */
     /* `fast` numerics: tensor-core GEMMs (tc.cu) from this many activation rows (dense) and
        this many rows per expert on average (MoE, from gvf_min tokens); DSI_CUDA_TC_DENSE /
        DSI_CUDA_TC_MOE (defaults 64 and 0) */

@@ -571,6 +571,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->hc_pf = !(hpf && *hpf == '0');
     const char *htr = getenv("DSI_CUDA_HC_TREE");
     c->hc_tree = !(htr && *htr == '0'); /* (step 41: batch 1 -2.7%, 8 -1.6%, 32 -0.9%) */
+    const char *hea = getenv("DSI_CUDA_HC_EARLY");
+    c->hc_early = hea && *hea == '1'; /* (step 42: off until measured) */
     const char *nq = getenv("DSI_CUDA_NORM_Q");
     c->norm_q = !(nq && *nq == '0');
     const char *nr = getenv("DSI_CUDA_NORM_RQ"), *nb = getenv("DSI_CUDA_NORM_BLK1");

@@ -258,7 +258,26 @@ __device__ __forceinline__ float hc_post_val(
  * floats of shared memory; the sums of squares in double in another order: the float results
  * equal but for the rare last-bit tie, as between the other kernels) and with nm.zq its act_quant
  * copy. red: CU_WARPS doubles of shared memory. Used by k_hc_pre_one and k_hc_pre_finish. */
-template <int HM, bool CG = false>
+#define HC_CU(HM) (20 / (HM)) /* float4 columns per collapse thread in flight */
+
+/* The loads of one round of hc_collapse_norm's (a collapse thread's CU float4 columns from
+ * e0 of each of the hc streams of X4, d4 float4 a stream; zeros past them). */
+template <int HM, bool CG>
+__device__ __forceinline__ void
+hc_collapse_load(const float4 *X4, int hc, int64_t d4, int64_t e0, float4 (&xv)[HC_CU(HM)][HM]) {
+#pragma unroll
+    for (int u = 0; u < HC_CU(HM); u++)
+#pragma unroll
+        for (int k = 0; k < HM; k++) {
+            int64_t e = e0 + (int64_t)u * HC_ONE_CW;
+            xv[u][k] = e < d4 && k < hc ? (CG ? __ldcg(X4 + k * d4 + e) : X4[k * d4 + e])
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+}
+
+/* (PRE: xpre holds the thread's first round of loads, made by the caller with hc_collapse_load
+ * ahead of the work before; else null) */
+template <int HM, bool CG = false, bool PRE = false>
 __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
                                                  const float *pre_s,
                                                  int hc,
@@ -267,8 +286,9 @@ __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
                                                  const struct hc_norm_p &nm,
                                                  bool round,
                                                  float4 *ys,
-                                                 double *red) {
-    constexpr int CU = 20 / HM; /* float4 columns per collapse thread in flight */
+                                                 double *red,
+                                                 const float4 (*xpre)[HM] = nullptr) {
+    constexpr int CU = HC_CU(HM);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ct = threadIdx.x - 32;
     bool norm = nm.z != nullptr;
     int64_t d4 = dim / 4;
@@ -277,14 +297,15 @@ __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
     double zs = 0.0;
     for (int64_t e0 = ct; e0 < d4; e0 += (int64_t)HC_ONE_CW * CU) {
         float4 xv[CU][HM];
+        if (PRE && e0 == ct) {
 #pragma unroll
-        for (int u = 0; u < CU; u++)
+            for (int u = 0; u < CU; u++)
 #pragma unroll
-            for (int k = 0; k < HM; k++) {
-                int64_t e = e0 + (int64_t)u * HC_ONE_CW;
-                xv[u][k] = e < d4 && k < hc ? (CG ? __ldcg(X4 + k * d4 + e) : X4[k * d4 + e])
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+                for (int k = 0; k < HM; k++)
+                    xv[u][k] = xpre[u][k];
+        } else {
+            hc_collapse_load<HM, CG>(X4, hc, d4, e0, xv);
+        }
 #pragma unroll
         for (int u = 0; u < CU; u++) {
             int64_t e = e0 + (int64_t)u * HC_ONE_CW;
@@ -606,8 +627,10 @@ __device__ __forceinline__ void hc_post_piece(const struct hc_one_p &p,
     }
 }
 
-/* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32) */
-template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
+/* HC: hc when > 0 (4: V4's), else any hc <= 5 (hc * hc <= 32). EARLY: p.early (an instance of
+ * its own: the first round's X values held through the mix's sums take ~90 more registers) */
+template <int HC, bool EARLY = false>
+__global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(struct hc_one_p p) {
     extern __shared__ float4 one_sm[]; /* with norm: y of the row, then z */
     __shared__ int last;
     __shared__ float pre_s[HC_MAX];
@@ -664,6 +687,15 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     __syncthreads();
     if (!last) return;
     __threadfence(); /* the other blocks' values (read below through L2: __ldcg) */
+    /* p.early: the first 32 partial sums of squares and the collapse's first round of X loads
+       issued now, in flight with the mix's sums (their own round trips after them otherwise) */
+    float4 xpre[HC_CU(HM)][HM];
+    double sv0 = 0.0;
+    if (EARLY) {
+        sv0 = lane < S ? __ldcg(p.ssp + r * S + lane) : 0.0;
+        if (warp > 0)
+            hc_collapse_load<HM, true>((const float4 *)Xr, hc, dim / 4, threadIdx.x - 32, xpre);
+    }
     for (int o0 = 0; o0 < n_mix; o0 += 32) {
         bool tv = o0 + lane < n_mix;
         float acc = chunk_sum_staged(p.cv, p.tree ? S : nq, T, r * n_mix + o0 + lane, tv, red_buf);
@@ -671,7 +703,7 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     }
     double ss = 0.0; /* the S partial sums in order: 32 loads at a time, then shuffles */
     for (int64_t s0 = 0; s0 < S; s0 += 32) {
-        double v = s0 + lane < S ? __ldcg(p.ssp + r * S + s0 + lane) : 0.0;
+        double v = EARLY && s0 == 0 ? sv0 : s0 + lane < S ? __ldcg(p.ssp + r * S + s0 + lane) : 0.0;
         int cnt = (int)(S - s0 < 32 ? S - s0 : 32);
         for (int j = 0; j < cnt; j++)
             ss += __shfl_sync(0xffffffffu, v, j);
@@ -694,7 +726,11 @@ template <int HC> __global__ void __launch_bounds__(CU_THREADS) k_hc_pre_one(str
     struct hc_norm_p nm = {p.nw, p.z_eps, p.z ? p.z + r * dim : nullptr,
                            p.zq ? p.zq + r * dim : nullptr};
     /* (X through L2: with the fused hc_post, other blocks of this grid wrote it) */
-    hc_collapse_norm<HM, true>(Xr, pre_s, hc, dim, p.y + r * dim, nm, p.round, one_sm, red);
+    if (EARLY)
+        hc_collapse_norm<HM, true, true>(Xr, pre_s, hc, dim, p.y + r * dim, nm, p.round, one_sm,
+                                         red, xpre);
+    else
+        hc_collapse_norm<HM, true>(Xr, pre_s, hc, dim, p.y + r * dim, nm, p.round, one_sm, red);
 }
 
 static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *a);
@@ -732,6 +768,7 @@ static bool hc_pre_one(struct dsi_backend *be,
     p.ssp = ssp;
     p.cnt = c->hc_cnt;
     p.tree = a->fast && c->hc_tree;
+    p.early = c->hc_early;
     if (fuse) {
         p.pX = pa->X;
         p.pf = pa->f;
@@ -740,7 +777,9 @@ static bool hc_pre_one(struct dsi_backend *be,
     }
     int pf = cu_prof_begin(c, "hc_pre.one");
     dim3 grid((unsigned)S, (unsigned)a->n, og);
-    if (hc == 4)
+    if (hc == 4 && p.early)
+        cu_launch(c, k_hc_pre_one<4, true>, grid, CU_THREADS, sm, p);
+    else if (hc == 4)
         cu_launch(c, k_hc_pre_one<4>, grid, CU_THREADS, sm, p);
     else
         cu_launch(c, k_hc_pre_one<0>, grid, CU_THREADS, sm, p);
