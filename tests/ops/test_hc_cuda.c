@@ -30,6 +30,9 @@ static int hc_tail_same(struct dsi_backend *be,
     float *dy = dpoison(sizeof(float) * (size_t)(k * D)),
           *dp = dpoison(sizeof(float) * (size_t)(k * hc)),
           *dc = dpoison(sizeof(float) * (size_t)(k * hc * hc));
+    /* (the poison and the caller's uploads went on g_gpu's stream; be may be another backend,
+       with a stream of its own) */
+    if (gsync("hc tail inputs") != 0) return 0;
     if (pre) {
         struct dsi_hc_pre_args a = *pre;
         a.X += r0 * hc * D;
