@@ -385,8 +385,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        3 rows with the routed tiles there from 1 row per expert, DSI_CUDA_WGQ_MIN=1, blocks of
        32 rows; its warpgroups staggered, DSI_CUDA_WGQ_STG=1, off by default from step 30);
        the routed tiles on wgp.cu's producer warpgroup (DSI_CUDA_WG_P=1, step 40; with the
-       stages fenced by the consumers, DSI_CUDA_WGP_CF=1; with the shared expert on wgq.cu's
-       blocks of 64 rows);
+       stages fenced by the consumers, DSI_CUDA_WGP_CF=1; with the weights converted by the
+       consumers, DSI_CUDA_WGP_CC=1, step 42; with the shared expert on wgq.cu's blocks of 64
+       rows);
        the 1-2 row cases on moe_gv.cu's exact walks
        (DSI_CUDA_GVF_MOE_MIN=3); the real-shape case of 300 rows (its shared expert's down
        projection on lt.cu by default, step 24) with that off (DSI_CUDA_MOE_LT=0); every case
@@ -421,6 +422,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WGQ_STG=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_P=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CF=1", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CC=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_P=1,DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_GVF_MOE_MIN=3", 1, 2},
                  {"DSI_CUDA_MOE_LT=0", 128, INT64_MAX},
@@ -488,7 +490,8 @@ int test_cuda_moe_drop(struct test_ctx *t) {
     } envs[] = {{"DSI_CUDA_WGR_TMA=0", -1},
                 {"DSI_CUDA_WG_Q8=1", -1},
                 {"DSI_CUDA_WG_P=1", 1},
-                {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CF=1", 1}};
+                {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CF=1", 1},
+                {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CC=1", 1}};
     struct rng at[sizeof(envs) / sizeof(envs[0])];
     struct dsi_backend *keep = g_gpu;
     for (size_t b = 0; b < sizeof(envs) / sizeof(envs[0]) && ok; b++) {

@@ -205,6 +205,8 @@ struct cu_ctx {
     bool wg_p;
     bool wgp_cf; /* wgp.cu: the consumers fence the stages, the copies arrive themselves
                     (DSI_CUDA_WGP_CF=0: the producer fences) */
+    bool wgp_cc; /* wgp.cu: the consumers convert the weights, the producer only copies
+                    (DSI_CUDA_WGP_CC=1; step 42) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

@@ -668,6 +668,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg_p = wp && *wp == '1'; /* (off: step 40 measured the prefill +2.5%) */
     const char *wpc = getenv("DSI_CUDA_WGP_CF");
     c->wgp_cf = !(wpc && *wpc == '0'); /* (default on from step 40; =0: the producer fences) */
+    const char *wcc = getenv("DSI_CUDA_WGP_CC");
+    c->wgp_cc = wcc && *wcc == '1'; /* (step 42: off until measured) */
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

@@ -70,7 +70,7 @@ __device__ __forceinline__ uint2 wp_table(int dp) {
  * themselves when they land (cp.async.mbarrier.arrive.noinc) and the consumers fence the stage for
  * the async proxy after their wait, so this thread's fence never waits for the copies it has in
  * flight for later steps (else, fenced here after each conversion: the step as the fence). */
-template <int MODE, bool CF>
+template <int MODE, bool CF, bool CC>
 __device__ __forceinline__ void wp_produce(const struct tc_p &p,
                                            int e,
                                            int64_t steps,
@@ -79,6 +79,7 @@ __device__ __forceinline__ void wp_produce(const struct tc_p &p,
                                            const uint8_t *const *xrow,
                                            const float *const *srow,
                                            float *wsc_s,
+                                           int *b_s,
                                            uint32_t full0,
                                            uint32_t empty0) {
     const int t = threadIdx.x;
@@ -163,51 +164,111 @@ __device__ __forceinline__ void wp_produce(const struct tc_p &p,
         B = max(max(m & 0xffu, (m >> 8) & 0xffu), max((m >> 16) & 0xffu, m >> 24));
     }
     wsc_s[t] = wv ? wq_pow2((int)B - 133) : 0.0f;
+    if constexpr (CC) { /* the consumers convert: B for them, then only the copies (each step's land
+                 on its `full` barrier by themselves) */
+        b_s[t] = wv ? (int)B : -1;
+        asm volatile("bar.sync 1, %0;" ::"n"(WP_T) : "memory");
 #pragma unroll 1
-    for (int64_t s = 0; s < steps; s++) {
-        int64_t sn = s + WP_AH;
-        if (sn < steps && sn >= WP_ST) /* the consumers are done with step sn - WP_ST */
-            mbar_wait(empty0 + (uint32_t)(sn % WP_ST) * 8u, (uint32_t)((sn / WP_ST) + 1) & 1u,
-                      WP_SPINS);
-        issue(sn);
-        cu_cp_wait<WP_AH>(); /* this thread's copies of step s */
-        uint32_t st = base + (uint32_t)(s % WP_ST) * WP_STAGE;
-        uint4 w[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            uint32_t a = st + WP_R + (uint32_t)t * 64u + (((uint32_t)u + rot) & 3u) * 16u;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w[u].x), "=r"(w[u].y), "=r"(w[u].z), "=r"(w[u].w)
-                         : "r"(a));
+        for (int64_t sn = WP_AH; sn < steps; sn++) {
+            if (sn >= WP_ST)
+                mbar_wait(empty0 + (uint32_t)(sn % WP_ST) * 8u, (uint32_t)((sn / WP_ST) + 1) & 1u,
+                          WP_SPINS);
+            issue(sn);
         }
-        uint32_t sc;
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(st + WP_WS + (uint32_t)t * 4u));
-        uint32_t t0[4], t1[4];
+        cu_cp_wait<0>();
+        return;
+    } else {
+#pragma unroll 1
+        for (int64_t s = 0; s < steps; s++) {
+            int64_t sn = s + WP_AH;
+            if (sn < steps && sn >= WP_ST) /* the consumers are done with step sn - WP_ST */
+                mbar_wait(empty0 + (uint32_t)(sn % WP_ST) * 8u, (uint32_t)((sn / WP_ST) + 1) & 1u,
+                          WP_SPINS);
+            issue(sn);
+            cu_cp_wait<WP_AH>(); /* this thread's copies of step s */
+            uint32_t st = base + (uint32_t)(s % WP_ST) * WP_STAGE;
+            uint4 w[4];
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            uint2 tb = wp_table(wv ? (int)((sc >> (8 * m)) & 0xffu) - (int)B + 6 : 6);
-            t0[m] = tb.x;
-            t1[m] = tb.y;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) { /* raw words 4 m + i -> chunks 2 i (low), 2 i + 1 (high) */
-            uint32_t lo[4], hi[4];
+            for (int u = 0; u < 4; u++) {
+                uint32_t a = st + WP_R + (uint32_t)t * 64u + (((uint32_t)u + rot) & 3u) * 16u;
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(w[u].x), "=r"(w[u].y), "=r"(w[u].z), "=r"(w[u].w)
+                             : "r"(a));
+            }
+            uint32_t sc;
+            asm volatile("ld.shared.u32 %0, [%1];\n"
+                         : "=r"(sc)
+                         : "r"(st + WP_WS + (uint32_t)t * 4u));
+            uint32_t t0[4], t1[4];
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                uint32_t x = i == 0 ? w[m].x : i == 1 ? w[m].y : i == 2 ? w[m].z : w[m].w;
-                wq_e2m1x8(x, t0[m], t1[m], lo[m], hi[m]);
+                uint2 tb = wp_table(wv ? (int)((sc >> (8 * m)) & 0xffu) - (int)B + 6 : 6);
+                t0[m] = tb.x;
+                t1[m] = tb.y;
             }
-            uint32_t a = st + WP_W + wg_sw(t, 2 * i);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(lo[0]),
-                         "r"(lo[1]), "r"(lo[2]), "r"(lo[3])
-                         : "memory");
-            a = st + WP_W + wg_sw(t, 2 * i + 1);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(hi[0]),
-                         "r"(hi[1]), "r"(hi[2]), "r"(hi[3])
-                         : "memory");
+#pragma unroll
+            for (int i = 0; i < 4;
+                 i++) { /* raw words 4 m + i -> chunks 2 i (low), 2 i + 1 (high) */
+                uint32_t lo[4], hi[4];
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    uint32_t x = i == 0 ? w[m].x : i == 1 ? w[m].y : i == 2 ? w[m].z : w[m].w;
+                    wq_e2m1x8(x, t0[m], t1[m], lo[m], hi[m]);
+                }
+                uint32_t a = st + WP_W + wg_sw(t, 2 * i);
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(lo[0]),
+                             "r"(lo[1]), "r"(lo[2]), "r"(lo[3])
+                             : "memory");
+                a = st + WP_W + wg_sw(t, 2 * i + 1);
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(hi[0]),
+                             "r"(hi[1]), "r"(hi[2]), "r"(hi[3])
+                             : "memory");
+            }
+            if (!CF) wg_fence_smem(); /* the converted rows and the landed copies, for wgmma */
+            mbar_arrive(full0 + (uint32_t)(s % WP_ST) * 8u);
         }
-        if (!CF) wg_fence_smem(); /* the converted rows and the landed copies, for wgmma */
-        mbar_arrive(full0 + (uint32_t)(s % WP_ST) * 8u);
+    }
+}
+
+/* DSI_CUDA_WGP_CC=1 (step 42): consumer thread ct (0-255) converts half of weight row
+ * t = ct % 128 of the stage at st, raw words 4 m + i for i = 2 h, 2 h + 1 (h = ct / 128) into
+ * chunks 2 i and 2 i + 1, with the producer's operations (so the same bytes); b_s: the rows' B
+ * (-1: row not valid, its codes zero as the producer's) */
+__device__ __forceinline__ void wp_convert_half(uint32_t st, int ct, const int *b_s) {
+    const int t = ct & 127, h = ct >> 7;
+    const uint32_t rot = (uint32_t)(t >> 1);
+    uint2 w[4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        uint32_t a =
+            st + WP_R + (uint32_t)t * 64u + (((uint32_t)m + rot) & 3u) * 16u + (uint32_t)h * 8u;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w[m].x), "=r"(w[m].y) : "r"(a));
+    }
+    uint32_t sc;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(st + WP_WS + (uint32_t)t * 4u));
+    const int B = b_s[t];
+    uint32_t t0[4], t1[4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        uint2 tb = wp_table(B >= 0 ? (int)((sc >> (8 * m)) & 0xffu) - B + 6 : 6);
+        t0[m] = tb.x;
+        t1[m] = tb.y;
+    }
+#pragma unroll
+    for (int ii = 0; ii < 2; ii++) {
+        const int i = 2 * h + ii;
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            wq_e2m1x8(ii == 0 ? w[m].x : w[m].y, t0[m], t1[m], lo[m], hi[m]);
+        uint32_t a = st + WP_W + wg_sw(t, 2 * i);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(lo[0]), "r"(lo[1]),
+                     "r"(lo[2]), "r"(lo[3])
+                     : "memory");
+        a = st + WP_W + wg_sw(t, 2 * i + 1);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(hi[0]), "r"(hi[1]),
+                     "r"(hi[2]), "r"(hi[3])
+                     : "memory");
     }
 }
 
@@ -287,7 +348,8 @@ __device__ __forceinline__ void wp_finish(const struct tc_p &p,
 #endif
 
 /* MODE TC_UP (x8 -> h) or TC_DOWN (h8 -> out); FP4 weights with 32-blocks along K (wgp_w_ok). */
-template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(struct tc_p p) {
+template <int MODE, bool CF, bool CC = false>
+__global__ void __launch_bounds__(WP_T, 1) k_wgp(struct tc_p p) {
 #ifdef WG_HAVE
     cu_pdl_enter();
     extern __shared__ uint4 wp_smem[];
@@ -296,6 +358,7 @@ template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(st
     __shared__ int64_t opos[WP_BM];                   /* up: h position; down: out row; -1: none */
     __shared__ float rw_s[WP_BM];                     /* up: the row's routing weight */
     __shared__ float wsc_s[WP_BM];                    /* the weight rows' scales (the producer's) */
+    __shared__ int b_s[WP_BM];                        /* CC: the weight rows' B (the producer's) */
     __shared__ __align__(8) uint64_t bars[2 * WP_ST]; /* full[WP_ST], empty[WP_ST] */
     uint32_t raw = smem_u32(wp_smem), base = (raw + 1023u) & ~1023u;
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[WP_ST]);
@@ -313,7 +376,7 @@ template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(st
     if (tid == 0) {
         for (int i = 0; i < WP_ST; i++) {
             /* the producer's threads (CF: and their copies) */
-            mbar_init(full0 + (uint32_t)i * 8u, CF ? 2 * WP_BM : WP_BM);
+            mbar_init(full0 + (uint32_t)i * 8u, CF && !CC ? 2 * WP_BM : WP_BM);
             mbar_init(empty0 + (uint32_t)i * 8u, 2 * 128u); /* the consumers' threads */
         }
         mbar_fence_init();
@@ -321,9 +384,10 @@ template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(st
     __syncthreads();
     const int64_t steps = K / WQ_BK;
     if (wgi == 0) {
-        wp_produce<MODE, CF>(p, e, steps, K, base, xrow, srow, wsc_s, full0, empty0);
+        wp_produce<MODE, CF, CC>(p, e, steps, K, base, xrow, srow, wsc_s, b_s, full0, empty0);
         return;
     }
+    if (CC) asm volatile("bar.sync 1, %0;" ::"n"(WP_T) : "memory"); /* b_s */
     const int c = wgi - 1, lane = tid & 31, w4 = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
     const bool active = 64 * c < rows; /* (warpgroup-uniform) */
     const int row0 = 64 * c + 16 * w4 + g;
@@ -336,8 +400,14 @@ template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(st
     for (int64_t s = 0; s < steps; s++) {
         uint32_t so = (uint32_t)(s % WP_ST) * WP_STAGE, st = base + so;
         mbar_wait(full0 + (uint32_t)(s % WP_ST) * 8u, (uint32_t)(s / WP_ST) & 1u, WP_SPINS);
+        if (CC) { /* the stage's weights converted by both consumers (also one without rows),
+                     fenced for the async proxy by each writer, then met on barrier 2 */
+            wp_convert_half(st, tid - 128, b_s);
+            wg_fence_smem();
+            asm volatile("bar.sync 2, 256;" ::: "memory");
+        }
         if (active) {
-            if (CF) wg_fence_smem(); /* the stage's bytes, written in the generic proxy */
+            if (CF && !CC) wg_fence_smem(); /* the stage's bytes, written in the generic proxy */
             wg_fence();
 #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -364,12 +434,12 @@ template <int MODE, bool CF> __global__ void __launch_bounds__(WP_T, 1) k_wgp(st
 #endif
 }
 
-template <int MODE, bool CF>
+template <int MODE, bool CF, bool CC = false>
 static bool wp_launch(struct cu_ctx *c, const struct tc_p &p, dim3 grid) {
     static bool done = false;
     size_t sm = wp_smem_bytes();
-    if (!smem_limit(c, k_wgp<MODE, CF>, sm, &done, "wgmma FP8 (producer)")) return false;
-    cu_launch(c, k_wgp<MODE, CF>, grid, WP_T, sm, p);
+    if (!smem_limit(c, k_wgp<MODE, CF, CC>, sm, &done, "wgmma FP8 (producer)")) return false;
+    cu_launch(c, k_wgp<MODE, CF, CC>, grid, WP_T, sm, p);
     return cu_check(c, "moe (wgmma FP8, producer)");
 }
 
@@ -383,6 +453,9 @@ bool launch_wgp_moe(struct cu_ctx *c, const struct moe_p *mp, bool up, unsigned 
     memset(&p, 0, sizeof(p));
     p.m = *mp;
     dim3 grid((unsigned)(up ? cu_div_up(mp->I, 64) : cu_div_up(mp->D, WP_BM)), tiles);
+    if (c->wgp_cc) /* (the copies arrive on the barriers themselves: CF's) */
+        return up ? wp_launch<TC_UP, true, true>(c, p, grid)
+                  : wp_launch<TC_DOWN, true, true>(c, p, grid);
     if (up)
         return c->wgp_cf ? wp_launch<TC_UP, true>(c, p, grid) : wp_launch<TC_UP, false>(c, p, grid);
     return c->wgp_cf ? wp_launch<TC_DOWN, true>(c, p, grid) : wp_launch<TC_DOWN, false>(c, p, grid);
