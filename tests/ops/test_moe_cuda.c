@@ -394,7 +394,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        with gvf.cu's warps along K on named barriers (DSI_CUDA_GVF_NBAR=1, step 33); gvf.cu's
        routed walks with one warp along K at every row count (DSI_CUDA_GVF_KS1_MIN=1; the default
        from 192 tokens since step 35) and with two at every count (DSI_CUDA_GVF_KS=2); gvf.cu's
-       weight loads evict-first (DSI_CUDA_GVF_EF=1, step 36); the shared expert's projections
+       weight loads evict-first (DSI_CUDA_GVF_EF=1, step 36); gvf.cu's routed walks prefetching
+       their tiles' rows into L2 (DSI_CUDA_GVF_MPRE=4, step 42); the shared expert's projections
        before the routed ones, as where the prefetch hints are taken (DSI_CUDA_L2PF=4096); the
        shared expert on wgr.cu from 64 rows (DSI_CUDA_WG_SHARED_MIN=64; default 128), also in
        blocks of 64 rows (step 37); the shared expert on the main stream below 64 rows
@@ -430,6 +431,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_GVF_KS1_MIN=1", 1, INT64_MAX},
                  {"DSI_CUDA_GVF_KS=2", 1, INT64_MAX},
                  {"DSI_CUDA_GVF_EF=1", 1, INT64_MAX},
+                 {"DSI_CUDA_GVF_MPRE=4", 1, INT64_MAX},
                  {"DSI_CUDA_L2PF=4096", 1, INT64_MAX},
                  {"DSI_CUDA_WG_SHARED_MIN=64", 64, INT64_MAX},
                  {"DSI_CUDA_WG_SHARED_MIN=64,DSI_CUDA_WG_BN=64", 64, INT64_MAX},

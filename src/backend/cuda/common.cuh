@@ -124,6 +124,9 @@ struct cu_ctx {
     int gvf_pre;      /* gvf.cu, dense: tile iterations of weight rows a block prefetches into L2
                          before it waits for the previous kernel (DSI_CUDA_GVF_PRE, default 1, at
                          most 256; 0: none) */
+    int gvf_mpre;     /* gvf.cu, routed walks: tile iterations of weight rows a warp prefetches
+                         into L2 behind its first loads (DSI_CUDA_GVF_MPRE, default 0, at most 64;
+                         step 42) */
     int attn_fa_min;  /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                          (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
                          attn.cu) */

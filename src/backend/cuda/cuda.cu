@@ -583,6 +583,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gp = getenv("DSI_CUDA_GVF_PRE");
     c->gvf_pre = gp && *gp ? atoi(gp) : 1;
     if (c->gvf_pre > 256) c->gvf_pre = 256;
+    const char *gmp = getenv("DSI_CUDA_GVF_MPRE"); /* (step 42: 0, off until measured) */
+    c->gvf_mpre = gmp && *gmp ? atoi(gmp) : 0;
+    if (c->gvf_mpre < 0) c->gvf_mpre = 0;
+    if (c->gvf_mpre > 64) c->gvf_mpre = 64;
     const char *hs = getenv("DSI_CUDA_HC_SPLIT");
     c->hc_split = hs && *hs && atoi(hs) > 0 ? atoi(hs) : 8;
     const char *tb = getenv("DSI_CUDA_TC_BN");

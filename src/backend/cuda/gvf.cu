@@ -79,7 +79,8 @@ struct gvf_p {
     bool ilv;       /* the ks warps of a tile interleave their groups (c->gvf_ilv) */
     bool nbar;      /* the ks warps of a tile meet on barrier 1 + tile slot (c->gvf_nbar) */
     int pre;        /* dense: tile iterations whose weight rows go to L2 before cu_pdl_enter
-                       (c->gvf_pre) */
+                       (c->gvf_pre); MoE (not bal): after it, once the block's expert is known
+                       (c->gvf_mpre, DSI_CUDA_GVF_MPRE; step 42) */
     bool ef;        /* the weight loads evict-first in L2 (c->gvf_ef) */
     /* MoE (c->gvf_bal, DSI_CUDA_GVF_BAL; off: step 39 measured batch 256 +3.7%): one row of
        blocks that split the routed tile table's items (tile, group of tpb weight tiles),
@@ -598,6 +599,20 @@ __global__ void __launch_bounds__(GVF_T, GVF_MINB) k_gvf(struct gvf_p p) {
     if (steps > 0) {
         enter_tile(0);
         load_next(ra0, rb0);
+        if (MODE != GVF_DENSE && !bal && p.pre > 0 && kw == 0 && lane == 0) {
+            /* (p.pre, DSI_CUDA_GVF_MPRE: the warp's first tile iterations' rows into L2 behind
+               its first loads, one bulk prefetch a row range: at few rows a warp walks about one
+               tile, so its later steps' loads wait on DRAM one step at a time otherwise) */
+            for (int i = 0; i < p.pre && i < n_iter; i++) {
+                int64_t tile = tile_of(i), r0 = hrow(tile, 0, 0);
+                if (r0 < 0) break;
+                int64_t nr = MODE == GVF_UP ? 8 : 16;
+                nr = r0 + nr <= n_rows ? nr : n_rows - r0;
+                cu_prefetch_l2(W[0].data + r0 * W[0].row_bytes, (size_t)(nr * W[0].row_bytes));
+                if (MODE == GVF_UP)
+                    cu_prefetch_l2(W[1].data + r0 * W[1].row_bytes, (size_t)(nr * W[1].row_bytes));
+            }
+        }
     }
     if (MODE == GVF_DENSE) cu_pdl_enter();
     stage_x();
@@ -716,7 +731,7 @@ template <int MODE, int WT> static bool gvf_launch(struct cu_ctx *c, struct gvf_
                         gvf_ks_min(c, MODE, p));
     p->ilv = c->gvf_ilv;
     p->nbar = c->gvf_nbar;
-    p->pre = MODE == GVF_DENSE ? c->gvf_pre : 0;
+    p->pre = MODE == GVF_DENSE ? c->gvf_pre : c->gvf_mpre;
     p->ef = c->gvf_ef;
     if (MODE != GVF_DENSE && nt == 1 && p->bal) return gvf_go<MODE, WT, 1, true>(c, p) || c->sticky;
     if (nt == 1) return gvf_go<MODE, WT, 1>(c, p) || c->sticky;
