@@ -252,12 +252,6 @@ __device__ __forceinline__ float hc_post_val(
     return rbf(pk * fd + acc, round);
 }
 
-/* Warps 1.. of a block (HC_ONE_CW threads; warp 0 runs the Sinkhorn meanwhile): the collapse of
- * row Xr (hc streams of dim) into y, k_hc_pre_finish's arithmetic by float4, CU of them (HM
- * streams each) loaded at once; then with nm.z the norm as k_rms_norm_blk (y kept in ys, dim
- * floats of shared memory; the sums of squares in double in another order: the float results
- * equal but for the rare last-bit tie, as between the other kernels) and with nm.zq its act_quant
- * copy. red: CU_WARPS doubles of shared memory. Used by k_hc_pre_one and k_hc_pre_finish. */
 #define HC_CU(HM) (20 / (HM)) /* float4 columns per collapse thread in flight */
 
 /* The loads of one round of hc_collapse_norm's (a collapse thread's CU float4 columns from
@@ -275,8 +269,14 @@ hc_collapse_load(const float4 *X4, int hc, int64_t d4, int64_t e0, float4 (&xv)[
         }
 }
 
-/* (PRE: xpre holds the thread's first round of loads, made by the caller with hc_collapse_load
- * ahead of the work before; else null) */
+/* Warps 1.. of a block (HC_ONE_CW threads; warp 0 runs the Sinkhorn meanwhile): the collapse of
+ * row Xr (hc streams of dim) into y, k_hc_pre_finish's arithmetic by float4, CU of them (HM
+ * streams each) loaded at once; then with nm.z the norm as k_rms_norm_blk (y kept in ys, dim
+ * floats of shared memory; the sums of squares in double in another order: the float results
+ * equal but for the rare last-bit tie, as between the other kernels) and with nm.zq its act_quant
+ * copy. red: CU_WARPS doubles of shared memory. Used by k_hc_pre_one and k_hc_pre_finish.
+ * PRE: xpre holds the thread's first round of loads, made by the caller with hc_collapse_load
+ * ahead of the work before (else null). */
 template <int HM, bool CG = false, bool PRE = false>
 __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
                                                  const float *pre_s,

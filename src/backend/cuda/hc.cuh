@@ -86,9 +86,8 @@ struct hc_one_p {
        output added by a warp's shuffles into one value a piece (cv [S][n n_mix]), so the finish
        adds S values an output where it added nq in chunk order */
     bool tree;
-    /* the finish's loads of the partial sums of squares and of X's first collapse round issued
-       before the mix's sums (c->hc_early, DSI_CUDA_HC_EARLY=1; step 42; hc 4 only): the same bits
-     */
+    /* the finish's loads of the sums of squares and of X's first collapse round issued before
+       the mix's sums (c->hc_early, DSI_CUDA_HC_EARLY=1; step 42; hc 4 only): the same bits */
     bool early;
 };
 
