@@ -223,6 +223,9 @@ static void moe_fix_make(
 
 /* The case on g_gpu against the CPU's result (fresh device copies of x and the routing, with
  * slot 1's expert id out of range under g_moe_drop). */
+/* where set, moe_fix_gpu copies its GPU result here too (n x D floats; the bit-for-bit checks) */
+static float *g_moe_out;
+
 static int
 moe_fix_gpu(const struct moe_fix *f, const struct moe_case *mc, bool reference, bool fast) {
     int E = mc->E, K = mc->K;
@@ -257,6 +260,7 @@ moe_fix_gpu(const struct moe_fix *f, const struct moe_case *mc, bool reference, 
              : reference ? "ref"
                          : "plain");
     ok = ok && close_to(what, yg, f->yc, n * D, reference ? g_moe_tol : 1e-5);
+    if (g_moe_out) memcpy(g_moe_out, yg, sizeof(float) * (size_t)(n * D));
     dfree(dx);
     dfree(dwt);
     dfree(didx);
@@ -456,6 +460,34 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         g_gpu = keep;
         g3->ops->free(g3);
     }
+    /* wg.cu's permuted bf16 copies a warp a row (k_wg_bf16_v, the default from step 43) against
+       k_wg_bf16's thread a pair (DSI_CUDA_WG_CP=0), with wgr.cu's TMA copies by position (the
+       default) and without them: the same bytes, so the same results bit for bit */
+    const char *cp_envs[] = {"DSI_CUDA_WG_CP=0", "DSI_CUDA_WGR_TMA=0",
+                             "DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_CP=0"};
+    for (size_t i = 0; i < NC; i++) {
+        if (cases[i].n < 40 || !fx[i].made) continue;
+        size_t nd = (size_t)(cases[i].n * cases[i].D);
+        float *o[4];
+        for (int v = 0; v < 4; v++) {
+            o[v] = (float *)malloc(sizeof(float) * nd);
+            TEST_ASSERT(o[v] != NULL);
+            struct dsi_backend *g3 = v ? cuda_backend_with(cp_envs[v - 1]) : keep;
+            TEST_ASSERT(g3 != NULL);
+            g_gpu = g3;
+            g_moe_out = o[v];
+            ok = moe_fix_gpu(&fx[i], &cases[i], true, true) && ok;
+            g_moe_out = NULL;
+            g_gpu = keep;
+            if (v) g3->ops->free(g3);
+        }
+        if (memcmp(o[0], o[1], sizeof(float) * nd) || memcmp(o[2], o[3], sizeof(float) * nd)) {
+            fprintf(stderr, "[moe fast case %zu: DSI_CUDA_WG_CP=0 not bit for bit]\n", i);
+            ok = 0;
+        }
+        for (int v = 0; v < 4; v++)
+            free(o[v]);
+    }
     for (size_t i = 0; i < NC; i++)
         moe_fix_free(&fx[i], cases[i].E);
     TEST_ASSERT(ok);
@@ -491,6 +523,7 @@ int test_cuda_moe_drop(struct test_ctx *t) {
         int same_as; /* the variant whose inputs this one takes again, -1: new ones */
     } envs[] = {{"DSI_CUDA_WGR_TMA=0", -1},
                 {"DSI_CUDA_WG_Q8=1", -1},
+                {"DSI_CUDA_WG_CP=0", -1},
                 {"DSI_CUDA_WG_P=1", 1},
                 {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CF=1", 1},
                 {"DSI_CUDA_WG_P=1,DSI_CUDA_WGP_CC=1", 1}};

@@ -210,6 +210,8 @@ struct cu_ctx {
                     (DSI_CUDA_WGP_CF=0: the producer fences) */
     bool wgp_cc; /* wgp.cu: the consumers convert the weights, the producer only copies
                     (DSI_CUDA_WGP_CC=1; step 42) */
+    bool wg_cp;  /* wg.cu: the permuted bf16 copies a warp a row (k_wg_bf16_v; DSI_CUDA_WG_CP=0:
+                    k_wg_bf16's thread a pair; step 43) */
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

@@ -208,6 +208,70 @@ __global__ void k_wg_bf16(const float *x,
     }
 }
 
+/* The permuted copy (and POS: by position, as k_wg_bf16's) on whole 128-groups: a warp a row, a
+ * float4 a lane per group (elements 4 L .. 4 L + 3 of lane L, k_wg_bf16_q8's pair placement),
+ * WG_CP_U groups' loads in flight a lane (c->wg_cp, step 43: k_wg_bf16's thread a pair, with its
+ * two dependent loads, ran the 8k prefill's copy by position at ~0.9 TB/s). The same pairs through
+ * the same conversion: the same bytes. */
+#define WG_CP_U 8
+template <bool POS>
+__global__ void __launch_bounds__(CU_THREADS) k_wg_bf16_v(const float *x,
+                                                          int64_t rows,
+                                                          int nb,
+                                                          int64_t ldx,
+                                                          uint16_t *y,
+                                                          int64_t ldy,
+                                                          const int32_t *perm,
+                                                          int topk,
+                                                          int64_t nk) {
+    cu_pdl_enter();
+    int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    int64_t xr = r;
+    if (POS && r < nk) {
+        int32_t slot = perm[r];
+        xr = slot >= 0 && slot < nk ? slot / topk : -1;
+    } else if (POS) {
+        xr = r - nk;
+    }
+    uint32_t *yp = (uint32_t *)(y + r * ldy) + 8 * (lane & 7) + (lane >> 3);
+    const float4 *xp = (const float4 *)(x + (xr >= 0 ? xr : 0) * ldx) + lane;
+    for (int b0 = 0; b0 < nb; b0 += WG_CP_U) {
+        float4 v[WG_CP_U];
+#pragma unroll
+        for (int u = 0; u < WG_CP_U; u++)
+            v[u] = xr >= 0 && b0 + u < nb ? __ldg(xp + (b0 + u) * 32) : make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < WG_CP_U; u++) {
+            if (b0 + u >= nb) break;
+            uint32_t *d = yp + (b0 + u) * 64;
+            d[0] = bf16x2_rn(v[u].x, v[u].y);
+            d[4] = bf16x2_rn(v[u].z, v[u].w);
+        }
+    }
+}
+
+/* k_wg_bf16_v's launch where its shapes allow (c->wg_cp); false: not taken. */
+template <bool POS>
+static bool wg_bf16_v(struct cu_ctx *c,
+                      const float *x,
+                      int64_t rows,
+                      int64_t cols,
+                      int64_t ldx,
+                      uint16_t *y,
+                      int64_t ldy,
+                      const int32_t *perm,
+                      int topk,
+                      int64_t nk) {
+    if (!c->wg_cp || cols % 128 || ldx % 4 || ldy % 2 || (uintptr_t)x % 16 || (uintptr_t)y % 4 ||
+        cols / 128 > INT32_MAX || cu_div_up(rows, CU_WARPS) > INT32_MAX)
+        return false;
+    cu_launch(c, k_wg_bf16_v<POS>, (unsigned)cu_div_up(rows, CU_WARPS), CU_THREADS, 0, x, rows,
+              (int)(cols / 128), ldx, y, ldy, perm, topk, nk);
+    return true;
+}
+
 void launch_wg_bf16_pos(struct cu_ctx *c,
                         const float *x,
                         int64_t n,
@@ -218,6 +282,10 @@ void launch_wg_bf16_pos(struct cu_ctx *c,
                         uint16_t *y) {
     int64_t rows = nk + n;
     if (rows <= 0) return;
+    if (wg_bf16_v<true>(c, x, rows, cols, cols, y, cols, perm, topk, nk)) {
+        cu_check(c, "bf16 copy by position");
+        return;
+    }
     dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
     cu_launch(c, k_wg_bf16<true, true>, grid, 256, 0, x, rows, cols, cols, y, cols, perm, topk, nk);
     cu_check(c, "bf16 copy by position");
@@ -234,6 +302,10 @@ void launch_wg_bf16(struct cu_ctx *c,
     if (rows <= 0) return;
     dim3 grid((unsigned)cu_div_up(cols / 2, 256), (unsigned)std::min<int64_t>(rows, 65535));
     const int32_t *none = nullptr;
+    if (permuted && wg_bf16_v<false>(c, x, rows, cols, ldx, y, ldy, none, 1, (int64_t)0)) {
+        cu_check(c, "bf16 copy");
+        return;
+    }
     if (permuted)
         cu_launch(c, k_wg_bf16<true>, grid, 256, 0, x, rows, cols, ldx, y, ldy, none, 1,
                   (int64_t)0);
