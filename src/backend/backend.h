@@ -29,6 +29,9 @@ struct dsi_gemm_args {
                    backend, the reference, ignores it */
     bool x_fp8; /* the x rows are act_quant's output (FP8 codes times power-of-two scales in
                    128-blocks along K): a backend may multiply them as FP8 (`fast` numerics) */
+    /* x is the out of the attention op run just before this one, which had out_to_gemm set
+       (nothing ran between them): a backend may read the rows from what it kept of them then */
+    bool x_from_attn;
     /* groups > 1: a grouped GEMM (the grouped output projection): group g = 0..groups-1
      * multiplies rows row0 + g * n_out .. + n_out of w by the rows x + g * gx (same ldx) into
      * y + g * gy (same ldy); 0 or 1: one group */
@@ -370,6 +373,9 @@ struct dsi_attn_args {
        out, n_heads heads of head_stride head_dim, ldx n_heads * head_dim); a backend may fuse
        it into the attention's writes of out */
     const struct dsi_rope_args *out_rope;
+    /* the next op is a gemm of x = out with x_from_attn set: a backend may keep the rows in a
+       form of its own for it too (out is still written) */
+    bool out_to_gemm;
 };
 
 /* Lightning indexer: score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale

@@ -525,7 +525,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                .round_bf16 = f->R,
                                .fast = f->F,
                                .q_norm = &qn,
-                               .out_rope = &orope};
+                               .out_rope = &orope,
+                               .out_to_gemm = true};
     be->ops->attn(be, &aa);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
     struct dsi_gemm_args ga = {.w = &L->wo_a,
@@ -539,7 +540,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                .fast = f->F,
                                .groups = c->o_groups,
                                .gx = c->group_in_dim,
-                               .gy = c->o_lora_rank};
+                               .gy = c->o_lora_rank,
+                               .x_from_attn = true};
     be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
     gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R, f->R);

@@ -785,6 +785,30 @@ static struct dsi_kv_rows attn_rows8(float *v, int64_t rows, int hd, struct dsi_
  * GPU's (the fused paths have the norm and rope kernels' arithmetic). */
 static int g_attn_qn;
 static struct dsi_backend *g_attn_alt;
+/* run_attn: with out_to_gemm, then a grouped gemm of out (x_from_attn: the forward's wo_a) on
+   g_gpu and on g_attn_alt, whose results must be equal bit for bit */
+static int g_attn_o16;
+
+/* The grouped output projection of run_attn's out (n rows of H hd): groups of 4096 columns (of
+   256 where H hd < 4096), 64 output rows each, FP8 weights; y [n][groups 64]. */
+static void attn_o16_gemm(
+    struct dsi_backend *be, const struct wt *w, float *dout, int64_t n, int64_t cols, float *dy) {
+    int64_t gx = cols >= 4096 ? 4096 : 256;
+    struct dsi_gemm_args ga = {.w = &w->d,
+                               .n_out = 64,
+                               .x = dout,
+                               .n = n,
+                               .ldx = cols,
+                               .y = dy,
+                               .ldy = cols / gx * 64,
+                               .round_bf16 = true,
+                               .fast = true,
+                               .groups = (int)(cols / gx),
+                               .gx = gx,
+                               .gy = 64,
+                               .x_from_attn = true};
+    be->ops->gemm(be, &ga);
+}
 
 static int run_attn(struct rng *r, const struct attn_case *ac) {
     int maxpos = 0;
@@ -906,7 +930,19 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     a.sel = dsel;
     a.n_sel = dnsel;
     a.sinks = &sinks.d;
+    int64_t cols = (int64_t)H * hd, ny = cols / (cols >= 4096 ? 4096 : 256) * 64;
+    bool o16 = g_attn_o16 && g_attn_alt && ac->fast && cols % 256 == 0;
+    struct wt wo = {0};
+    float *dy = NULL, *y1 = NULL;
+    a.out_to_gemm = o16;
     g_gpu->ops->attn(g_gpu, &a);
+    if (o16) { /* the gemm right after the attention, as the forward runs them */
+        wt_make(&wo, r, DSI_TYPE_F8_E4M3, ny, cols >= 4096 ? 4096 : 256, 0.05f);
+        dy = dpoison(sizeof(float) * (size_t)(n * ny));
+        y1 = hpoison(n * ny);
+        attn_o16_gemm(g_gpu, &wo, dout, n, cols, dy);
+        dget(y1, dy, sizeof(float) * (size_t)(n * ny));
+    }
     int ok = gsync("attn") == 0;
     dget(og, dout, sizeof(float) * (size_t)no);
     ok = ok && close_to("attn", og, oc, no, ac->reference ? 1e-2 : 1e-5);
@@ -918,7 +954,21 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
         ok = ok && gsync_on(g_attn_alt, "attn (q norm, other backend)") == 0;
         dget(o2, dout, sizeof(float) * (size_t)no);
         ok = ok && same("attn (q norm, other backend)", o2, og, sizeof(float) * (size_t)no);
+        if (o16) {
+            float *y2 = hpoison(n * ny);
+            attn_o16_gemm(g_attn_alt, &wo, dout, n, cols, dy);
+            ok = ok && gsync_on(g_attn_alt, "attn's gemm (other backend)") == 0;
+            dget(y2, dy, sizeof(float) * (size_t)(n * ny));
+            ok =
+                ok && same("attn's gemm (other backend)", y2, y1, sizeof(float) * (size_t)(n * ny));
+            free(y2);
+        }
         free(o2);
+    }
+    if (o16) {
+        wt_free(&wo);
+        dfree(dy);
+        free(y1);
     }
     free(q0);
     dfree(dring);
@@ -1082,6 +1132,27 @@ int test_cuda_attn(struct test_ctx *t) {
         g_attn_alt = NULL;
         g_attn_fp8 = 0;
         g1->ops->free(g1);
+        g2->ops->free(g2);
+    }
+    /* the attention's out kept in bf16 for the grouped gemm after it (dsi_attn_args.out_to_gemm,
+       step 43; from 128 rows on the defaults: the fused q norm and RoPE): out and the gemm's
+       results bit for bit a backend without it (DSI_CUDA_ATTN_O16=0), FP32 and FP8 rows */
+    for (int e = 0; e < 2 && ok; e++) {
+        struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_O16=0"), *keep = g_gpu;
+        TEST_ASSERT(g2 != NULL);
+        g_attn_alt = g2;
+        g_attn_o16 = 1;
+        g_attn_fp8 = e;
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
+            if (!cases[i].fast || (tiny_only() && cases[i].H > 4)) continue;
+            ok = run_attn(&r, &cases[i]);
+            if (!ok)
+                fprintf(stderr, "attn case %zu with its gemm (o16%s) failed\n", i,
+                        e ? ", FP8 rows" : "");
+        }
+        g_gpu = keep;
+        g_attn_alt = NULL;
+        g_attn_o16 = g_attn_fp8 = 0;
         g2->ops->free(g2);
     }
     g_attn_qn = 0;

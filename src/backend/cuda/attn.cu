@@ -275,6 +275,8 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     p.st = cu_step_of(st);
     p.q = a->q;
     p.out = a->out;
+    p.o16 = NULL;
+    c->o16.valid = false; /* (what an earlier attention kept is for the op after it only) */
     p.H = H;
     p.hd = hd;
     p.fp8 = a->ring.dtype == DSI_KV_FP8;
@@ -340,7 +342,25 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
             p.or_rope = ro->rope_dim;
             p.or_pos = ro->pos;
         }
-        *rope_done = launch_attn_fa(c, &p, n) && p.or_on;
+        /* out's rows in bf16 for the gemm after (dsi_attn_args.out_to_gemm): where its grouped
+           projection runs on wgr.cu and reads a permuted copy (launch_tc_gemm's wg; the rows
+           as launch_wg_bf16 would copy them after the RoPE, so with it fused or without one) */
+        int64_t cols = (int64_t)H * hd;
+        if (a->out_to_gemm && c->attn_o16 && c->wg && c->wg_rs && n >= c->wg_grouped_min &&
+            n >= 128 && cols % 128 == 0 && (!ro || p.or_on)) {
+            p.o16 = (uint16_t *)cu_scratch(c, CU_SCR_GEMM, (size_t)(n * cols) * 2);
+            if (!p.o16 && c->sticky) return;
+        }
+        bool kept = false;
+        bool ok = launch_attn_fa(c, &p, n, &kept);
+        *rope_done = ok && p.or_on;
+        if (ok && kept) {
+            c->o16.valid = true;
+            c->o16.src = a->out;
+            c->o16.buf = p.o16;
+            c->o16.n = n;
+            c->o16.cols = cols;
+        }
         return;
     }
     int64_t per_row = (int64_t)H * maxk * 4, cap = (int64_t)256 << 20;

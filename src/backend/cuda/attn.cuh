@@ -13,6 +13,10 @@ struct attn_p {
     struct cu_step st;
     const float *q;
     float *out;
+    /* attn_fa.cu, not split: also out's rows as bf16 pairs (the values written to out, rounded)
+       in wgr.cu's permuted K order of each 128 columns (wg.cuh's wg_perm_col), rows of H hd, for
+       the grouped output projection (attn_o16_take; NULL: none) */
+    uint16_t *o16;
     int H, hd;
     const float *ring, *entries; /* DSI_KV_F32 rows */
     /* DSI_KV_FP8 rows (fp8; backend.h's dsi_kv_rows): data rows of rb bytes (nope e4m3 codes,
@@ -130,6 +134,7 @@ bool launch_attn_pv_tc(struct cu_ctx *c, const struct attn_p *p, int rows);
  * block per SM, then a merge) for all rows [0, rows) of the step (p->S unused), where attn_fa_ok
  * (shapes, alignment, the device's shared memory); the launch's false: an error (sticky). */
 bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p);
-bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows);
+/* o16_kept (may be NULL): set to whether p->o16 was written (not where the keys are split) */
+bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p, int rows, bool *o16_kept);
 
 #endif

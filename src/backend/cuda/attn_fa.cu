@@ -433,6 +433,12 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
                   x1 = rbf_cvt(acc[j][i + 1] * f + 0.0f, p.round_bf16);
             if (rot) rope_rot(x0, x1, cs.x, cs.y, p.or_round);
             if (h < p.H) *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
+            if (p.o16 && h < p.H) { /* column c = h HD + d: pair (c % 128) / 2 of its group at
+                                       launch_wg_bf16's place (k_wg_bf16_v's lanes) */
+                int pp = (d & 127) >> 1, q = 8 * ((pp >> 1) & 7) + (pp >> 4) + 4 * (pp & 1);
+                uint32_t *o = (uint32_t *)(p.o16 + ((int64_t)r * p.H + h) * HD + (d & ~127));
+                o[q] = bf16x2_rn(x0, x1);
+            }
         }
     }
 }
@@ -554,7 +560,7 @@ fa_go_hb(struct cu_ctx *c, const struct attn_p *p, int rows, int splits, bool k8
               : fa_go<HQ, false, FA_HB, FA_KT>(c, p, rows, splits);
 }
 
-bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
+bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows, bool *o16_kept) {
     /* Split along the keys where the grid is under a block per SM (decode at few rows): about
        one block per SM, at least 2 tiles a split (attention at 1-31 rows took three launches
        of the exact / tensor-core kernels before, step 24) */
@@ -577,6 +583,7 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
         splits = cu_div_up(tiles, tps);
     }
     if (splits > 1) {
+        p.o16 = NULL; /* (the merge writes out) */
         size_t ob = (size_t)(splits * rows * p.H * p.hd) * 4;
         char *s = (char *)cu_scratch(c, CU_SCR_OP, ob + (size_t)(splits * rows * p.H * 2) * 4);
         if (!s) return false;
@@ -586,6 +593,7 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows) {
     }
     bool k8 = c->attn_fa_k8 && fa_k8_ok(&p);
     int sp = (int)splits;
+    if (o16_kept) *o16_kept = p.o16 != NULL;
     switch (p.hd / 128) {
     case 1:
         return fa_go_hb<1>(c, &p, rows, sp, k8, hb, kt);

@@ -212,6 +212,18 @@ struct cu_ctx {
                     (DSI_CUDA_WGP_CC=1; step 42) */
     bool wg_cp;  /* wg.cu: the permuted bf16 copies a warp a row (k_wg_bf16_v; DSI_CUDA_WG_CP=0:
                     k_wg_bf16's thread a pair; step 43) */
+    /* the attention's out rows kept in bf16 for the gemm after it (dsi_attn_args.out_to_gemm,
+       dsi_gemm_args.x_from_attn): k_attn_fa writes them in wgr.cu's permuted K order into
+       CU_SCR_GEMM's slot (buf: n rows of cols), which wg_dense_copy then takes for its copy of x
+       where the shapes match (DSI_CUDA_ATTN_O16=0: off; step 43). valid: set by the attention,
+       cleared by every attention and gemm op; take: the gemm running now may use it */
+    bool attn_o16;
+    struct {
+        bool valid, take;
+        const float *src;
+        const uint16_t *buf;
+        int64_t n, cols;
+    } o16;
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;

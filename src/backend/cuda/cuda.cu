@@ -676,6 +676,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wgp_cc = wcc && *wcc == '1'; /* (step 42: the 8k prefill +8%) */
     const char *wcp = getenv("DSI_CUDA_WG_CP");
     c->wg_cp = !(wcp && *wcp == '0');
+    const char *ao = getenv("DSI_CUDA_ATTN_O16");
+    c->attn_o16 = !(ao && *ao == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

@@ -387,7 +387,9 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
         ps = cu_prof_begin(c, cu_prof_name(c, "gemm.%lldx%lldx%lld%s g%d t%d", (long long)a->n,
                                            (long long)a->n_out, (long long)a->w->ne[0],
                                            a->w2 ? "x2" : "", a->groups, (int)a->w->type));
+    c->o16.take = a->x_from_attn && c->o16.valid && c->o16.src == a->x;
     gemm_op(be, a);
+    c->o16.valid = c->o16.take = false;
     cu_prof_end(c, ps);
 }
 
