@@ -32,6 +32,9 @@ struct dsi_gemm_args {
     /* x is the out of the attention op run just before this one, which had out_to_gemm set
        (nothing ran between them): a backend may read the rows from what it kept of them then */
     bool x_from_attn;
+    /* y is read next as the q of an attention op with q_from_gemm, and by nothing else before
+       it: a backend may hand the rows over in a form of its own instead of writing y */
+    bool y_to_attn;
     /* groups > 1: a grouped GEMM (the grouped output projection): group g = 0..groups-1
      * multiplies rows row0 + g * n_out .. + n_out of w by the rows x + g * gx (same ldx) into
      * y + g * gy (same ldy); 0 or 1: one group */
@@ -376,6 +379,8 @@ struct dsi_attn_args {
     /* the next op is a gemm of x = out with x_from_attn set: a backend may keep the rows in a
        form of its own for it too (out is still written) */
     bool out_to_gemm;
+    /* q is the y of a gemm op with y_to_attn (run before this op, nothing reading y between) */
+    bool q_from_gemm;
 };
 
 /* Lightning indexer: score[r, i] = sum_h (w[r,h] * w_scale) * relu(q[r,h] . k_i) * score_scale

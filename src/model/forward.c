@@ -438,7 +438,19 @@ static void attention(struct dsi_fwd *f, int il) {
           f->R); /* q and kv from x */
     rmsq(f, f->qa, f->qa, n, ql, &L->q_norm, f->qaq);
     const float *qaq = act(f, f->qa, n, ql, f->qaq);
-    gemm(f, &L->wq_b, qaq, n, ql, f->q, HD, f->R, f->R);
+    /* (q goes only to the attention op below: y_to_attn / q_from_gemm) */
+    struct dsi_gemm_args qb = {.w = &L->wq_b,
+                               .n_out = L->wq_b.ne[1],
+                               .x = qaq,
+                               .n = n,
+                               .ldx = ql,
+                               .y = f->q,
+                               .ldy = HD,
+                               .round_bf16 = f->R,
+                               .fast = f->F,
+                               .x_fp8 = f->R,
+                               .y_to_attn = true};
+    be->ops->gemm(be, &qb);
     /* the output projection's weights, read after the cache stores, compressors and attention */
     prefetch(f, &L->wo_a, NULL, NULL, NULL);
     /* the per-head q norm, then RoPE: applied by the attention op to q (aa.q_norm), which may
@@ -526,7 +538,8 @@ static void attention(struct dsi_fwd *f, int il) {
                                .fast = f->F,
                                .q_norm = &qn,
                                .out_rope = &orope,
-                               .out_to_gemm = true};
+                               .out_to_gemm = true,
+                               .q_from_gemm = true};
     be->ops->attn(be, &aa);
     /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
     struct dsi_gemm_args ga = {.w = &L->wo_a,

@@ -789,6 +789,28 @@ static struct dsi_backend *g_attn_alt;
    g_gpu and on g_attn_alt, whose results must be equal bit for bit */
 static int g_attn_o16;
 
+/* run_attn's q made by a gemm (wq_b's role: FP8 weights [H hd][512] on act_quant's rows of 512)
+   with y_to_attn, on be into dq (n rows of cols) */
+static void attn_q16_gemm(struct dsi_backend *be,
+                          const struct wt *w,
+                          const float *dx,
+                          int64_t n,
+                          int64_t cols,
+                          float *dq) {
+    struct dsi_gemm_args ga = {.w = &w->d,
+                               .n_out = cols,
+                               .x = dx,
+                               .n = n,
+                               .ldx = 512,
+                               .y = dq,
+                               .ldy = cols,
+                               .round_bf16 = true,
+                               .fast = true,
+                               .x_fp8 = true,
+                               .y_to_attn = true};
+    be->ops->gemm(be, &ga);
+}
+
 /* The grouped output projection of run_attn's out (n rows of H hd): groups of 4096 columns (of
    256 where H hd < 4096), 64 output rows each, FP8 weights; y [n][groups 64]. */
 static void attn_o16_gemm(
@@ -823,6 +845,25 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     if (ac->fast) {
         round_bf16_all(ring, nring);
         round_bf16_all(q, (int64_t)n * H * hd);
+    }
+    /* g_attn_o16: q as wq_b's gemm leaves it (y_to_attn), made on g_attn_alt (y written) for the
+       CPU, then again on g_gpu right before its attention (q_from_gemm) */
+    int64_t cols = (int64_t)H * hd;
+    bool q16 = g_attn_o16 && g_attn_alt && ac->fast && cols % 512 == 0;
+    struct wt wq = {0};
+    float *dxq = NULL;
+    if (q16) {
+        float *xq = fnorm(r, (int64_t)n * 512, 1.0f);
+        struct dsi_act_quant_args aq = {xq, xq, n, 512, 512, 512, 128};
+        g_cpu->ops->act_quant(g_cpu, &aq);
+        wt_make(&wq, r, DSI_TYPE_F8_E4M3, cols, 512, 0.05f);
+        dxq = dput(xq, sizeof(float) * (size_t)n * 512);
+        free(xq);
+        float *dqt = dpoison(sizeof(float) * (size_t)(n * cols));
+        attn_q16_gemm(g_attn_alt, &wq, dxq, n, cols, dqt);
+        if (gsync_on(g_attn_alt, "attn: q's gemm (other backend)") != 0) q16 = false;
+        dget(q, dqt, sizeof(float) * (size_t)(n * cols));
+        dfree(dqt);
     }
     struct dsi_kv_rows hr8 = {0}, dr8 = {0}, he8 = {0}, de8 = {0};
     if (g_attn_fp8) hr8 = attn_rows8(ring, nring / hd, hd, &dr8);
@@ -930,11 +971,18 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
     a.sel = dsel;
     a.n_sel = dnsel;
     a.sinks = &sinks.d;
-    int64_t cols = (int64_t)H * hd, ny = cols / (cols >= 4096 ? 4096 : 256) * 64;
+    int64_t ny = cols / (cols >= 4096 ? 4096 : 256) * 64;
     bool o16 = g_attn_o16 && g_attn_alt && ac->fast && cols % 256 == 0;
     struct wt wo = {0};
     float *dy = NULL, *y1 = NULL;
     a.out_to_gemm = o16;
+    a.q_from_gemm = q16;
+    if (q16) { /* (dq poisoned first: the attention must take the gemm's rows) */
+        float *pz = hpoison(n * cols);
+        g_gpu->ops->upload(g_gpu, dq, pz, sizeof(float) * (size_t)(n * cols));
+        free(pz);
+        attn_q16_gemm(g_gpu, &wq, dxq, n, cols, dq);
+    }
     g_gpu->ops->attn(g_gpu, &a);
     if (o16) { /* the gemm right after the attention, as the forward runs them */
         wt_make(&wo, r, DSI_TYPE_F8_E4M3, ny, cols >= 4096 ? 4096 : 256, 0.05f);
@@ -969,6 +1017,10 @@ static int run_attn(struct rng *r, const struct attn_case *ac) {
         wt_free(&wo);
         dfree(dy);
         free(y1);
+    }
+    if (q16) {
+        wt_free(&wq);
+        dfree(dxq);
     }
     free(q0);
     dfree(dring);
@@ -1134,11 +1186,14 @@ int test_cuda_attn(struct test_ctx *t) {
         g1->ops->free(g1);
         g2->ops->free(g2);
     }
-    /* the attention's out kept in bf16 for the grouped gemm after it (dsi_attn_args.out_to_gemm,
-       step 43; from 128 rows on the defaults: the fused q norm and RoPE): out and the gemm's
-       results bit for bit a backend without it (DSI_CUDA_ATTN_O16=0), FP32 and FP8 rows */
+    /* the attention's out kept in bf16 for the grouped gemm after it (dsi_attn_args.out_to_gemm)
+       and its q made by a gemm that hands its rows over (q_from_gemm; step 43; from 128 rows
+       on the defaults, the fused q norm and RoPE from 192): out and the gemm's results bit for
+       bit a backend without them (DSI_CUDA_ATTN_O16=0, DSI_CUDA_ATTN_Q16=0), FP32 and FP8 rows;
+       rows not in fours (lt.cu's last 1-3 on gvf.cu) and fewer than 192 have q16 widened */
     for (int e = 0; e < 2 && ok; e++) {
-        struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_O16=0"), *keep = g_gpu;
+        struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_O16=0,DSI_CUDA_ATTN_Q16=0"),
+                           *keep = g_gpu;
         TEST_ASSERT(g2 != NULL);
         g_attn_alt = g2;
         g_attn_o16 = 1;

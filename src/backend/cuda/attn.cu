@@ -9,6 +9,7 @@
  * the score kernel loads each key tile once for 16 heads.
  * Later: FlashMLA-style fused kernel with FP8 keys for the fast (non-batch-invariant) path. */
 #include "attn.cuh"
+#include "gemm.cuh"
 
 #define ATT_HG 16 /* heads per score block */
 #define ATT_TK 32 /* keys per score tile */
@@ -276,6 +277,7 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     p.q = a->q;
     p.out = a->out;
     p.o16 = NULL;
+    p.q16 = NULL;
     c->o16.valid = false; /* (what an earlier attention kept is for the op after it only) */
     p.H = H;
     p.hd = hd;
@@ -315,6 +317,21 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     /* `fast` numerics: one fused kernel from c->attn_fa_min rows (attn_fa.cu) */
     bool fa = a->fast && c->attn_fa_min > 0 && n >= c->attn_fa_min && attn_fa_ok(c, &p);
     attn_fa_cfg fc = attn_fa_cfg_of(c, n);
+    /* q's rows as the gemm before left them (dsi_attn_args.q_from_gemm, c->q16): staged from
+       there by the fused kernel with the q norm (which reads q once, as it stages it); for any
+       other path, or rows that are not this op's, widened into their y first */
+    p.q16 = NULL;
+    if (c->q16.valid) {
+        int64_t cols = (int64_t)H * hd;
+        bool mine = a->q_from_gemm && c->q16.src == a->q && c->q16.n == n && c->q16.cols == cols &&
+                    c->q16.ld == cols;
+        bool staged = fa && fc.qn && a->q_norm && attn_qn_fusable(a->q_norm, a);
+        if (mine && staged)
+            p.q16 = c->q16.buf;
+        else
+            launch_lt_widen(c, c->q16.buf, c->q16.src, c->q16.n, c->q16.cols, c->q16.ld);
+        c->q16.valid = false;
+    }
     /* the q norm: in the fused kernel's staging of q (fc.qn), else its own op first */
     if (a->q_norm) {
         const struct dsi_rms_norm_args *qn = a->q_norm;

@@ -95,10 +95,21 @@ __device__ __forceinline__ void fa_stage_q_norm(
 #pragma unroll
         for (int u = 0; u < HU; u++) {
             int h = warp + (j0 + u) * NW, hh = h0 + h < p.H ? h0 + h : p.H - 1;
-            const float4 *xs = (const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD);
+            if (p.q16) { /* (the bf16 rows q would hold widened: the same floats) */
+                const uint2 *xs = (const uint2 *)(p.q16 + ((int64_t)r * p.H + hh) * HD);
 #pragma unroll
-            for (int i = 0; i < HQ; i++)
-                v[u][i] = xs[i * 32 + lane];
+                for (int i = 0; i < HQ; i++) {
+                    uint2 b = xs[i * 32 + lane];
+                    v[u][i] =
+                        make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
+                                    __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
+                }
+            } else {
+                const float4 *xs = (const float4 *)(p.q + ((int64_t)r * p.H + hh) * HD);
+#pragma unroll
+                for (int i = 0; i < HQ; i++)
+                    v[u][i] = xs[i * 32 + lane];
+            }
         }
 #pragma unroll
         for (int u = 0; u < HU; u++) {

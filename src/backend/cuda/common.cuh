@@ -224,6 +224,18 @@ struct cu_ctx {
         const uint16_t *buf;
         int64_t n, cols;
     } o16;
+    /* the gemm's y handed to the attention after it (dsi_gemm_args.y_to_attn,
+       dsi_attn_args.q_from_gemm): lt.cu leaves cuBLASLt's bf16 rows [n][cols] in CU_SCR_Q16's
+       slot (buf) instead of widening them into src (row stride ld); the attention's fused
+       kernel stages q from them, any other path widens them into src first (DSI_CUDA_ATTN_Q16=0:
+       off; step 43). valid: set by the gemm, cleared by the next attention or gemm op */
+    bool attn_q16;
+    struct {
+        bool valid;
+        float *src;
+        const uint16_t *buf;
+        int64_t n, cols, ld;
+    } q16;
     /* `fast` dense FP8 GEMMs through cuBLASLt (lt.cu) from this many rows (DSI_CUDA_LT_MIN;
        0: never); lt: its handle and plans (owned, cu_lt_new / cu_lt_free), NULL when off */
     int lt_min;
@@ -264,8 +276,8 @@ struct cu_ctx {
     /* step scratch, grown on demand (stream-synchronised before it is replaced): one buffer
      * for the GEMM's split-K chunk values, one for an op's own intermediates, one for lt.cu
      * (CU_SCR_GEMM, CU_SCR_OP, CU_SCR_LT) */
-    void *scratch[3];
-    size_t scratch_bytes[3];
+    void *scratch[4];
+    size_t scratch_bytes[4];
     struct cu_freq freq[CU_MAX_FREQ];
     int n_freq;
     struct cu_moe_table moe[CU_MAX_MOE_TABLES];
@@ -317,8 +329,9 @@ static inline void cu_launch(
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The
  * previous contents are lost when it grows. Valid until the next op. Slot CU_SCR_GEMM belongs
  * to launch_gemm, CU_SCR_LT to launch_lt_gemm, CU_SCR_OP to the op being run (one request per
- * op: carve it up). */
-enum { CU_SCR_GEMM = 0, CU_SCR_OP = 1, CU_SCR_LT = 2 };
+ * op: carve it up); CU_SCR_Q16 to lt.cu's rows handed to the attention (c->q16), valid until
+ * the attention op after it. */
+enum { CU_SCR_GEMM = 0, CU_SCR_OP = 1, CU_SCR_LT = 2, CU_SCR_Q16 = 3 };
 void *cu_scratch(struct cu_ctx *c, int which, size_t bytes);
 /* Profiler (DSI_CUDA_PROFILE=1): GPU time of a part of an op, under a name with a '.'
  * ("gemm.reduce"); such parts are listed with the ops but not added to the total (the op

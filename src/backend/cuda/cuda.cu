@@ -371,7 +371,7 @@ static void cuda_free(struct dsi_backend *be) {
     for (int i = 0; i < c->n_slabs; i++)
         cudaFree(c->slabs[i]);
     free(c->slabs);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     for (int i = 0; i < c->n_freq; i++)
         if (c->freq[i].dev) cudaFree(c->freq[i].dev);
@@ -678,6 +678,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg_cp = !(wcp && *wcp == '0');
     const char *ao = getenv("DSI_CUDA_ATTN_O16");
     c->attn_o16 = !(ao && *ao == '0');
+    const char *aq = getenv("DSI_CUDA_ATTN_Q16");
+    c->attn_q16 = !(aq && *aq == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
     c->tc_attn_min = ta && *ta ? atoi(ta) : 128;
     /* the fused attention of `fast` numerics from this many rows (0: off; attn_fa.cu, step 21:

@@ -354,8 +354,8 @@ void launch_gemm(struct cu_ctx *c,
         cu_check(c, "gemm (generic)");
         return;
     }
-    struct cu_gemm_call call = {w,   row0,  n_out, x, n, ldx,  y,
-                                ldy, round, 1,     0, 0, false}; /* field order */
+    struct cu_gemm_call call = {w,   row0,  n_out, x, n, ldx,   y,
+                                ldy, round, 1,     0, 0, false, false}; /* field order */
     if (launch_gemv(c, &call)) return;
     switch (w->type) {
     case DSI_TYPE_F32:
@@ -398,11 +398,11 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     if (a->w2) { /* a pair: one launch of gvf.cu, else the two in turn */
         struct dsi_gemm_args b = dsi_gemm_pair_part(a, 0), b2 = dsi_gemm_pair_part(a, 1);
         struct cu_w w1 = cu_w_of(a->w), w2 = cu_w_of(a->w2);
-        struct cu_gemm_call g1 = {&w1,    a->row0,       a->n_out, a->x, a->n, a->ldx,  a->y,
-                                  a->ldy, a->round_bf16, 1,        0,    0,    a->x_fp8};
+        struct cu_gemm_call g1 = {&w1,    a->row0,       a->n_out, a->x, a->n, a->ldx,   a->y,
+                                  a->ldy, a->round_bf16, 1,        0,    0,    a->x_fp8, false};
         struct cu_gemm_call g2 = {&w2,    0,     a->n_out2, a->x,          a->n,
                                   a->ldx, a->y2, a->ldy2,   a->round_bf16, 1,
-                                  0,      0,     a->x_fp8};
+                                  0,      0,     a->x_fp8,  false};
         bool in = a->n > 0 && a->n_out > 0 && a->n_out2 > 0 && a->row0 >= 0 &&
                   a->row0 + a->n_out <= w1.rows && a->n_out2 <= w2.rows && a->groups <= 1;
         if (a->fast && in && launch_gvf_pair(c, &g1, &g2)) return;
@@ -415,7 +415,7 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
     struct cu_gemm_call call = {
         &w,     a->row0, a->n_out, a->x,          a->n,
         a->ldx, a->y,    a->ldy,   a->round_bf16, a->groups > 1 ? a->groups : 1,
-        a->gx,  a->gy,   a->x_fp8};
+        a->gx,  a->gy,   a->x_fp8, a->y_to_attn};
     if (a->groups > 1) { /* one launch (decode kernels; tc.cu in `fast`), else one by one */
         int64_t last = a->row0 + (int64_t)a->groups * a->n_out;
         if (a->n <= 0 || a->n_out <= 0) return;

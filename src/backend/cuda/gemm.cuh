@@ -31,7 +31,8 @@ struct cu_gemm_call {
     bool round;
     int groups;
     int64_t gxs, gys;
-    bool x_fp8; /* x is act_quant's output (dsi_gemm_args.x_fp8) */
+    bool x_fp8;     /* x is act_quant's output (dsi_gemm_args.x_fp8) */
+    bool y_to_attn; /* (dsi_gemm_args.y_to_attn: lt.cu may leave y's rows in c->q16) */
 };
 
 /* The decode GEMM (gemv.cu) for 1-2 rows of x on non-F32 weights that gemm_fast_ok takes;
@@ -43,6 +44,10 @@ bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
  * weights with K % 64 == 0, groups in one launch (gxs % 4 == 0); false: not taken (the caller
  * runs the exact kernels). */
 bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
+/* y[r * ldy + o] = the bf16 d[r * m + o] as a float, r < n, o < m (m % 8 == 0, y 16-byte
+ * aligned, ldy % 4 == 0): lt.cu's widening, also the attention's for rows c->q16 holds. */
+void launch_lt_widen(
+    struct cu_ctx *c, const uint16_t *d, float *y, int64_t n, int64_t m, int64_t ldy);
 
 /* The decode GEMM of `fast` numerics (gvf.cu) for c->gvf_min <= n <= min(32, c->gvf_max) rows on
  * FP8/FP4/BF16 weights, the groups in one launch; false: not taken. */

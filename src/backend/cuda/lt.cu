@@ -149,6 +149,14 @@ __global__ void k_lt_widen8(const uint16_t *d, float *y, int64_t n, int64_t m, i
     }
 }
 
+void launch_lt_widen(
+    struct cu_ctx *c, const uint16_t *d, float *y, int64_t n, int64_t m, int64_t ldy) {
+    if (n <= 0) return;
+    cu_launch(c, k_lt_widen8,
+              dim3((unsigned)cu_div_up(m, 8 * CU_THREADS), (unsigned)std::min<int64_t>(n, 65535)),
+              dim3(CU_THREADS), 0, d, y, n, m, ldy);
+}
+
 static bool
 lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t at, const void *v, size_t sz) {
     return cublasLtMatmulDescSetAttribute(op, at, v, sz) == CUBLAS_STATUS_SUCCESS;
@@ -247,6 +255,21 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
     uint8_t *xq = (uint8_t *)(s + o_xq);
     float *xs = (float *)(s + o_xs), *ws = (float *)(s + o_ws);
     uint16_t *d = (uint16_t *)(s + o_d);
+    /* the rows handed to the attention after this gemm (g->y_to_attn, c->q16): cuBLASLt's bf16
+       rows stay in their own slot, not widened into y (a plain plan's [n][m] is q's layout) */
+    bool keep = g->y_to_attn && c->attn_q16 && !p->swap && g->ldy == m;
+    if (keep && c->q16.valid) { /* an earlier gemm's rows no attention took: into its y */
+        launch_lt_widen(c, c->q16.buf, c->q16.src, c->q16.n, c->q16.cols, c->q16.ld);
+        c->q16.valid = false;
+    }
+    if (keep) {
+        uint16_t *k16 = (uint16_t *)cu_scratch(c, CU_SCR_Q16, (size_t)(n * m) * 2);
+        if (k16)
+            d = k16;
+        else if (c->sticky)
+            return true;
+        keep = k16 != NULL; /* (inside a capture the slot cannot grow: widened as before) */
+    }
     int pp = cu_prof_begin(c, "gemm.lt");
     int64_t threads = n * kb * 32 > mb * kb ? n * kb * 32 : mb * kb;
     cu_launch(c, k_lt_prep, dim3((unsigned)cu_div_up(threads, CU_THREADS)), dim3(CU_THREADS), 0,
@@ -274,14 +297,19 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
         cu_prof_end(c, pp);
         return true;
     }
-    if (p->swap)
+    if (keep) {
+        c->q16.valid = true;
+        c->q16.src = g->y;
+        c->q16.buf = d;
+        c->q16.n = n;
+        c->q16.cols = m;
+        c->q16.ld = g->ldy;
+    } else if (p->swap) {
         cu_launch(c, k_lt_widen, dim3((unsigned)cu_div_up(n * m, CU_THREADS)), dim3(CU_THREADS), 0,
                   d, g->y, n, m, g->ldy, true);
-    else /* (launch_lt_gemm's conditions: m % 512 == 0, y aligned, ldy % 4 == 0) */
-        cu_launch(
-            c, k_lt_widen8,
-            dim3((unsigned)cu_div_up(m, 8 * CU_THREADS), (unsigned)std::min<int64_t>(n, 65535)),
-            dim3(CU_THREADS), 0, d, g->y, n, m, g->ldy);
+    } else { /* (launch_lt_gemm's conditions: m % 512 == 0, y aligned, ldy % 4 == 0) */
+        launch_lt_widen(c, d, g->y, n, m, g->ldy);
+    }
     cu_check(c, "gemm.lt");
     cu_prof_end(c, pp);
     return true;

@@ -950,8 +950,9 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
            (c->moe_lt; from lt_min rows): h's rows are act_quant's and the outputs bf16-rounded,
            as for the dense GEMMs it takes (step 24; step 23 had the gate and up there too,
            outside the MoE test's bound) */
-        struct cu_gemm_call sl = {&s2, 0, D, p.h + nk * I, n, I, p.out + nk * D, D, p.round,
-                                  1,   0, 0, true}; /* struct cu_gemm_call's field order */
+        struct cu_gemm_call sl = {
+            &s2, 0, D, p.h + nk * I, n,    I, p.out + nk * D, D, p.round,
+            1,   0, 0, true,         false}; /* struct cu_gemm_call's field order */
         bool slt =
             !up && sh && c->moe_lt && a->fast && a->act_quant && launch_lt_gemm(c, &sl, true);
         dim3 gx((unsigned)(up ? cu_div_up(I, CU_WARPS) : cu_div_up(D, CU_WARPS * GEMM_RW)), gy);
