@@ -27,6 +27,7 @@
 #include "attn.cuh"
 #include "norm.cuh"
 #include "tc.cuh"
+#include "wg.cuh"
 
 #include <algorithm>
 
@@ -446,7 +447,7 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             if (h < p.H) *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
             if (p.o16 && h < p.H) { /* column c = h HD + d: pair (c % 128) / 2 of its group at
                                        launch_wg_bf16's place (k_wg_bf16_v's lanes) */
-                int pp = (d & 127) >> 1, q = 8 * ((pp >> 1) & 7) + (pp >> 4) + 4 * (pp & 1);
+                int q = wg_perm_dst((d & 127) >> 1);
                 uint32_t *o = (uint32_t *)(p.o16 + ((int64_t)r * p.H + h) * HD + (d & ~127));
                 o[q] = bf16x2_rn(x0, x1);
             }

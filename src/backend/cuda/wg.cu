@@ -196,13 +196,7 @@ __global__ void k_wg_bf16(const float *x,
     if (q * 2 >= cols) return;
     int64_t src = PERM ? wg_perm_col(q) : q * 2;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        int64_t xr = r;
-        if (POS && r < nk) {
-            int32_t slot = perm[r];
-            xr = slot >= 0 && slot < nk ? slot / topk : -1;
-        } else if (POS) {
-            xr = r - nk;
-        }
+        int64_t xr = POS ? wg_pos_row(r, perm, topk, nk) : r;
         float2 v = xr >= 0 ? *(const float2 *)(x + xr * ldx + src) : make_float2(0.0f, 0.0f);
         *(uint32_t *)(y + r * ldy + q * 2) = bf16x2_rn(v.x, v.y);
     }
@@ -228,14 +222,8 @@ __global__ void __launch_bounds__(CU_THREADS) k_wg_bf16_v(const float *x,
     int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
-    int64_t xr = r;
-    if (POS && r < nk) {
-        int32_t slot = perm[r];
-        xr = slot >= 0 && slot < nk ? slot / topk : -1;
-    } else if (POS) {
-        xr = r - nk;
-    }
-    uint32_t *yp = (uint32_t *)(y + r * ldy) + 8 * (lane & 7) + (lane >> 3);
+    int64_t xr = POS ? wg_pos_row(r, perm, topk, nk) : r;
+    uint32_t *yp = (uint32_t *)(y + r * ldy) + wg_perm_dst(2 * lane);
     const float4 *xp = (const float4 *)(x + (xr >= 0 ? xr : 0) * ldx) + lane;
     for (int b0 = 0; b0 < nb; b0 += WG_CP_U) {
         float4 v[WG_CP_U];
@@ -331,7 +319,7 @@ __global__ void __launch_bounds__(CU_THREADS) k_wg_bf16_q8(
     float4 q = q8_warp_quant(*xp);
     if (r >= keep_from) *xp = q;
     uint32_t *yp = (uint32_t *)(y + r * ldy + b * 128);
-    int q0 = 8 * (lane & 7) + (lane >> 3);
+    int q0 = wg_perm_dst(2 * lane);
     yp[q0] = bf16x2_rn(q.x, q.y);
     yp[q0 + 4] = bf16x2_rn(q.z, q.w);
 }

@@ -31,6 +31,23 @@ __device__ __forceinline__ int64_t wg_perm_col(int64_t q) {
     return (q >> 6) * 128 + 32 * (m & 3) + 4 * i + 2 * (m >> 2);
 }
 
+/* The inverse: the destination pair of a group's source pair p (elements 2 p, 2 p + 1; p < 64).
+ * Lane L holding elements 4 L .. 4 L + 3 writes its pairs at wg_perm_dst(2 L) and that + 4. */
+__host__ __device__ __forceinline__ int wg_perm_dst(int p) {
+    return 8 * ((p >> 1) & 7) + (p >> 4) + 4 * (p & 1);
+}
+
+/* The x row of position r of the routed rows' copies (launch_wg_bf16_pos): r < nk, slot perm[r]'s
+ * token (-1 for a position no slot holds: zeros); from nk, token r - nk (the shared expert's). */
+__device__ __forceinline__ int64_t wg_pos_row(int64_t r,
+                                              const int32_t *perm,
+                                              int topk,
+                                              int64_t nk) {
+    if (r >= nk) return r - nk;
+    int32_t slot = perm[r];
+    return slot >= 0 && slot < nk ? slot / topk : -1;
+}
+
 #ifdef WG_HAVE
 __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
