@@ -139,6 +139,11 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_BF16, 512, 4096, 20, 0, 512, 0, 0, true},                /* BF16 */
         {DSI_TYPE_FP4_E2M1, 256, 192, 4, 0, 256, 0, 0, false},             /* FP4 dense */
         {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true},              /* 33-63 rows: 32 + 8 */
+        /* gvb.cu (1-8 rows): tiles across a 128-row scale block, K past a chunk, BF16 */
+        {DSI_TYPE_F8_E4M3, 4096, 1536, 2, 40, 2000, 0, 0, true},
+        {DSI_TYPE_F8_E4M3, 4096, 8192, 1, 0, 4096, 0, 0, true},
+        {DSI_TYPE_BF16, 200, 192, 3, 0, 200, 0, 0, false},
+        {DSI_TYPE_BF16, 300, 1088, 8, 0, 300, 0, 0, true},
         /* gvf.cu in launches of as many rows as fit in shared memory (32, 16, 8), at most 4 */
         {DSI_TYPE_F8_E4M3, 4096, 8192, 32, 0, 4096, 0, 0, true}, /* wo_b: 2 x 16 */
         {DSI_TYPE_BF16, 512, 4096, 48, 0, 512, 0, 0, false},     /* 3 x 16 */
@@ -208,14 +213,16 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
        cases of 1-63 rows; the wgmma kernels from 128 rows (DSI_CUDA_WG_DENSE_MIN=128, cuBLASLt
        off) on those of 128-511; step 36's evict-first weight loads (DSI_CUDA_GVF_EF=1) on those
        of 1-63; step 37's cuBLASLt only from 2048 output columns (DSI_CUDA_LT_MIN_OUT=2048: the
-       narrower FP8 calls of 128 rows and more on tc.cu) */
+       narrower FP8 calls of 128 rows and more on tc.cu); gvb.cu off (DSI_CUDA_GVB=0: gvf.cu
+       for the cases of 1-8 rows, step 44) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } s33[] = {{"DSI_CUDA_GVF_NBAR=1", 1, 63},
                {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
                {"DSI_CUDA_GVF_EF=1", 1, 63},
-               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX}};
+               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX},
+               {"DSI_CUDA_GVB=0", 1, 8}};
     for (size_t b = 0; b < sizeof(s33) / sizeof(s33[0]) && ok; b++) {
         struct dsi_backend *g2 = cuda_backend_with(s33[b].env);
         TEST_ASSERT(g2 != NULL);
@@ -364,14 +371,16 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
        default from step 26), those of 64-511 rows on tc.cu with the groups never split along K
        (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25), those of 128-511 rows on wgr.cu
        (DSI_CUDA_WG_DENSE_MIN=128; step 33) and on tc.cu (DSI_CUDA_WG_GROUPED_MIN=512: the
-       grouped calls' threshold before step 36, whose default is 128) */
+       grouped calls' threshold before step 36, whose default is 128), and those of 1-8 rows on
+       gvf.cu (DSI_CUDA_GVB=0: gvb.cu is the default there, step 44) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX},
                  {"DSI_CUDA_TC_SPLIT_GROUPED=0,DSI_CUDA_WG_GROUPED_MIN=512", 64, 511},
                  {"DSI_CUDA_WG_DENSE_MIN=128", 128, 511},
-                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511}};
+                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511},
+                 {"DSI_CUDA_GVB=0", 1, 8}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

@@ -427,7 +427,8 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
             return;
         }
         if (c->grouped && a->gx % 4 == 0 &&
-            ((a->fast && (launch_gvf_gemm(c, &call) || launch_tc_gemm(c, &call))) ||
+            ((a->fast && (launch_gvb_gemm(c, &call) || launch_gvf_gemm(c, &call) ||
+                          launch_tc_gemm(c, &call))) ||
              (gemm_fast_ok(&w, a->x, a->ldx) && launch_gemv(c, &call))))
             return;
         for (int g = 0; g < a->groups; g++) {
@@ -451,8 +452,8 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
         }
     }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
-        (launch_gvf_gemm(c, &call) || launch_lt_gemm(c, &call, a->x_fp8) ||
-         launch_tc_gemm(c, &call)))
+        (launch_gvb_gemm(c, &call) || launch_gvf_gemm(c, &call) ||
+         launch_lt_gemm(c, &call, a->x_fp8) || launch_tc_gemm(c, &call)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);
 }
