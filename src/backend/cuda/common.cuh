@@ -101,6 +101,7 @@ struct cu_ctx {
                              DSI_CUDA_GVF; 0: off) */
     int gvb_max;     /* gvb.cu (dense decode GEMMs, the weights by bulk copies) up to this many rows
                         (DSI_CUDA_GVB, at most 8; 0: off, gvf.cu; step 44) */
+    int gvb_ns;      /* gvb.cu's ring slots at most (DSI_CUDA_GVB_NS, 3-12, default 12) */
     int gvf_moe_min; /* the routed experts on gvf.cu / tc.cu from this many tokens
                         (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;  /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS;

@@ -1,6 +1,7 @@
 /* gvb.cu - dense decode GEMMs of `fast` numerics at 1-8 activation rows (FP8 and BF16 weights,
  * the groups of a grouped call as grid rows) with the weight bytes streamed into shared memory
- * by bulk copies, ahead of the arithmetic (up to c->gvb_max rows, DSI_CUDA_GVB; 0: off, gvf.cu instead).
+ * by bulk copies, ahead of the arithmetic (up to c->gvb_max rows, DSI_CUDA_GVB; 0: off, gvf.cu
+ * instead).
  *
  * gvf.cu's walk loads each lane's weight bytes into registers one step ahead of their use: at
  * batch 1 a warp walks only a few steps, each waiting for its loads (docs/cuda.md step 42: the
@@ -61,11 +62,13 @@ static __host__ __device__ inline gvb_layout gvb_layout_of(int ns, int64_t n, in
 #ifdef WG_HAVE
 /* `bytes` from global src to shared dst, completing bar's transactions (16-byte aligned, a
  * multiple of 16 bytes) */
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-                 "[%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
+__device__ __forceinline__ void
+bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
 }
 
 #endif
@@ -101,12 +104,14 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
     if (warp == GVB_W) { /* the producer: chunk c = (tile t0 + c / nkc, bytes of kc = c % nkc) */
         for (int c = 0; c < nch; c++) {
             int slot = c % ns;
-            if (c >= ns && !mbar_wait(bars + 8 * (ns + slot), (uint32_t)((c / ns - 1) & 1), GVB_SPINS))
+            if (c >= ns &&
+                !mbar_wait(bars + 8 * (ns + slot), (uint32_t)((c / ns - 1) & 1), GVB_SPINS))
                 return;
             int64_t tile = t0 + c / nkc, o = tile * 16;
             int kc = c % nkc;
             int nr = p.n_out - o < 16 ? (int)(p.n_out - o) : 16;
-            int64_t k0 = (int64_t)kc * GVB_KC / EB, kl = K - k0 < GVB_KC / EB ? K - k0 : GVB_KC / EB;
+            int64_t k0 = (int64_t)kc * GVB_KC / EB,
+                    kl = K - k0 < GVB_KC / EB ? K - k0 : GVB_KC / EB;
             uint32_t bytes = (uint32_t)(kl * EB);
             if (lane == 0) mbar_expect(bars + 8 * slot, bytes * (uint32_t)nr);
             __syncwarp();
@@ -169,7 +174,7 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
         sb = nb;
         __syncwarp();
         if (lane == 0) mbar_arrive(bars + 8 * (ns + slot));
-        if (kc == nkc - 1) { /* the tile's partial sums in warp order, then out */
+        if (kc == nkc - 1) {               /* the tile's partial sums in warp order, then out */
             int pb = (int)((c / nkc) & 1); /* (rewritten two tiles later: after a barrier) */
 #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -181,12 +186,13 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         acc[0][i] += red[pb][w][lane][i];
-                /* acc[0][i] is (row g + 8 (i / 2), column 2 t + i % 2) */
+                        /* acc[0][i] is (row g + 8 (i / 2), column 2 t + i % 2) */
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     int64_t o = tile * 16 + g + (i >> 1) * 8;
                     int col = 2 * t + (i & 1);
-                    if (col < p.n && o < p.n_out) y[col * p.ldy + o] = rbf(acc[0][i] + 0.0f, p.round);
+                    if (col < p.n && o < p.n_out)
+                        y[col * p.ldy + o] = rbf(acc[0][i] + 0.0f, p.round);
                 }
             }
             acc_zero(acc);
@@ -213,8 +219,8 @@ bool launch_gvb_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
         return false;
     int64_t rw = w->type == DSI_TYPE_BF16 ? gvf_row_words<DSI_TYPE_BF16>(w->K)
                                           : gvf_row_words<DSI_TYPE_F8_E4M3>(w->K);
-    /* ring slots: as many as fit beside the staged rows, at least 3 */
-    int ns = GVB_NS_MAX;
+    /* ring slots: c->gvb_ns, or as many as fit beside the staged rows; at least 3 */
+    int ns = c->gvb_ns < GVB_NS_MAX ? c->gvb_ns : GVB_NS_MAX;
     while (ns >= 3 && gvb_layout_of(ns, g->n, rw).total > GVB_SMEM)
         ns--;
     if (ns < 3) return false;
@@ -241,10 +247,13 @@ bool launch_gvb_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     bool ok;
     if (w->type == DSI_TYPE_F8_E4M3) {
         ok = smem_limit(c, k_gvb<DSI_TYPE_F8_E4M3>, GVB_SMEM, &done8, "decode gemm (bulk)");
-        if (ok) cu_launch(c, k_gvb<DSI_TYPE_F8_E4M3>, dim3((unsigned)gx, (unsigned)groups), GVB_T, sm, p);
+        if (ok)
+            cu_launch(c, k_gvb<DSI_TYPE_F8_E4M3>, dim3((unsigned)gx, (unsigned)groups), GVB_T, sm,
+                      p);
     } else {
         ok = smem_limit(c, k_gvb<DSI_TYPE_BF16>, GVB_SMEM, &done16, "decode gemm (bulk)");
-        if (ok) cu_launch(c, k_gvb<DSI_TYPE_BF16>, dim3((unsigned)gx, (unsigned)groups), GVB_T, sm, p);
+        if (ok)
+            cu_launch(c, k_gvb<DSI_TYPE_BF16>, dim3((unsigned)gx, (unsigned)groups), GVB_T, sm, p);
     }
     ok = ok && cu_check(c, "gemm (decode, bulk copies)");
     cu_prof_end(c, pp);
