@@ -242,7 +242,8 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
 }
 
 /* GEMM pairs (dsi_gemm_args.w2: two weights on the same x rows, as the forward's q / kv and
- * compressor projections) against the CPU's two calls: in `fast` numerics at 1-32 rows one gvf.cu
+ * compressor projections) against the CPU's two calls: in `fast` numerics at 1-8 rows one gvb.cu
+ * launch (weights of one type), and with DSI_CUDA_GVB=0 or at 9-32 rows one gvf.cu
  * launch (the weights of different heights, FP8 and BF16; the tolerance of run_gemm_g), 33 rows
  * in two (32 + 1), else the two calls in turn (reference numerics bit for bit; weights of two
  * types). */
@@ -262,7 +263,12 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 256, 128, 512, 4, true, false},
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 128, 512, 3, false, true},
     };
-    for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
+    /* the default backend (gvb.cu's pairs at 1-8 rows), then gvf.cu's (DSI_CUDA_GVB=0) */
+    struct dsi_backend *keep = g_gpu, *nb = cuda_backend_with("DSI_CUDA_GVB=0");
+    TEST_ASSERT(nb != NULL);
+    for (size_t v = 0; v < 2 * (sizeof(cs) / sizeof(cs[0])); v++) {
+        size_t c = v % (sizeof(cs) / sizeof(cs[0]));
+        g_gpu = v < sizeof(cs) / sizeof(cs[0]) ? keep : nb;
         int64_t n = cs[c].n, K = cs[c].K, m1 = cs[c].rows1, m2 = cs[c].rows2;
         struct wt w1, w2;
         wt_make(&w1, &r, cs[c].t1, m1, K, 0.05f);
@@ -298,19 +304,16 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         a.y = d1;
         a.y2 = d2;
         g_gpu->ops->gemm(g_gpu, &a);
-        TEST_ASSERT(gsync("gemm pair") == 0);
+        int ok = gsync("gemm pair") == 0; /* (checks after g_gpu is restored) */
         dget(g1, d1, sizeof(float) * (size_t)(n * m1));
         dget(g2, d2, sizeof(float) * (size_t)(n * m2));
         double tol = cs[c].round ? 8e-3 : 1e-4;
-        if (cs[c].fast) {
-            TEST_ASSERTF(close_to("gemm pair y", g1, c1, n * m1, tol), "case %zu", c);
-            TEST_ASSERTF(close_to("gemm pair y2", g2, c2, n * m2, tol), "case %zu", c);
-        } else {
-            TEST_ASSERTF(same("gemm pair y", g1, c1, sizeof(float) * (size_t)(n * m1)), "case %zu",
-                         c);
-            TEST_ASSERTF(same("gemm pair y2", g2, c2, sizeof(float) * (size_t)(n * m2)), "case %zu",
-                         c);
-        }
+        if (cs[c].fast)
+            ok = ok && close_to("gemm pair y", g1, c1, n * m1, tol) &&
+                 close_to("gemm pair y2", g2, c2, n * m2, tol);
+        else
+            ok = ok && same("gemm pair y", g1, c1, sizeof(float) * (size_t)(n * m1)) &&
+                 same("gemm pair y2", g2, c2, sizeof(float) * (size_t)(n * m2));
         dfree(dx);
         dfree(d1);
         dfree(d2);
@@ -321,7 +324,11 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         free(g2);
         wt_free(&w1);
         wt_free(&w2);
+        g_gpu = keep;
+        TEST_ASSERTF(ok, "case %zu%s", c,
+                     v < sizeof(cs) / sizeof(cs[0]) ? "" : " (DSI_CUDA_GVB=0)");
     }
+    nb->ops->free(nb);
     return 0;
 }
 

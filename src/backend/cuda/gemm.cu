@@ -405,7 +405,7 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
                                   0,      0,     a->x_fp8,  false};
         bool in = a->n > 0 && a->n_out > 0 && a->n_out2 > 0 && a->row0 >= 0 &&
                   a->row0 + a->n_out <= w1.rows && a->n_out2 <= w2.rows && a->groups <= 1;
-        if (a->fast && in && launch_gvf_pair(c, &g1, &g2)) return;
+        if (a->fast && in && (launch_gvb_pair(c, &g1, &g2) || launch_gvf_pair(c, &g1, &g2))) return;
         cuda_gemm(be, &b);
         cuda_gemm(be, &b2);
         return;

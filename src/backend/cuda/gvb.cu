@@ -43,7 +43,32 @@ struct gvb_p {
     bool round;
     int ns;        /* ring slots */
     int64_t tiles; /* 16-row tiles of a group */
+    /* a pair (launch_gvb_pair; groups 1): a second weight of w's type, K and scale layout at
+       data2 / scale2, rows 0 .. n_out2 in tiles2 tiles after w's, on the same x, into y2 (ldy2) */
+    const uint8_t *data2, *scale2;
+    int64_t n_out2, tiles2, ldy2;
+    float *y2;
 };
+
+/* Tile `tile` of the block's group (from p.tiles: the pair's second weight): its weight bytes and
+ * scales, the weight row of its first row, its output rows [o0, o0 + 16) of n_out, into y. */
+struct gvb_tile {
+    const uint8_t *data, *scale;
+    int64_t wrow0, o0, n_out, ldy;
+    float *y;
+};
+__device__ __forceinline__ gvb_tile gvb_tile_of(const struct gvb_p &p, int64_t tile) {
+    gvb_tile d;
+    bool first = tile < p.tiles;
+    d.o0 = (first ? tile : tile - p.tiles) * 16;
+    d.data = first ? p.w.data : p.data2;
+    d.scale = first ? p.w.scale : p.scale2;
+    d.wrow0 = (first ? p.row0 + (int64_t)blockIdx.y * p.n_out : 0) + d.o0;
+    d.n_out = first ? p.n_out : p.n_out2;
+    d.y = first ? p.y + (int64_t)blockIdx.y * p.gys : p.y2;
+    d.ldy = first ? p.ldy : p.ldy2;
+    return d;
+}
 
 /* The block's shared memory: the ring [ns][16][GVB_LD], the partial sums [2][GVB_W][32][4], the
  * barriers full[ns], empty[ns], then the staged rows [n][rw] (words). */
@@ -64,19 +89,17 @@ static __host__ __device__ inline gvb_layout gvb_layout_of(int ns, int64_t n, in
  * multiple of 16 bytes) */
 __device__ __forceinline__ void
 bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];\n" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar)
-        : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
-
 #endif
 
 template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p p) {
 #ifdef WG_HAVE
     extern __shared__ uint4 gvb_smem[];
-    constexpr int E = gvf_e<WT>();
+    constexpr int E = gvf_e<WT>(), EB = WT == DSI_TYPE_BF16 ? 2 : 1; /* EB: bytes an element */
     char *base = (char *)gvb_smem;
     const int64_t K = p.w.K, rw = gvf_row_words<WT>(K);
     const gvb_layout L = gvb_layout_of(p.ns, p.n, rw);
@@ -86,13 +109,12 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
     uint32_t ring = smem_u32(base);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int ns = p.ns;
-    /* this block's tiles [t0, t1) of group blockIdx.y, nkc chunks each */
-    int64_t t0 = (int64_t)blockIdx.x * p.tiles / gridDim.x,
-            t1 = (int64_t)(blockIdx.x + 1) * p.tiles / gridDim.x;
-    int nkc = (int)((K + GVB_KC - 1) / GVB_KC);
+    /* this block's tiles [t0, t1) of its group (and a pair's second weight), nkc chunks each */
+    int64_t nt = p.tiles + p.tiles2;
+    int64_t t0 = (int64_t)blockIdx.x * nt / gridDim.x,
+            t1 = (int64_t)(blockIdx.x + 1) * nt / gridDim.x;
+    int nkc = (int)((K * EB + GVB_KC - 1) / GVB_KC);
     int nch = (int)(t1 - t0) * nkc;
-    int64_t grow0 = p.row0 + (int64_t)blockIdx.y * p.n_out;
-    constexpr int EB = WT == DSI_TYPE_BF16 ? 2 : 1; /* bytes an element */
     if (threadIdx.x == 0) {
         for (int s = 0; s < ns; s++) {
             mbar_init(bars + 8 * s, 1);
@@ -107,18 +129,15 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
             if (c >= ns &&
                 !mbar_wait(bars + 8 * (ns + slot), (uint32_t)((c / ns - 1) & 1), GVB_SPINS))
                 return;
-            int64_t tile = t0 + c / nkc, o = tile * 16;
-            int kc = c % nkc;
-            int nr = p.n_out - o < 16 ? (int)(p.n_out - o) : 16;
-            int64_t k0 = (int64_t)kc * GVB_KC / EB,
-                    kl = K - k0 < GVB_KC / EB ? K - k0 : GVB_KC / EB;
-            uint32_t bytes = (uint32_t)(kl * EB);
+            gvb_tile d = gvb_tile_of(p, t0 + c / nkc);
+            int nr = d.n_out - d.o0 < 16 ? (int)(d.n_out - d.o0) : 16;
+            int64_t b0 = (int64_t)(c % nkc) * GVB_KC;
+            uint32_t bytes = (uint32_t)(K * EB - b0 < GVB_KC ? K * EB - b0 : GVB_KC);
             if (lane == 0) mbar_expect(bars + 8 * slot, bytes * (uint32_t)nr);
             __syncwarp();
             if (lane < nr)
                 bulk_g2s(ring + (uint32_t)(slot * GVB_CHUNK + lane * GVB_LD),
-                         p.w.data + (grow0 + o + lane) * p.w.row_bytes + k0 * EB, bytes,
-                         bars + 8 * slot);
+                         d.data + (d.wrow0 + lane) * p.w.row_bytes + b0, bytes, bars + 8 * slot);
         }
         return; /* (it writes nothing another kernel reads) */
     }
@@ -135,24 +154,23 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
     int xo[1] = {(g < rows ? g : rows - 1) * (int)rw};
     float acc[1][4];
     acc_zero(acc);
-    float *y = p.y + (int64_t)blockIdx.y * p.gys;
-    /* FP8: the scale bytes of this lane's slices in chunk cc (rows g, g + 8 of its tile), loaded
-       a chunk ahead (on the chunk's path they would add an L2 round trip to each) */
+    /* FP8: the scale bytes of this lane's slices in chunk cc (rows g, g + 8 of its tile; past
+       n_out the last row's), loaded a chunk ahead (on the chunk's path they would add an L2
+       round trip to each) */
     auto scales = [&](int cc, uint32_t &sa, uint32_t &sb) {
         if (WT != DSI_TYPE_F8_E4M3 || cc >= nch) return;
         int64_t kk = (int64_t)(cc % nkc) * GVB_KC + warp * 128 + t * 32;
         if (kk >= K) return;
-        int64_t o = (t0 + cc / nkc) * 16 + g, o1 = o + 8;
-        o = o < p.n_out ? o : p.n_out - 1;
-        o1 = o1 < p.n_out ? o1 : p.n_out - 1;
-        sa = __ldg(p.w.scale + ((grow0 + o) >> p.w.sh0) * p.w.srs + (kk >> p.w.sh1));
-        sb = __ldg(p.w.scale + ((grow0 + o1) >> p.w.sh0) * p.w.srs + (kk >> p.w.sh1));
+        gvb_tile d = gvb_tile_of(p, t0 + cc / nkc);
+        int64_t last = d.n_out - 1 - d.o0, o = g < last ? g : last,
+                o1 = g + 8 < last ? g + 8 : last;
+        sa = __ldg(d.scale + ((d.wrow0 + o) >> p.w.sh0) * p.w.srs + (kk >> p.w.sh1));
+        sb = __ldg(d.scale + ((d.wrow0 + o1) >> p.w.sh0) * p.w.srs + (kk >> p.w.sh1));
     };
     uint32_t sa = 0, sb = 0;
     scales(0, sa, sb);
     for (int c = 0; c < nch; c++) {
         int slot = c % ns, kc = c % nkc;
-        int64_t tile = t0 + c / nkc;
         uint32_t na = 0, nb = 0;
         scales(c + 1, na, nb);
         if (!mbar_wait(bars + 8 * slot, (uint32_t)((c / ns) & 1), GVB_SPINS)) return;
@@ -186,13 +204,14 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         acc[0][i] += red[pb][w][lane][i];
-                        /* acc[0][i] is (row g + 8 (i / 2), column 2 t + i % 2) */
+                /* acc[0][i] is (row g + 8 (i / 2), column 2 t + i % 2) */
+                gvb_tile d = gvb_tile_of(p, t0 + c / nkc);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    int64_t o = tile * 16 + g + (i >> 1) * 8;
+                    int64_t o = d.o0 + g + (i >> 1) * 8;
                     int col = 2 * t + (i & 1);
-                    if (col < p.n && o < p.n_out)
-                        y[col * p.ldy + o] = rbf(acc[0][i] + 0.0f, p.round);
+                    if (col < p.n && o < d.n_out)
+                        d.y[col * d.ldy + o] = rbf(acc[0][i] + 0.0f, p.round);
                 }
             }
             acc_zero(acc);
@@ -204,19 +223,24 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
 /* K's groups whole in 128-byte rows (FP8: K % 128; BF16: K % 64) with FP8 scale blocks of 128
    along K (a group one scale byte) and powers of two along the rows; 16-byte aligned rows */
 static bool gvb_w_ok(const struct cu_w *w) {
-    if ((uintptr_t)w->data % 16 || w->row_bytes % 16) return false;
+    if ((uintptr_t)w->data % 16 || w->row_bytes % 16 || !gemm_w_ok(w)) return false;
     if (w->type == DSI_TYPE_F8_E4M3)
         return w->K % 128 == 0 && w->sb1 == 128 && w->sh1 == 7 && w->sh0 >= 0 && w->scale;
     return w->type == DSI_TYPE_BF16 && w->K % 64 == 0;
 }
 
-bool launch_gvb_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
+static bool gvb_call_ok(const struct cu_ctx *c, const struct cu_gemm_call *g) {
     const struct cu_w *w = g->w;
     int groups = g->groups > 1 ? g->groups : 1;
-    if (g->n < 1 || g->n > 8 || g->n > c->gvb_max || !gvb_w_ok(w) || !gemm_w_ok(w) ||
-        !gemm_fast_ok(w, g->x, g->ldx) || groups > 65535 || (groups > 1 && g->gxs % 4) ||
-        g->row0 < 0 || g->n_out < 1 || g->row0 + groups * g->n_out > w->rows)
-        return false;
+    return g->n >= 1 && g->n <= 8 && g->n <= c->gvb_max && gvb_w_ok(w) &&
+           gemm_fast_ok(w, g->x, g->ldx) && groups <= 65535 && (groups == 1 || g->gxs % 4 == 0) &&
+           g->row0 >= 0 && g->n_out >= 1 && g->row0 + groups * g->n_out <= w->rows;
+}
+
+/* The launch of p for g (g2: a pair's second call, which gvb_call_ok and launch_gvb_pair took) */
+static bool gvb_go(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_gemm_call *g2) {
+    const struct cu_w *w = g->w;
+    int groups = g->groups > 1 ? g->groups : 1;
     int64_t rw = w->type == DSI_TYPE_BF16 ? gvf_row_words<DSI_TYPE_BF16>(w->K)
                                           : gvf_row_words<DSI_TYPE_F8_E4M3>(w->K);
     /* ring slots: c->gvb_ns, or as many as fit beside the staged rows; at least 3 */
@@ -239,23 +263,45 @@ bool launch_gvb_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     p.round = g->round;
     p.ns = ns;
     p.tiles = cu_div_up(g->n_out, 16);
+    if (g2) {
+        p.data2 = g2->w->data;
+        p.scale2 = g2->w->scale;
+        p.n_out2 = g2->n_out;
+        p.tiles2 = cu_div_up(g2->n_out, 16);
+        p.ldy2 = g2->ldy;
+        p.y2 = g2->y;
+    }
     /* one block an SM over the groups, at least one tile a block */
-    int64_t gx = std::min<int64_t>(p.tiles, std::max<int64_t>(1, c->n_sms / groups));
+    int64_t gx = std::min<int64_t>(p.tiles + p.tiles2, std::max<int64_t>(1, c->n_sms / groups));
     size_t sm = gvb_layout_of(ns, g->n, rw).total;
     int pp = cu_prof_begin(c, "gemm.gvb");
     static bool done8 = false, done16 = false;
+    dim3 grid((unsigned)gx, (unsigned)groups);
     bool ok;
     if (w->type == DSI_TYPE_F8_E4M3) {
         ok = smem_limit(c, k_gvb<DSI_TYPE_F8_E4M3>, GVB_SMEM, &done8, "decode gemm (bulk)");
-        if (ok)
-            cu_launch(c, k_gvb<DSI_TYPE_F8_E4M3>, dim3((unsigned)gx, (unsigned)groups), GVB_T, sm,
-                      p);
+        if (ok) cu_launch(c, k_gvb<DSI_TYPE_F8_E4M3>, grid, GVB_T, sm, p);
     } else {
         ok = smem_limit(c, k_gvb<DSI_TYPE_BF16>, GVB_SMEM, &done16, "decode gemm (bulk)");
-        if (ok)
-            cu_launch(c, k_gvb<DSI_TYPE_BF16>, dim3((unsigned)gx, (unsigned)groups), GVB_T, sm, p);
+        if (ok) cu_launch(c, k_gvb<DSI_TYPE_BF16>, grid, GVB_T, sm, p);
     }
     ok = ok && cu_check(c, "gemm (decode, bulk copies)");
     cu_prof_end(c, pp);
     return ok || c->sticky;
+}
+
+bool launch_gvb_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
+    return gvb_call_ok(c, g) && gvb_go(c, g, nullptr);
+}
+
+bool launch_gvb_pair(struct cu_ctx *c,
+                     const struct cu_gemm_call *g,
+                     const struct cu_gemm_call *g2) {
+    const struct cu_w *a = g->w, *b = g2->w;
+    if (g->groups > 1 || g2->groups > 1 || g->x != g2->x || g->n != g2->n || g->ldx != g2->ldx ||
+        g->round != g2->round || g2->row0 != 0 || !gvb_call_ok(c, g) || !gvb_call_ok(c, g2) ||
+        a->type != b->type || a->K != b->K || a->row_bytes != b->row_bytes || a->srs != b->srs ||
+        a->sb0 != b->sb0 || a->sb1 != b->sb1 || a->sh0 != b->sh0 || a->sh1 != b->sh1)
+        return false;
+    return gvb_go(c, g, g2);
 }
