@@ -377,8 +377,13 @@ struct dsi_attn_args {
        it into the attention's writes of out */
     const struct dsi_rope_args *out_rope;
     /* the next op is a gemm of x = out with x_from_attn set: a backend may keep the rows in a
-       form of its own for it too (out is still written) */
+       form of its own for it too (out is still written, unless out_gemm allows otherwise) */
     bool out_to_gemm;
+    /* optional (NULL: none), with out_to_gemm: that gemm's arguments, as it will be called (x ==
+       out); a backend that knows the gemm will read only the rows it kept may leave out
+       unwritten: out's contents after the two ops are then unspecified. The caller keeps what it
+       points at alive over the op. */
+    const struct dsi_gemm_args *out_gemm;
     /* q is the y of a gemm op with y_to_attn (run before this op, nothing reading y between) */
     bool q_from_gemm;
 };

@@ -520,6 +520,20 @@ static void attention(struct dsi_fwd *f, int il) {
     /* the inverse RoPE on the output: applied by the attention op (aa.out_rope), which may fuse
        it into its writes */
     struct dsi_rope_args orope = rope_args(f, f->o, n, HD, H, hd, pos, tab, true);
+    /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
+    struct dsi_gemm_args ga = {.w = &L->wo_a,
+                               .n_out = c->o_lora_rank,
+                               .x = f->o,
+                               .n = n,
+                               .ldx = HD,
+                               .y = f->z,
+                               .ldy = c->wo_b_in,
+                               .round_bf16 = f->R,
+                               .fast = f->F,
+                               .groups = c->o_groups,
+                               .gx = c->group_in_dim,
+                               .gy = c->o_lora_rank,
+                               .x_from_attn = true};
     struct dsi_attn_args aa = {.st = &f->st,
                                .q = f->q,
                                .out = f->o,
@@ -539,22 +553,9 @@ static void attention(struct dsi_fwd *f, int il) {
                                .q_norm = &qn,
                                .out_rope = &orope,
                                .out_to_gemm = true,
-                               .q_from_gemm = true};
+                               .q_from_gemm = true,
+                               .out_gemm = &ga};
     be->ops->attn(be, &aa);
-    /* Grouped output projection: z_g = wo_a[g] o_g, then out = wo_b z. */
-    struct dsi_gemm_args ga = {.w = &L->wo_a,
-                               .n_out = c->o_lora_rank,
-                               .x = f->o,
-                               .n = n,
-                               .ldx = HD,
-                               .y = f->z,
-                               .ldy = c->wo_b_in,
-                               .round_bf16 = f->R,
-                               .fast = f->F,
-                               .groups = c->o_groups,
-                               .gx = c->group_in_dim,
-                               .gy = c->o_lora_rank,
-                               .x_from_attn = true};
     be->ops->gemm(be, &ga);
     const float *zq = act(f, f->z, n, c->wo_b_in, f->xq);
     gemm(f, &L->wo_b, zq, n, c->wo_b_in, f->f, D, f->R, f->R);

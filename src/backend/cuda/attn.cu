@@ -278,7 +278,9 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     p.out = a->out;
     p.o16 = NULL;
     p.q16 = NULL;
-    c->o16.valid = false; /* (what an earlier attention kept is for the op after it only) */
+    c->o16.valid = c->o16.no_out = false; /* (what an earlier attention kept is for the op after it
+                                             only) */
+    p.o_skip = false;
     p.H = H;
     p.hd = hd;
     p.fp8 = a->ring.dtype == DSI_KV_FP8;
@@ -367,6 +369,12 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
             n >= 128 && cols % 128 == 0 && (!ro || p.or_on)) {
             p.o16 = (uint16_t *)cu_scratch(c, CU_SCR_GEMM, (size_t)(n * cols) * 2);
             if (!p.o16 && c->sticky) return;
+            /* out itself left unwritten where the gemm will read only these rows (the same
+               rows, the groups' columns exactly out's) */
+            const struct dsi_gemm_args *g = a->out_gemm;
+            p.o_skip = p.o16 && c->attn_oskip && g && g->x == a->out && g->n == n &&
+                       g->ldx == cols && (int64_t)(g->groups - 1) * g->gx + g->w->ne[0] == cols &&
+                       cu_gemm_takes_kept(c, g);
         }
         bool kept = false;
         bool ok = launch_attn_fa(c, &p, n, &kept);
@@ -377,6 +385,7 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
             c->o16.buf = p.o16;
             c->o16.n = n;
             c->o16.cols = cols;
+            c->o16.no_out = p.o_skip;
         }
         return;
     }

@@ -17,6 +17,7 @@ struct attn_p {
        in wgr.cu's permuted K order of each 128 columns (wg.cuh's wg_perm_col), rows of H hd, for
        the grouped output projection (attn_o16_take; NULL: none) */
     uint16_t *o16;
+    bool o_skip; /* with o16: out itself not written (the gemm after reads only o16) */
     /* attn_fa.cu with qn_on: q's rows as bf16 [r][H hd] (c->q16's), staged from here instead of
        q (the same values: q is their widening); NULL: q */
     const uint16_t *q16;

@@ -450,7 +450,8 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             float x0 = rbf_cvt(acc[j][i] * f + 0.0f, p.round_bf16),
                   x1 = rbf_cvt(acc[j][i + 1] * f + 0.0f, p.round_bf16);
             if (rot) rope_rot(x0, x1, cs.x, cs.y, p.or_round);
-            if (h < p.H) *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
+            if (h < p.H && !p.o_skip)
+                *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
             if constexpr (O16V) {
                 o16p[i >> 1][j] = bf16x2_rn(x0, x1);
             } else if (p.o16 && h < p.H) { /* column c = h HD + d: pair (c % 128) / 2 of its
@@ -618,6 +619,7 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows, bool *o
     }
     if (splits > 1) {
         p.o16 = NULL; /* (the merge writes out) */
+        p.o_skip = false;
         size_t ob = (size_t)(splits * rows * p.H * p.hd) * 4;
         char *s = (char *)cu_scratch(c, CU_SCR_OP, ob + (size_t)(splits * rows * p.H * 2) * 4);
         if (!s) return false;

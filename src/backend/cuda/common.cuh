@@ -219,10 +219,12 @@ struct cu_ctx {
        dsi_gemm_args.x_from_attn): k_attn_fa writes them in wgr.cu's permuted K order into
        CU_SCR_GEMM's slot (buf: n rows of cols), which wg_dense_copy then takes for its copy of x
        where the shapes match (DSI_CUDA_ATTN_O16=0: off; step 43). valid: set by the attention,
-       cleared by every attention and gemm op; take: the gemm running now may use it */
-    bool attn_o16;
+       cleared by every attention and gemm op; take: the gemm running now may use it; no_out:
+       the attention left out unwritten (dsi_attn_args.out_gemm, cu_gemm_takes_kept;
+       DSI_CUDA_ATTN_OSKIP=0: never; step 44); took: wg_dense_copy used the rows */
+    bool attn_o16, attn_oskip;
     struct {
-        bool valid, take;
+        bool valid, take, no_out, took;
         const float *src;
         const uint16_t *buf;
         int64_t n, cols;

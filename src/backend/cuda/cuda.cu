@@ -682,6 +682,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wg_cp = !(wcp && *wcp == '0');
     const char *ao = getenv("DSI_CUDA_ATTN_O16");
     c->attn_o16 = !(ao && *ao == '0');
+    const char *aos = getenv("DSI_CUDA_ATTN_OSKIP");
+    c->attn_oskip = !(aos && *aos == '0');
     const char *aq = getenv("DSI_CUDA_ATTN_Q16");
     c->attn_q16 = !(aq && *aq == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");

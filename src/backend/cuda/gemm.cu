@@ -378,6 +378,20 @@ void launch_gemm(struct cu_ctx *c,
 
 static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a);
 
+bool cu_gemm_takes_kept(const struct cu_ctx *c, const struct dsi_gemm_args *a) {
+    /* gemm_op's grouped branch in `fast` numerics past the decode kernels' rows (gvb.cu: 8,
+       gvf.cu: GVF_ROWS_MAX), which then hands the call to launch_tc_gemm */
+    if (!a || a->w2 || a->groups <= 1 || !a->fast || !a->x_from_attn || !c->grouped || a->gx % 4 ||
+        a->n <= GVF_ROWS_MAX || a->n_out <= 0 || a->row0 < 0)
+        return false;
+    struct cu_w w = cu_w_of(a->w);
+    if (a->row0 + (int64_t)a->groups * a->n_out > w.rows) return false;
+    struct cu_gemm_call call = {&w,     a->row0, a->n_out, a->x,          a->n,
+                                a->ldx, a->y,    a->ldy,   a->round_bf16, a->groups,
+                                a->gx,  a->gy,   a->x_fp8, a->y_to_attn};
+    return tc_takes_kept_rows(c, &call);
+}
+
 /* The gemm op; with DSI_CUDA_PROFILE=2 each call's time also under its shape (rows x outputs x K,
  * groups, the weight's type: a part of the op in the profile, step 33). */
 extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a) {
@@ -388,8 +402,14 @@ extern "C" void cuda_gemm(struct dsi_backend *be, const struct dsi_gemm_args *a)
                                            (long long)a->n_out, (long long)a->w->ne[0],
                                            a->w2 ? "x2" : "", a->groups, (int)a->w->type));
     c->o16.take = a->x_from_attn && c->o16.valid && c->o16.src == a->x;
+    bool no_out = c->o16.take && c->o16.no_out;
+    c->o16.took = false;
     gemm_op(be, a);
-    c->o16.valid = c->o16.take = false;
+    if (no_out && !c->o16.took && !c->sticky) /* (cu_gemm_takes_kept and the dispatch disagree) */
+        cu_fail(c, DSI_ERR_DEVICE,
+                "gemm: the attention left its out unwritten for this gemm, which did not take "
+                "the rows it kept");
+    c->o16.valid = c->o16.take = c->o16.no_out = false;
     cu_prof_end(c, ps);
 }
 

@@ -7,6 +7,10 @@
 #include "common.cuh"
 
 #define GEMM_RW 2 /* weight rows per warp */
+/* dense: rows gvf.cu takes at most, in launches of up to 32 rows (as many as fit in shared
+   memory: 32, 16 or 8) and at most GVF_CHUNKS of them; more rows: tc.cu / lt.cu (gemm.cu's
+   cu_gemm_takes_kept relies on it) */
+#define GVF_ROWS_MAX 63
 
 bool gemm_w_ok(const struct cu_w *w); /* the weight fits the fast kernel */
 /* The split-K second pass of k_gemm / k_gemv (gemm.cu). */
@@ -44,6 +48,11 @@ bool gemm_fast_ok(const struct cu_w *w, const float *x, int64_t ldx);
  * weights with K % 64 == 0, groups in one launch (gxs % 4 == 0); false: not taken (the caller
  * runs the exact kernels). */
 bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
+/* launch_tc_gemm would run g on wgr.cu's kernels, through wg_dense_copy's permuted copy of x */
+bool tc_takes_kept_rows(const struct cu_ctx *c, const struct cu_gemm_call *g);
+/* The gemm op a (x_from_attn, after an attention with out_to_gemm) reads x only through the rows
+ * the attention kept (c->o16): gemm.cu's dispatch on a takes it to tc_takes_kept_rows's path. */
+bool cu_gemm_takes_kept(const struct cu_ctx *c, const struct dsi_gemm_args *a);
 /* y[r * ldy + o] = the bf16 d[r * m + o] as a float, r < n, o < m (m % 8 == 0, y 16-byte
  * aligned, ldy % 4 == 0): lt.cu's widening, also the attention's for rows c->q16 holds. */
 void launch_lt_widen(

@@ -55,8 +55,7 @@
 /* dense: rows a call takes at most, in launches of up to 32 rows (as many as fit in shared
    memory: 32, 16 or 8) and at most GVF_CHUNKS of them (each reads the weights: 8 launches of 8
    rows of wo_b take ~1/3 of the exact kernels' time at 48 rows); more rows: tc.cu / lt.cu */
-#define GVF_ROWS_MAX 63
-#define GVF_CHUNKS   8
+#define GVF_CHUNKS 8
 
 enum { GVF_DENSE = 0, GVF_UP = 1, GVF_DOWN = 2 };
 

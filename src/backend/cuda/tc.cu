@@ -234,13 +234,29 @@ static bool tc_w_ok(const struct cu_w *w, int64_t K) {
     return w->type == DSI_TYPE_F8_E4M3 || w->type == DSI_TYPE_FP4_E2M1 || w->type == DSI_TYPE_BF16;
 }
 
+/* launch_tc_gemm takes g (shapes, types, alignment) */
+static bool tc_call_ok(const struct cu_ctx *c, const struct cu_gemm_call *g) {
+    const struct cu_w *w = g->w;
+    return g->n >= c->tc_dense_min && tc_w_ok(w, w->K) && w->type != DSI_TYPE_FP4_E2M1 &&
+           gemm_fast_ok(w, g->x, g->ldx) && g->groups >= 1 && g->groups <= 65535 &&
+           (g->groups == 1 || (g->gxs % 4 == 0 && (uintptr_t)g->x % 16 == 0));
+}
+
+/* launch_tc_gemm runs g (which it takes) on wg.cu / wgr.cu's wgmma tiles */
+static bool tc_wg_ok(const struct cu_ctx *c, const struct cu_gemm_call *g) {
+    return c->wg && g->n >= (g->groups > 1 ? c->wg_grouped_min : c->wg_dense_min) && g->n >= 128 &&
+           (g->groups == 1 || (g->groups - 1) * g->gxs + g->w->K <= g->ldx);
+}
+
+bool tc_takes_kept_rows(const struct cu_ctx *c, const struct cu_gemm_call *g) {
+    return tc_call_ok(c, g) && tc_wg_ok(c, g) && c->wg_rs &&
+           wgr_dense_ok(g->w, g->groups > 1 ? g->groups : 1, g->gxs);
+}
+
 bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     const struct cu_w *w = g->w;
     int64_t n = g->n;
-    if (n < c->tc_dense_min || !tc_w_ok(w, w->K) || w->type == DSI_TYPE_FP4_E2M1 ||
-        !gemm_fast_ok(w, g->x, g->ldx) || g->groups < 1 || g->groups > 65535 ||
-        (g->groups > 1 && (g->gxs % 4 || (uintptr_t)g->x % 16)))
-        return false;
+    if (!tc_call_ok(c, g)) return false;
     struct tc_p p;
     memset(&p, 0, sizeof(p));
     p.w = *w;
@@ -259,8 +275,7 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
        (DSI_CUDA_WG_DENSE_MIN, default 512; at 256 rows wg.cu measured slower with its bf16 copy,
        step 16), grouped calls from c->wg_grouped_min (DSI_CUDA_WG_GROUPED_MIN, default 128: step
        36), groups side by side in a row */
-    bool wg = c->wg && n >= (g->groups > 1 ? c->wg_grouped_min : c->wg_dense_min) && n >= 128 &&
-              (g->groups == 1 || (g->groups - 1) * g->gxs + w->K <= g->ldx);
+    bool wg = tc_wg_ok(c, g);
     if (wg) bn = 128;
     dim3 grid((unsigned)cu_div_up(g->n_out, TC_BM), (unsigned)cu_div_up(n, bn),
               (unsigned)g->groups);

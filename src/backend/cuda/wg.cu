@@ -361,8 +361,10 @@ bool wg_dense_copy(
     q->ld16 = width;
     /* the attention's bf16 rows of x, written into this slot just before (c->o16) */
     if (permuted && c->o16.take && p->x == c->o16.src && p->n == c->o16.n && width == c->o16.cols &&
-        p->ldx == width && x16 == c->o16.buf)
+        p->ldx == width && x16 == c->o16.buf) {
+        c->o16.took = true;
         return true;
+    }
     launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width, permuted);
     return true;
 }

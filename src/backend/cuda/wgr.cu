@@ -287,12 +287,15 @@ bool wgr_ok(int64_t D, int64_t I) { return D % WR_BK == 0 && I % WR_BK == 0; }
 /* The weight's scale blocks along K are a power of two (k_wgr's scale columns by a shift). */
 bool wgr_w_ok(const struct cu_w *w) { return !w->scale || w->sh1 >= 0; }
 
-bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
+bool wgr_dense_ok(const struct cu_w *w, int groups, int64_t gx) {
     /* the permuted copy: the groups' K ranges start at multiples of 128, so each is in whole
        permutation groups */
-    if (p->w.type != DSI_TYPE_F8_E4M3 || p->w.K % WR_BK || (grid.z > 1 && p->gx % WR_BK) ||
-        !wgr_w_ok(&p->w))
-        return false;
+    return w->type == DSI_TYPE_F8_E4M3 && w->K % WR_BK == 0 && (groups <= 1 || gx % WR_BK == 0) &&
+           wgr_w_ok(w);
+}
+
+bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) {
+    if (!wgr_dense_ok(&p->w, (int)grid.z, p->gx)) return false;
     struct tc_p q;
     if (!wg_dense_copy(c, p, grid, true, &q)) return true; /* (the sticky error is set) */
     return wr_launch_bn<TC_DENSE, DSI_TYPE_F8_E4M3>(c, &q, bn, false, grid, nullptr);
