@@ -31,7 +31,7 @@
 #define GVB_CHUNK  (16 * GVB_LD)     /* a ring slot */
 #define GVB_NS_MAX 12                /* ring slots at most */
 #define GVB_SMEM   (227 * 1024)      /* the block's shared memory at most */
-#define GVB_SPINS  (1u << 26)        /* mbar_wait's guard (a hang would be a bug: see mbar_wait) */
+#define GVB_SPINS  (1u << 22)        /* mbar_wait's guard (a hang would be a bug: see mbar_wait) */
 
 struct gvb_p {
     struct cu_w w;
