@@ -1204,7 +1204,8 @@ int test_cuda_attn(struct test_ctx *t) {
        rows not in fours (lt.cu's last 1-3 on gvf.cu) and fewer than 192 have q16 widened; the
        cases of 192+ rows (in fours) stage it. From 128 rows the default backend also leaves out
        unwritten (dsi_attn_args.out_gemm, step 44): the other backend's out is checked against
-       the CPU then, and a third pass has out written (DSI_CUDA_ATTN_OSKIP=0) and checks both */
+       the CPU then, and two more passes have out written and the kept rows stored a pair at a
+       time (DSI_CUDA_ATTN_OSKIP=0, DSI_CUDA_ATTN_O16V=0) and check both */
     const struct attn_case c16[] = {
         {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {100, 50, 3}, true},
         {4, 128, 16, 4, 4, true, true, 2, {0, 200}, {150, 50}, true},
@@ -1218,7 +1219,7 @@ int test_cuda_attn(struct test_ctx *t) {
                            *keep = g_gpu, *g3 = NULL;
         TEST_ASSERT(g2 != NULL);
         if (e >= 2) {
-            g3 = cuda_backend_with("DSI_CUDA_ATTN_OSKIP=0");
+            g3 = cuda_backend_with("DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0");
             TEST_ASSERT(g3 != NULL);
             g_gpu = g3;
         }

@@ -281,6 +281,7 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     c->o16.valid = c->o16.no_out = false; /* (what an earlier attention kept is for the op after it
                                              only) */
     p.o_skip = false;
+    p.o16v = c->attn_o16v;
     p.H = H;
     p.hd = hd;
     p.fp8 = a->ring.dtype == DSI_KV_FP8;

@@ -18,6 +18,7 @@ struct attn_p {
        the grouped output projection (attn_o16_take; NULL: none) */
     uint16_t *o16;
     bool o_skip; /* with o16: out itself not written (the gemm after reads only o16) */
+    bool o16v;   /* o16 stored 16 bytes at a time where the layout allows (c->attn_o16v) */
     /* attn_fa.cu with qn_on: q's rows as bf16 [r][H hd] (c->q16's), staged from here instead of
        q (the same values: q is their widening); NULL: q */
     const uint16_t *q16;

@@ -433,7 +433,8 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     /* o16 where a warp's quarter of head_dim is one 128-column group (NT 16): the lane's pairs
        p = 4 j + t4 of its two rows kept, then stored 16 bytes at a time: wg_perm_dst(4 j + t4)
        = 16 (j % 4) + 4 t4 + j / 4, so pairs j0, j0 + 4, j0 + 8, j0 + 12 fill the chunk at
-       16 j0 + 4 t4 (a row's 4 lanes: 64 contiguous bytes); else a pair at a time */
+       16 j0 + 4 t4 (a row's 4 lanes: 64 contiguous bytes; p.o16v, DSI_CUDA_ATTN_O16V); else a
+       pair at a time */
     constexpr bool O16V = NT == 16 && DQ == 128;
     uint32_t o16p[2][O16V ? NT : 1];
 #pragma unroll
@@ -452,8 +453,8 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             if (rot) rope_rot(x0, x1, cs.x, cs.y, p.or_round);
             if (h < p.H && !p.o_skip)
                 *(float2 *)(p.out + ((int64_t)r * p.H + h) * HD + d) = make_float2(x0, x1);
-            if constexpr (O16V) {
-                o16p[i >> 1][j] = bf16x2_rn(x0, x1);
+            if (O16V && p.o16v) {
+                if constexpr (O16V) o16p[i >> 1][j] = bf16x2_rn(x0, x1);
             } else if (p.o16 && h < p.H) { /* column c = h HD + d: pair (c % 128) / 2 of its
                                               group at launch_wg_bf16's place */
                 int q = wg_perm_dst((d & 127) >> 1);
@@ -463,7 +464,7 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
         }
     }
     if constexpr (O16V) {
-        if (p.o16) {
+        if (p.o16 && p.o16v) {
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 int h = h0 + wm * 16 + g + hh * 8;

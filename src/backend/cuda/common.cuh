@@ -223,6 +223,7 @@ struct cu_ctx {
        the attention left out unwritten (dsi_attn_args.out_gemm, cu_gemm_takes_kept;
        DSI_CUDA_ATTN_OSKIP=0: never; step 44); took: wg_dense_copy used the rows */
     bool attn_o16, attn_oskip;
+    bool attn_o16v; /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V) */
     struct {
         bool valid, take, no_out, took;
         const float *src;

@@ -684,6 +684,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_o16 = !(ao && *ao == '0');
     const char *aos = getenv("DSI_CUDA_ATTN_OSKIP");
     c->attn_oskip = !(aos && *aos == '0');
+    const char *aov = getenv("DSI_CUDA_ATTN_O16V");
+    c->attn_o16v = !(aov && *aov == '0');
     const char *aq = getenv("DSI_CUDA_ATTN_Q16");
     c->attn_q16 = !(aq && *aq == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
