@@ -213,16 +213,15 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
        cases of 1-63 rows; the wgmma kernels from 128 rows (DSI_CUDA_WG_DENSE_MIN=128, cuBLASLt
        off) on those of 128-511; step 36's evict-first weight loads (DSI_CUDA_GVF_EF=1) on those
        of 1-63; step 37's cuBLASLt only from 2048 output columns (DSI_CUDA_LT_MIN_OUT=2048: the
-       narrower FP8 calls of 128 rows and more on tc.cu); gvb.cu off (DSI_CUDA_GVB=0: gvf.cu
-       for the cases of 1-8 rows, step 44) */
+       narrower FP8 calls of 128 rows and more on tc.cu); the cases of 1-8 rows on gvf.cu
+       (DSI_CUDA_GVB=0) and on gvb.cu (DSI_CUDA_GVB=8), whichever is the default (step 44) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
-    } s33[] = {{"DSI_CUDA_GVF_NBAR=1", 1, 63},
-               {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
-               {"DSI_CUDA_GVF_EF=1", 1, 63},
-               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX},
-               {"DSI_CUDA_GVB=0", 1, 8}};
+    } s33[] = {
+        {"DSI_CUDA_GVF_NBAR=1", 1, 63}, {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
+        {"DSI_CUDA_GVF_EF=1", 1, 63},   {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX},
+        {"DSI_CUDA_GVB=0", 1, 8},       {"DSI_CUDA_GVB=8", 1, 8}};
     for (size_t b = 0; b < sizeof(s33) / sizeof(s33[0]) && ok; b++) {
         struct dsi_backend *g2 = cuda_backend_with(s33[b].env);
         TEST_ASSERT(g2 != NULL);
@@ -263,12 +262,13 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 256, 128, 512, 4, true, false},
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 128, 512, 3, false, true},
     };
-    /* the default backend (gvb.cu's pairs at 1-8 rows), then gvf.cu's (DSI_CUDA_GVB=0) */
-    struct dsi_backend *keep = g_gpu, *nb = cuda_backend_with("DSI_CUDA_GVB=0");
-    TEST_ASSERT(nb != NULL);
+    /* gvb.cu's pairs at 1-8 rows (DSI_CUDA_GVB=8), then gvf.cu's (DSI_CUDA_GVB=0) */
+    struct dsi_backend *keep = g_gpu, *vb = cuda_backend_with("DSI_CUDA_GVB=8"),
+                       *nb = cuda_backend_with("DSI_CUDA_GVB=0");
+    TEST_ASSERT(vb != NULL && nb != NULL);
     for (size_t v = 0; v < 2 * (sizeof(cs) / sizeof(cs[0])); v++) {
         size_t c = v % (sizeof(cs) / sizeof(cs[0]));
-        g_gpu = v < sizeof(cs) / sizeof(cs[0]) ? keep : nb;
+        g_gpu = v < sizeof(cs) / sizeof(cs[0]) ? vb : nb;
         int64_t n = cs[c].n, K = cs[c].K, m1 = cs[c].rows1, m2 = cs[c].rows2;
         struct wt w1, w2;
         wt_make(&w1, &r, cs[c].t1, m1, K, 0.05f);
@@ -329,6 +329,7 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
                      v < sizeof(cs) / sizeof(cs[0]) ? "" : " (DSI_CUDA_GVB=0)");
     }
     nb->ops->free(nb);
+    vb->ops->free(vb);
     return 0;
 }
 
@@ -379,7 +380,7 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
        (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25), those of 128-511 rows on wgr.cu
        (DSI_CUDA_WG_DENSE_MIN=128; step 33) and on tc.cu (DSI_CUDA_WG_GROUPED_MIN=512: the
        grouped calls' threshold before step 36, whose default is 128), and those of 1-8 rows on
-       gvf.cu (DSI_CUDA_GVB=0: gvb.cu is the default there, step 44) */
+       gvf.cu (DSI_CUDA_GVB=0) and on gvb.cu (DSI_CUDA_GVB=8; step 44) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
@@ -387,7 +388,8 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
                  {"DSI_CUDA_TC_SPLIT_GROUPED=0,DSI_CUDA_WG_GROUPED_MIN=512", 64, 511},
                  {"DSI_CUDA_WG_DENSE_MIN=128", 128, 511},
                  {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511},
-                 {"DSI_CUDA_GVB=0", 1, 8}};
+                 {"DSI_CUDA_GVB=0", 1, 8},
+                 {"DSI_CUDA_GVB=8", 1, 8}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

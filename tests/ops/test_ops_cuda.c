@@ -1202,10 +1202,11 @@ int test_cuda_attn(struct test_ctx *t) {
        on the defaults, the fused q norm and RoPE from 192): out and the gemm's results bit for
        bit a backend without them (DSI_CUDA_ATTN_O16=0, DSI_CUDA_ATTN_Q16=0), FP32 and FP8 rows;
        rows not in fours (lt.cu's last 1-3 on gvf.cu) and fewer than 192 have q16 widened; the
-       cases of 192+ rows (in fours) stage it. From 128 rows the default backend also leaves out
-       unwritten (dsi_attn_args.out_gemm, step 44): the other backend's out is checked against
-       the CPU then, and two more passes have out written and the kept rows stored a pair at a
-       time (DSI_CUDA_ATTN_OSKIP=0, DSI_CUDA_ATTN_O16V=0) and check both */
+       cases of 192+ rows (in fours) stage it. From 128 rows the attention also leaves out
+       unwritten (dsi_attn_args.out_gemm, DSI_CUDA_ATTN_OSKIP=1; step 44) with the kept rows
+       stored 16 bytes at a time (DSI_CUDA_ATTN_O16V=1): the other backend's out is checked
+       against the CPU then; two more passes have out written and the kept rows stored a pair at
+       a time (both =0) and check both */
     const struct attn_case c16[] = {
         {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {100, 50, 3}, true},
         {4, 128, 16, 4, 4, true, true, 2, {0, 200}, {150, 50}, true},
@@ -1216,13 +1217,12 @@ int test_cuda_attn(struct test_ctx *t) {
     };
     for (int e = 0; e < 4 && ok; e++) { /* FP32 / FP8 rows; out left unwritten or written */
         struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_O16=0,DSI_CUDA_ATTN_Q16=0"),
-                           *keep = g_gpu, *g3 = NULL;
+                           *keep = g_gpu, *g3;
         TEST_ASSERT(g2 != NULL);
-        if (e >= 2) {
-            g3 = cuda_backend_with("DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0");
-            TEST_ASSERT(g3 != NULL);
-            g_gpu = g3;
-        }
+        g3 = cuda_backend_with(e >= 2 ? "DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0"
+                                      : "DSI_CUDA_ATTN_OSKIP=1,DSI_CUDA_ATTN_O16V=1");
+        TEST_ASSERT(g3 != NULL);
+        g_gpu = g3;
         g_attn_alt = g2;
         g_attn_o16 = 1;
         g_attn_o16_out = e >= 2;
@@ -1238,7 +1238,7 @@ int test_cuda_attn(struct test_ctx *t) {
         g_attn_alt = NULL;
         g_attn_o16 = g_attn_fp8 = g_attn_o16_out = 0;
         g2->ops->free(g2);
-        if (g3) g3->ops->free(g3);
+        g3->ops->free(g3);
     }
     g_attn_qn = 0;
     TEST_ASSERT(ok);
