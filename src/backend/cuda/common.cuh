@@ -100,7 +100,8 @@ struct cu_ctx {
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
                              DSI_CUDA_GVF; 0: off) */
     int gvb_max;     /* gvb.cu (dense decode GEMMs, the weights by bulk copies) up to this many rows
-                        (DSI_CUDA_GVB, at most 8; 0: off, gvf.cu; step 44) */
+                        (DSI_CUDA_GVB, at most 8; 0, the default until measured:
+                        off, gvf.cu; step 44) */
     int gvb_ns;      /* gvb.cu's ring slots at most (DSI_CUDA_GVB_NS, 3-12, default 12) */
     int gvf_moe_min; /* the routed experts on gvf.cu / tc.cu from this many tokens
                         (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
@@ -221,9 +222,10 @@ struct cu_ctx {
        where the shapes match (DSI_CUDA_ATTN_O16=0: off; step 43). valid: set by the attention,
        cleared by every attention and gemm op; take: the gemm running now may use it; no_out:
        the attention left out unwritten (dsi_attn_args.out_gemm, cu_gemm_takes_kept;
-       DSI_CUDA_ATTN_OSKIP=0: never; step 44); took: wg_dense_copy used the rows */
+       DSI_CUDA_ATTN_OSKIP=1, off until measured; step 44); took: wg_dense_copy used the rows */
     bool attn_o16, attn_oskip;
-    bool attn_o16v; /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V) */
+    bool attn_o16v; /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=1,
+                       off until measured) */
     struct {
         bool valid, take, no_out, took;
         const float *src;

@@ -1,7 +1,9 @@
 /* gvb.cu - dense decode GEMMs of `fast` numerics at 1-8 activation rows (FP8 and BF16 weights,
  * the groups of a grouped call as grid rows) with the weight bytes streamed into shared memory
- * by bulk copies, ahead of the arithmetic (up to c->gvb_max rows, DSI_CUDA_GVB; 0: off, gvf.cu
- * instead).
+ * by bulk copies, ahead of the arithmetic (up to c->gvb_max rows, DSI_CUDA_GVB=8; 0, the
+ * default: gvf.cu). Written in step 44 and not yet run on a GPU (the session's device time went
+ * to requests that found no machine): its op tests (test_cuda_gemm_fast / _grouped / _pair with
+ * DSI_CUDA_GVB=8) and the A/B are docs/cuda.md's first item after step 44.
  *
  * gvf.cu's walk loads each lane's weight bytes into registers one step ahead of their use: at
  * batch 1 a warp walks only a few steps, each waiting for its loads (docs/cuda.md step 42: the
