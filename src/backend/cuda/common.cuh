@@ -103,6 +103,7 @@ struct cu_ctx {
                         (DSI_CUDA_GVB, at most 8; 0, the default until measured:
                         off, gvf.cu; step 44) */
     int gvb_ns;      /* gvb.cu's ring slots at most (DSI_CUDA_GVB_NS, 3-12, default 12) */
+    bool gvb_spf;    /* gvb.cu: FP8 scale rows into L2 first (DSI_CUDA_GVB_SPF=0: off; step 45) */
     int gvf_moe_min; /* the routed experts on gvf.cu / tc.cu from this many tokens
                         (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
     int gvf_ks_min;  /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS;

@@ -44,6 +44,7 @@ struct gvb_p {
     int64_t ldy, gxs, gys;
     bool round;
     int ns;        /* ring slots */
+    bool spf;      /* FP8: the block's scale rows prefetched into L2 first (c->gvb_spf) */
     int64_t tiles; /* 16-row tiles of a group */
     /* a pair (launch_gvb_pair; groups 1): a second weight of w's type, K and scale layout at
        data2 / scale2, rows 0 .. n_out2 in tiles2 tiles after w's, on the same x, into y2 (ldy2) */
@@ -126,6 +127,19 @@ template <int WT> __global__ void __launch_bounds__(GVB_T, 1) k_gvb(struct gvb_p
     }
     __syncthreads();
     if (warp == GVB_W) { /* the producer: chunk c = (tile t0 + c / nkc, bytes of kc = c % nkc) */
+        /* FP8 (p.spf, DSI_CUDA_GVB_SPF=0: off): the scale rows of the block's tiles into L2
+           first (one bulk prefetch a weight), so that the consumers' loads of them, a chunk
+           ahead, hit L2 instead of waiting on DRAM chunk after chunk */
+        if (WT == DSI_TYPE_F8_E4M3 && p.spf && lane < 2) {
+            int64_t a = lane == 0 || t0 > p.tiles ? t0 : p.tiles,
+                    b = lane == 1 || t1 < p.tiles ? t1 : p.tiles;
+            if (a < b) {
+                gvb_tile da = gvb_tile_of(p, a), db = gvb_tile_of(p, b - 1);
+                int64_t r1 = db.wrow0 + (db.n_out - db.o0 < 16 ? db.n_out - db.o0 : 16) - 1;
+                int64_t s0 = da.wrow0 >> p.w.sh0, s1 = r1 >> p.w.sh0;
+                cu_prefetch_l2(da.scale + s0 * p.w.srs, (size_t)((s1 - s0 + 1) * p.w.srs));
+            }
+        }
         for (int c = 0; c < nch; c++) {
             int slot = c % ns;
             if (c >= ns &&
@@ -264,6 +278,7 @@ static bool gvb_go(struct cu_ctx *c, const struct cu_gemm_call *g, const struct 
     p.gys = g->gys;
     p.round = g->round;
     p.ns = ns;
+    p.spf = c->gvb_spf;
     p.tiles = cu_div_up(g->n_out, 16);
     if (g2) {
         p.data2 = g2->w->data;
