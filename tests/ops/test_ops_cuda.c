@@ -1206,7 +1206,10 @@ int test_cuda_attn(struct test_ctx *t) {
        unwritten (dsi_attn_args.out_gemm, DSI_CUDA_ATTN_OSKIP=1; step 44) with the kept rows
        stored 16 bytes at a time (DSI_CUDA_ATTN_O16V=1): the other backend's out is checked
        against the CPU then; two more passes have out written and the kept rows stored a pair at
-       a time (both =0) and check both */
+       a time (both =0) and check both. The staging of q16 with the q norm runs lean (without
+       the roundings that leave its values as they are; step 45) in the first two passes and
+       as before (DSI_CUDA_ATTN_QN_LEAN=0) in the last two, each bit for bit g2's, which stages
+       fp32 rows */
     const struct attn_case c16[] = {
         {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {100, 50, 3}, true},
         {4, 128, 16, 4, 4, true, true, 2, {0, 200}, {150, 50}, true},
@@ -1219,7 +1222,8 @@ int test_cuda_attn(struct test_ctx *t) {
         struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_O16=0,DSI_CUDA_ATTN_Q16=0"),
                            *keep = g_gpu, *g3;
         TEST_ASSERT(g2 != NULL);
-        g3 = cuda_backend_with(e >= 2 ? "DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0"
+        g3 = cuda_backend_with(e >= 2 ? "DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0,"
+                                        "DSI_CUDA_ATTN_QN_LEAN=0"
                                       : "DSI_CUDA_ATTN_OSKIP=1,DSI_CUDA_ATTN_O16V=1");
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;

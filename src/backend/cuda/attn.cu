@@ -306,6 +306,7 @@ static void attn_body(struct dsi_backend *be, const struct dsi_attn_args *a, boo
     p.maxk = maxk;
     p.r0 = 0;
     p.fexp = c->attn_fa_exp;
+    p.qn_lean = c->attn_qn_lean;
     p.fa_o = p.fa_ml = NULL; /* (set by launch_attn_fa where it splits) */
     p.fa_tps = 0;
     p.qn_on = p.qn_round = false;

@@ -73,8 +73,11 @@ bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
 }
 
 /* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)
- * the single-precision exp (a few ulp; the value is rounded to bf16 next) */
-__device__ __forceinline__ float fa_exp(float x, bool fast) { return fast ? expf(x) : exp_ref(x); }
+ * the single-precision exp (a few ulp; the value is rounded to bf16 next), or (=2) exp_nb, the
+ * branch-free double one (exp_ref's float but within ~2^-28 of values) */
+__device__ __forceinline__ float fa_exp(float x, int mode) {
+    return mode == 1 ? expf(x) : mode == 2 ? exp_nb(x) : exp_ref(x);
+}
 
 /* q staged with attn's q norm applied (p.qn_on): warp w of the block's HB / 4 takes heads
  * w, w + warps, ..., two at a time (their loads issued together), each lane 4 HQ values of a
@@ -90,6 +93,11 @@ __device__ __forceinline__ void fa_stage_q_norm(
     static_assert(HPW % HU == 0, "q norm staging");
     const struct cu_vec now = {nullptr, 0};
     int rs = HD - p.qn_rope;
+    /* p.qn_lean (DSI_CUDA_ATTN_QN_LEAN=0: off; step 45) with the bf16 rows: the same bits in
+       fewer instructions (this staging was ~30% of the 8k prefill's attention instructions,
+       most of them bf16_round's: on the inputs, which are bf16 already, and on the outputs,
+       which the pack rounds again) */
+    const bool lean = p.qn_lean && p.q16;
 #pragma unroll 1
     for (int j0 = 0; j0 < HPW; j0 += HU) {
         float4 v[HU][HQ];
@@ -116,21 +124,41 @@ __device__ __forceinline__ void fa_stage_q_norm(
         for (int u = 0; u < HU; u++) {
             int h = warp + (j0 + u) * NW;
             double ss = 0.0;
+            if (lean) { /* bf16 values: rms_in4's rounding leaves them as they are */
 #pragma unroll
-            for (int i = 0; i < HQ; i++)
-                v[u][i] = rms_in4(v[u][i], p.qn_round, ss);
+                for (int i = 0; i < HQ; i++) {
+                    float4 x = v[u][i];
+                    ss += (double)x.x * (double)x.x;
+                    ss += (double)x.y * (double)x.y;
+                    ss += (double)x.z * (double)x.z;
+                    ss += (double)x.w * (double)x.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < HQ; i++)
+                    v[u][i] = rms_in4(v[u][i], p.qn_round, ss);
+            }
             float inv = rms_inv(warp_sum_d(ss), HD, p.qn_eps, p.qn_round, false);
 #pragma unroll
             for (int i = 0; i < HQ; i++) {
                 int e = (i * 32 + lane) * 4;
-                float4 o = rms_out4(v[u][i], inv, now, e, p.qn_round);
-                if (e >= rs) { /* rope4's pairs, their cosines and sines from the block's table */
-                    float2 c0 = cs[(e - rs) / 2], c1 = cs[(e - rs) / 2 + 1];
-                    rope_rot(o.x, o.y, c0.x, c0.y, p.qn_round);
-                    rope_rot(o.z, o.w, c1.x, c1.y, p.qn_round);
+                uint2 st;
+                if (lean && e < rs) { /* bf16x2_rn of rms_out's v inv: its rbf then the pack's
+                                         rounding are one rounding (the same bits) */
+                    float4 x = v[u][i];
+                    st = make_uint2(bf16x2_rn(x.x * inv, x.y * inv),
+                                    bf16x2_rn(x.z * inv, x.w * inv));
+                } else {
+                    float4 o = rms_out4(v[u][i], inv, now, e, p.qn_round);
+                    if (e >= rs) { /* rope4's pairs, their cosines and sines from the table */
+                        float2 c0 = cs[(e - rs) / 2], c1 = cs[(e - rs) / 2 + 1];
+                        rope_rot(o.x, o.y, c0.x, c0.y, p.qn_round);
+                        rope_rot(o.z, o.w, c1.x, c1.y, p.qn_round);
+                    }
+                    st = make_uint2(bf16x2_rn(o.x, o.y), bf16x2_rn(o.z, o.w));
                 }
-                if (h0 + h >= p.H) o = make_float4(0, 0, 0, 0);
-                *(uint2 *)(Qs + h * LDK + e) = make_uint2(bf16x2_rn(o.x, o.y), bf16x2_rn(o.z, o.w));
+                if (h0 + h >= p.H) st = make_uint2(0, 0);
+                *(uint2 *)(Qs + h * LDK + e) = st;
             }
         }
     }

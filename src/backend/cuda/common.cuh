@@ -135,7 +135,8 @@ struct cu_ctx {
     int attn_fa_min; /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                         (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
                         attn.cu) */
-    bool attn_fa_exp;   /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1) */
+    int attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1), exp_nb (=2)
+                      */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
     /* attn_fa.cu's configuration, each for every call where set by its variable, else by the
@@ -225,8 +226,10 @@ struct cu_ctx {
        the attention left out unwritten (dsi_attn_args.out_gemm, cu_gemm_takes_kept;
        DSI_CUDA_ATTN_OSKIP=1, off until measured; step 44); took: wg_dense_copy used the rows */
     bool attn_o16, attn_oskip;
-    bool attn_o16v; /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=1,
-                       off until measured) */
+    bool attn_o16v;    /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=1,
+                          off until measured) */
+    bool attn_qn_lean; /* k_attn_fa's q norm staging of bf16 rows without redundant roundings
+                          (DSI_CUDA_ATTN_QN_LEAN=0: off; step 45) */
     struct {
         bool valid, take, no_out, took;
         const float *src;

@@ -688,6 +688,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_oskip = !(aos && *aos == '0'); /* (step 45: with O16V the 8k prefill -2.0 ms) */
     const char *aov = getenv("DSI_CUDA_ATTN_O16V");
     c->attn_o16v = !(aov && *aov == '0'); /* (step 45: the 8k prefill -1.4 ms) */
+    const char *aql = getenv("DSI_CUDA_ATTN_QN_LEAN");
+    c->attn_qn_lean = !(aql && *aql == '0');
     const char *aq = getenv("DSI_CUDA_ATTN_Q16");
     c->attn_q16 = !(aq && *aq == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
@@ -720,7 +722,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *forp = getenv("DSI_CUDA_ATTN_FA_OR");
     c->attn_fa_or = forp && *forp ? *forp == '1' : -1;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
-    c->attn_fa_exp = fe && *fe == '1';
+    c->attn_fa_exp = fe && (*fe == '1' || *fe == '2') ? *fe - '0' : 0;
     const char *ti = getenv("DSI_CUDA_TC_IDX");
     c->tc_idx = !(ti && *ti == '0');
     /* (step 25, compiled only: several key tiles per block by default) */
