@@ -1,9 +1,10 @@
 /* gvb.cu - dense decode GEMMs of `fast` numerics at 1-8 activation rows (FP8 and BF16 weights,
  * the groups of a grouped call as grid rows) with the weight bytes streamed into shared memory
  * by bulk copies, ahead of the arithmetic (up to c->gvb_max rows, DSI_CUDA_GVB=8; 0, the
- * default: gvf.cu). Written in step 44 and not yet run on a GPU (the session's device time went
- * to requests that found no machine): its op tests (test_cuda_gemm_fast / _grouped / _pair with
- * DSI_CUDA_GVB=8) and the A/B are docs/cuda.md's first item after step 44.
+ * default: gvf.cu). Written in step 44, measured in step 45 (docs/cuda.md): batch 1 +6%, each
+ * call as slow as or slower than gvf.cu's (an SM pulls ~11.5 GB/s either way, and the chunk
+ * barriers add to it), so it is off; its op tests (test_cuda_gemm_fast / _grouped / _pair with
+ * DSI_CUDA_GVB=8) keep it correct.
  *
  * gvf.cu's walk loads each lane's weight bytes into registers one step ahead of their use: at
  * batch 1 a warp walks only a few steps, each waiting for its loads (docs/cuda.md step 42: the
