@@ -1207,8 +1207,8 @@ int test_cuda_attn(struct test_ctx *t) {
        stored 16 bytes at a time (DSI_CUDA_ATTN_O16V=1): the other backend's out is checked
        against the CPU then; two more passes have out written and the kept rows stored a pair at
        a time (both =0) and check both. The staging of q16 with the q norm runs lean (without
-       the roundings that leave its values as they are; step 45) in the first two passes and
-       as before (DSI_CUDA_ATTN_QN_LEAN=0) in the last two, each bit for bit g2's, which stages
+       the roundings that leave its values as they are; DSI_CUDA_ATTN_QN_LEAN=1, step 45) in the
+       first two passes and as before (=0) in the last two, each bit for bit g2's, which stages
        fp32 rows */
     const struct attn_case c16[] = {
         {4, 128, 16, 4, 4, true, true, 3, {0, 200, 14}, {100, 50, 3}, true},
@@ -1224,7 +1224,8 @@ int test_cuda_attn(struct test_ctx *t) {
         TEST_ASSERT(g2 != NULL);
         g3 = cuda_backend_with(e >= 2 ? "DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0,"
                                         "DSI_CUDA_ATTN_QN_LEAN=0"
-                                      : "DSI_CUDA_ATTN_OSKIP=1,DSI_CUDA_ATTN_O16V=1");
+                                      : "DSI_CUDA_ATTN_OSKIP=1,DSI_CUDA_ATTN_O16V=1,"
+                                        "DSI_CUDA_ATTN_QN_LEAN=1");
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
         g_attn_alt = g2;

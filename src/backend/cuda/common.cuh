@@ -229,7 +229,7 @@ struct cu_ctx {
     bool attn_o16v;    /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=1,
                           off until measured) */
     bool attn_qn_lean; /* k_attn_fa's q norm staging of bf16 rows without redundant roundings
-                          (DSI_CUDA_ATTN_QN_LEAN=0: off; step 45) */
+                          (DSI_CUDA_ATTN_QN_LEAN=1; off until measured, step 45) */
     struct {
         bool valid, take, no_out, took;
         const float *src;

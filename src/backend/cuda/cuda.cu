@@ -689,7 +689,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *aov = getenv("DSI_CUDA_ATTN_O16V");
     c->attn_o16v = !(aov && *aov == '0'); /* (step 45: the 8k prefill -1.4 ms) */
     const char *aql = getenv("DSI_CUDA_ATTN_QN_LEAN");
-    c->attn_qn_lean = !(aql && *aql == '0');
+    c->attn_qn_lean = aql && *aql == '1'; /* (off until measured: step 45 had no device left) */
     const char *aq = getenv("DSI_CUDA_ATTN_Q16");
     c->attn_q16 = !(aq && *aq == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
