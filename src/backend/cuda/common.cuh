@@ -100,8 +100,8 @@ struct cu_ctx {
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
                              DSI_CUDA_GVF; 0: off) */
     int gvb_max;     /* gvb.cu (dense decode GEMMs, the weights by bulk copies) up to this many rows
-                        (DSI_CUDA_GVB, at most 8; 0, the default until measured:
-                        off, gvf.cu; step 44) */
+                        (DSI_CUDA_GVB, at most 8; 0, the default: off, gvf.cu;
+                        step 44, measured slower in step 45) */
     int gvb_ns;      /* gvb.cu's ring slots at most (DSI_CUDA_GVB_NS, 3-12, default 12) */
     bool gvb_spf;    /* gvb.cu: FP8 scale rows into L2 first (DSI_CUDA_GVB_SPF=0: off; step 45) */
     int gvf_moe_min; /* the routed experts on gvf.cu / tc.cu from this many tokens
@@ -135,8 +135,7 @@ struct cu_ctx {
     int attn_fa_min; /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                         (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
                         attn.cu) */
-    int attn_fa_exp; /* attn_fa.cu: the single-precision exp (DSI_CUDA_ATTN_FA_EXP=1), exp_nb (=2)
-                      */
+    int attn_fa_exp; /* attn_fa.cu's exp: 1 single precision, 2 exp_nb (DSI_CUDA_ATTN_FA_EXP) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
     /* attn_fa.cu's configuration, each for every call where set by its variable, else by the
@@ -224,10 +223,10 @@ struct cu_ctx {
        where the shapes match (DSI_CUDA_ATTN_O16=0: off; step 43). valid: set by the attention,
        cleared by every attention and gemm op; take: the gemm running now may use it; no_out:
        the attention left out unwritten (dsi_attn_args.out_gemm, cu_gemm_takes_kept;
-       DSI_CUDA_ATTN_OSKIP=1, off until measured; step 44); took: wg_dense_copy used the rows */
+       DSI_CUDA_ATTN_OSKIP=0: off; step 44, on since step 45); took: wg_dense_copy used the rows */
     bool attn_o16, attn_oskip;
-    bool attn_o16v;    /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=1,
-                          off until measured) */
+    bool attn_o16v;    /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=0:
+                          a pair at a time; on since step 45) */
     bool attn_qn_lean; /* k_attn_fa's q norm staging of bf16 rows without redundant roundings
                           (DSI_CUDA_ATTN_QN_LEAN=1; off until measured, step 45) */
     struct {
