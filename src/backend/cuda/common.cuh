@@ -171,6 +171,8 @@ struct cu_ctx {
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
     int hc_tf_min;   /* `fast` hc_pre: the mix on hc_tf.cu's 3xTF32 tensor cores from this many
                         rows (DSI_CUDA_HC_TF_MIN, default 128; 0: never) */
+    bool hc_ptf;     /* there, with the hc_post before it in the same pass (k_hc_mix_tf_post;
+                        DSI_CUDA_HC_PTF=1; step 46, off until measured) */
     int wg_dense_min;   /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
                            (DSI_CUDA_WG_DENSE_MIN, default 512) */
     int wg_shared_min;  /* the MoE's shared expert on wg.cu / wgr.cu from this many rows

@@ -240,18 +240,6 @@ struct hc_norm_p {
 
 #define HC_ONE_CW (CU_THREADS - 32) /* the collapse's threads: warps 1.. */
 
-/* hc_post's value of one element: Xo[k][d] from the streams' column x[j] = X[j][d], f[d] and
- * the row's comb column c[j] = comb[j][k] and post[k] (the CPU's operations in its order; k_hc_post
- * and k_hc_pre_one's fused hc_post, so the same bits) */
-__device__ __forceinline__ float hc_post_val(
-    const float (&c)[HC_MAX], const float (&x)[HC_MAX], float pk, float fd, int hc, bool round) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < HC_MAX; j++)
-        if (j < hc) acc += c[j] * x[j];
-    return rbf(pk * fd + acc, round);
-}
-
 #define HC_CU(HM) (20 / (HM)) /* float4 columns per collapse thread in flight */
 
 /* The loads of one round of hc_collapse_norm's (a collapse thread's CU float4 columns from
@@ -819,15 +807,27 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         if (!normed) hc_norm_after(be, a);
         return;
     }
-    if (a->post_first) cuda_hc_post(be, a->post_first); /* the other kernels read X */
     /* the mix: mraw, or its split-K chunk values for the finish to add (c->hc_fuse); in `fast`
        numerics from c->hc_tf_min rows on the tensor cores (hc_tf.cu), split along K, with the
-       rows' sums of squares (ssp) */
+       rows' sums of squares (ssp); with c->hc_ptf (DSI_CUDA_HC_PTF=1, step 46) the hc_post
+       first in the same pass there, else its own launch first (the other kernels read X) */
     int64_t nq = 0;
     float *tcv = NULL, *ssp = NULL;
     const float *cv = NULL;
-    if (a->fast && c->hc_tf_min > 0 && a->n >= c->hc_tf_min &&
-        hc_mix_tf(c, &fn, (int)n_mix, a->X, a->n, len, &tcv, &ssp, &nq))
+    bool tf = a->fast && c->hc_tf_min > 0 && a->n >= c->hc_tf_min;
+    const struct dsi_hc_post_args *pa = a->post_first;
+    if (pa) {
+        if (tf && c->hc_ptf && pa->n == a->n && pa->Xo == a->X &&
+            hc_mix_tf_post(c, &fn, (int)n_mix, pa, &tcv, &ssp, &nq))
+            cv = tcv;
+        else if (c->sticky)
+            return;
+        else
+            cuda_hc_post(be, pa);
+    }
+    if (cv)
+        ;
+    else if (tf && hc_mix_tf(c, &fn, (int)n_mix, a->X, a->n, len, &tcv, &ssp, &nq))
         cv = tcv;
     else if (c->sticky)
         return;

@@ -10,6 +10,18 @@
 
 #define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
 
+/* hc_post's value of one element: Xo[k][d] from the streams' column x[j] = X[j][d], f[d] and
+ * the row's comb column c[j] = comb[j][k] and post[k] (the CPU's operations in its order;
+ * k_hc_post, k_hc_pre_one's fused hc_post and hc_tf.cu's k_hc_mix_tf_post, so the same bits) */
+__device__ __forceinline__ float hc_post_val(
+    const float (&c)[HC_MAX], const float (&x)[HC_MAX], float pk, float fd, int hc, bool round) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC_MAX; j++)
+        if (j < hc) acc += c[j] * x[j];
+    return rbf(pk * fd + acc, round);
+}
+
 /* comb from its logits m (lane jr hc + k of warp 0 holds element (jr, k), hc * hc <= 32): the
  * row softmax plus eps, then iters Sinkhorn normalisations (columns; from the second on rows
  * first), each sum in the CPU's order from the lanes' values by shuffles (the shared-memory
@@ -140,5 +152,18 @@ bool hc_mix_tf(struct cu_ctx *c,
                float **mixp,
                float **ssp,
                int64_t *S);
+
+/* hc_mix_tf of the streams pa makes (pa: the hc_post before hc_pre, dsi_hc_pre_args.post_first),
+ * with that hc_post in the same pass (k_hc_mix_tf_post: pa->Xo written, bit for bit k_hc_post's;
+ * the mix and sums of squares as hc_mix_tf's, split along d, so not its bits). false: not taken
+ * (hc != 4, dim % 16, alignment, fn not F32: the caller runs hc_post, then hc_mix_tf) or a
+ * launch failed (sticky). */
+bool hc_mix_tf_post(struct cu_ctx *c,
+                    const struct cu_w *fn,
+                    int n_mix,
+                    const struct dsi_hc_post_args *pa,
+                    float **mixp,
+                    float **ssp,
+                    int64_t *S);
 
 #endif

@@ -72,6 +72,33 @@ tf_slice(float (&d)[4], float x0, float x1, float y0, float y1, float f0, float 
     tf_mma(d, xh0, yh0, xh1, yh1, fh0, fh1);
 }
 
+/* A warp's results: the row's four lanes' sums of squares (lanes 4g .. 4g + 3) added by
+   shuffles, then lane t = 0 writes them; the outputs of rows r0 + g and r0 + g + 8 (split
+   blockIdx.y's slot of mixp and ssp) */
+template <int NT>
+__device__ __forceinline__ void tf_out(
+    const struct tf_p &p, const float (&acc)[NT][4], float sa, float sb, int64_t r0, int g, int t) {
+    sa += __shfl_xor_sync(0xffffffffu, sa, 1);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
+    sa += __shfl_xor_sync(0xffffffffu, sa, 2);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
+    int64_t base = (int64_t)blockIdx.y * p.n;
+    bool ga = r0 + g < p.n, gb = r0 + g + 8 < p.n;
+    if (t == 0) {
+        if (ga) p.ssp[base + r0 + g] = sa;
+        if (gb) p.ssp[base + r0 + g + 8] = sb;
+    }
+    float *out = p.mixp + base * p.n_mix;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        int o = 8 * j + 2 * t;
+        if (ga && o < p.n_mix) out[(r0 + g) * p.n_mix + o] = acc[j][0];
+        if (ga && o + 1 < p.n_mix) out[(r0 + g) * p.n_mix + o + 1] = acc[j][1];
+        if (gb && o < p.n_mix) out[(r0 + g + 8) * p.n_mix + o] = acc[j][2];
+        if (gb && o + 1 < p.n_mix) out[(r0 + g + 8) * p.n_mix + o + 1] = acc[j][3];
+    }
+}
+
 /* NT: n8 tiles of outputs (n_mix <= 8 NT) */
 template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct tf_p p) {
     cu_pdl_enter();
@@ -120,26 +147,182 @@ template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct 
             }
         }
     }
-    /* the row's four lanes' sums of squares (lanes 4g .. 4g + 3), then lane t = 0 writes */
-    sa += __shfl_xor_sync(0xffffffffu, sa, 1);
-    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
-    sa += __shfl_xor_sync(0xffffffffu, sa, 2);
-    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
-    int64_t base = (int64_t)blockIdx.y * p.n;
+    tf_out<NT>(p, acc, sa, sb, r0, g, t);
+}
+
+/* hc_pre's mix with the hc_post before it in the same pass (dsi_hc_pre_args.post_first;
+ * c->hc_ptf, DSI_CUDA_HC_PTF=1; step 46). The prefill ran k_hc_post (old streams and f read,
+ * the new streams written: ~0.40 ms a call of 8192 rows) and then k_hc_mix_tf, which read the new
+ * streams back (~0.21 ms); here the mix takes the new values where they are made, so the new
+ * streams are written and never read by the mix (the finish still reads them for the
+ * collapse).
+ *
+ * The same block of 8 warps and 128 rows, split along d (not the flattened k): lane (g, t) loads,
+ * per 16 d from d0, the float4 at d0 + 4t of each of the HC old streams and of f, for rows g and
+ * g + 8, computes the HC new float4 of each (hc_post_val: k_hc_post's bits), stores them, and
+ * feeds stream k's float4 to the mma with fn's at k dim + d0 + 4t (a dot product's k slots
+ * need only agree between A and B). The next step's loads are issued before the current step's
+ * arithmetic (two register sets). The row's comb columns and post stay in registers. Outputs as
+ * k_hc_mix_tf's (tf_out); the values are the same sums in another order, so not its bits. */
+struct tf_post {
+    const float *X0, *f, *post, *comb; /* hc_post's inputs: the old streams [n][HC][dim], f
+                                          [n][dim], post [n][HC], comb [n][HC][HC] */
+    float *Xo;                         /* the new streams (the mix's X) */
+    int64_t dim;
+    bool round;
+};
+
+#define TF_HC 4 /* k_hc_mix_tf_post's streams */
+
+template <int NT>
+__global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struct tf_post q) {
+    constexpr int HC = TF_HC;
+    cu_pdl_enter();
+    int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    int64_t r0 = (int64_t)blockIdx.x * TF_ROWS + 16 * w, dim = q.dim;
+    int64_t da = (int64_t)blockIdx.y * p.ks, db = min(dim, da + p.ks);
+    int64_t ra = min(r0 + g, p.n - 1), rb = min(r0 + g + 8, p.n - 1);
     bool ga = r0 + g < p.n, gb = r0 + g + 8 < p.n;
-    if (t == 0) {
-        if (ga) p.ssp[base + r0 + g] = sa;
-        if (gb) p.ssp[base + r0 + g + 8] = sb;
-    }
-    float *out = p.mixp + base * p.n_mix;
+    const float *fo[NT];
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        int o = 8 * j + 2 * t;
-        if (ga && o < p.n_mix) out[(r0 + g) * p.n_mix + o] = acc[j][0];
-        if (ga && o + 1 < p.n_mix) out[(r0 + g) * p.n_mix + o + 1] = acc[j][1];
-        if (gb && o < p.n_mix) out[(r0 + g + 8) * p.n_mix + o] = acc[j][2];
-        if (gb && o + 1 < p.n_mix) out[(r0 + g + 8) * p.n_mix + o + 1] = acc[j][3];
+    for (int j = 0; j < NT; j++)
+        fo[j] = p.fn + (int64_t)min(8 * j + g, p.n_mix - 1) * p.ldw + 4 * t;
+    /* the rows' comb columns (c[k][j] = comb[j][k]) and post */
+    float ca[HC][HC_MAX], cb[HC][HC_MAX], pa[HC], pb[HC];
+#pragma unroll
+    for (int k = 0; k < HC; k++) {
+        pa[k] = q.post[ra * HC + k];
+        pb[k] = q.post[rb * HC + k];
+#pragma unroll
+        for (int j = 0; j < HC_MAX; j++) {
+            ca[k][j] = j < HC ? q.comb[ra * HC * HC + j * HC + k] : 0.0f;
+            cb[k][j] = j < HC ? q.comb[rb * HC * HC + j * HC + k] : 0.0f;
+        }
     }
+    const float *xa = q.X0 + ra * HC * dim + 4 * t, *xb = q.X0 + rb * HC * dim + 4 * t;
+    const float *fa = q.f + ra * dim + 4 * t, *fb = q.f + rb * dim + 4 * t;
+    float *oa = q.Xo + ra * HC * dim + 4 * t, *ob = q.Xo + rb * HC * dim + 4 * t;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    float sa = 0.0f, sb = 0.0f;
+    /* a step's loads: [0..HC) row g's streams, HC its f, HC + 1.. row g + 8's */
+    float4 cur[2 * HC + 2], nxt[2 * HC + 2];
+    auto load = [&](int64_t d0, float4(&v)[2 * HC + 2]) {
+#pragma unroll
+        for (int k = 0; k < HC; k++) {
+            v[k] = __ldcs((const float4 *)(xa + k * dim + d0));
+            v[HC + 1 + k] = __ldcs((const float4 *)(xb + k * dim + d0));
+        }
+        v[HC] = __ldcs((const float4 *)(fa + d0));
+        v[2 * HC + 1] = __ldcs((const float4 *)(fb + d0));
+    };
+    if (da < db) load(da, cur);
+    for (int64_t d0 = da; d0 < db; d0 += 16) {
+        if (d0 + 16 < db) load(d0 + 16, nxt);
+        float4 vf[HC][NT];
+#pragma unroll
+        for (int k = 0; k < HC; k++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                vf[k][j] = __ldg((const float4 *)(fo[j] + k * dim + d0));
+#pragma unroll
+        for (int k = 0; k < HC; k++) {
+            float4 a, b;
+            {
+                float x0[HC_MAX], x1[HC_MAX], x2[HC_MAX], x3[HC_MAX];
+#pragma unroll
+                for (int j = 0; j < HC_MAX; j++) {
+                    float4 v = j < HC ? cur[j] : make_float4(0, 0, 0, 0);
+                    x0[j] = v.x, x1[j] = v.y, x2[j] = v.z, x3[j] = v.w;
+                }
+                float4 f = cur[HC];
+                a = make_float4(hc_post_val(ca[k], x0, pa[k], f.x, HC, q.round),
+                                hc_post_val(ca[k], x1, pa[k], f.y, HC, q.round),
+                                hc_post_val(ca[k], x2, pa[k], f.z, HC, q.round),
+                                hc_post_val(ca[k], x3, pa[k], f.w, HC, q.round));
+#pragma unroll
+                for (int j = 0; j < HC_MAX; j++) {
+                    float4 v = j < HC ? cur[HC + 1 + j] : make_float4(0, 0, 0, 0);
+                    x0[j] = v.x, x1[j] = v.y, x2[j] = v.z, x3[j] = v.w;
+                }
+                f = cur[2 * HC + 1];
+                b = make_float4(hc_post_val(cb[k], x0, pb[k], f.x, HC, q.round),
+                                hc_post_val(cb[k], x1, pb[k], f.y, HC, q.round),
+                                hc_post_val(cb[k], x2, pb[k], f.z, HC, q.round),
+                                hc_post_val(cb[k], x3, pb[k], f.w, HC, q.round));
+            }
+            if (ga) *(float4 *)(oa + k * dim + d0) = a;
+            if (gb) *(float4 *)(ob + k * dim + d0) = b;
+            sa = fmaf(a.x, a.x, sa);
+            sa = fmaf(a.y, a.y, sa);
+            sa = fmaf(a.z, a.z, sa);
+            sa = fmaf(a.w, a.w, sa);
+            sb = fmaf(b.x, b.x, sb);
+            sb = fmaf(b.y, b.y, sb);
+            sb = fmaf(b.z, b.z, sb);
+            sb = fmaf(b.w, b.w, sb);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const float4 f = vf[k][j];
+                tf_slice(acc[j], a.x, a.y, b.x, b.y, f.x, f.y);
+                tf_slice(acc[j], a.z, a.w, b.z, b.w, f.z, f.w);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2 * HC + 2; i++)
+            cur[i] = nxt[i];
+    }
+    tf_out<NT>(p, acc, sa, sb, r0, g, t);
+}
+
+/* The launch for split [S] of ks (k, or with q d) a block: the scratch for mixp and ssp, then
+   k_hc_mix_tf (q null) or k_hc_mix_tf_post. */
+static bool tf_run(struct cu_ctx *c,
+                   const struct cu_w *fn,
+                   int n_mix,
+                   const float *X,
+                   int64_t n,
+                   int64_t len,
+                   int64_t rt,
+                   int64_t ks,
+                   int64_t S,
+                   const struct tf_post *q,
+                   float **mixp,
+                   float **ssp,
+                   int64_t *S_out) {
+    if (rt > 65535 * 16 || S > 65535) return false;
+    size_t mb = cu_align((size_t)(S * n * n_mix) * 4);
+    char *s = (char *)cu_scratch(c, CU_SCR_GEMM, mb + (size_t)(S * n) * 4);
+    if (!s) return false;
+    struct tf_p p = {X,          (const float *)fn->data, fn->row_bytes / 4, len, n, ks, n_mix,
+                     (float *)s, (float *)(s + mb)};
+    dim3 grid((unsigned)rt, (unsigned)S);
+    int nt = (n_mix + 7) / 8;
+    int pm = cu_prof_begin(c, q ? "hc.mix_tf_post" : "hc.mix_tf");
+#define TF_LAUNCH(NT)                                                                              \
+    do {                                                                                           \
+        if (q)                                                                                     \
+            cu_launch(c, k_hc_mix_tf_post<NT>, grid, TF_T, 0, p, *q);                              \
+        else                                                                                       \
+            cu_launch(c, k_hc_mix_tf<NT>, grid, TF_T, 0, p);                                       \
+    } while (0)
+    if (nt == 1)
+        TF_LAUNCH(1);
+    else if (nt == 2)
+        TF_LAUNCH(2);
+    else if (nt == 3)
+        TF_LAUNCH(3);
+    else
+        TF_LAUNCH(4);
+#undef TF_LAUNCH
+    cu_prof_end(c, pm);
+    if (!cu_check(c, q ? "hc mix with hc_post (TF32)" : "hc mix (TF32)")) return false;
+    *mixp = p.mixp;
+    *ssp = p.ssp;
+    *S_out = S;
+    return true;
 }
 
 bool hc_mix_tf(struct cu_ctx *c,
@@ -161,32 +344,26 @@ bool hc_mix_tf(struct cu_ctx *c,
     int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, 2 * c->n_sms / rt));
     int64_t ks = cu_div_up(pieces, S) * TF_K;
     S = cu_div_up(len, ks);
-    if (rt > 65535 * 16 || S > 65535) return false;
-    size_t mb = cu_align((size_t)(S * n * n_mix) * 4);
-    char *s = (char *)cu_scratch(c, CU_SCR_GEMM, mb + (size_t)(S * n) * 4);
-    if (!s) return false;
-    struct tf_p p = {X,          (const float *)fn->data, fn->row_bytes / 4, len, n, ks, n_mix,
-                     (float *)s, (float *)(s + mb)};
-    dim3 grid((unsigned)rt, (unsigned)S);
-    int pm = cu_prof_begin(c, "hc.mix_tf");
-    switch ((n_mix + 7) / 8) {
-    case 1:
-        cu_launch(c, k_hc_mix_tf<1>, grid, TF_T, 0, p);
-        break;
-    case 2:
-        cu_launch(c, k_hc_mix_tf<2>, grid, TF_T, 0, p);
-        break;
-    case 3:
-        cu_launch(c, k_hc_mix_tf<3>, grid, TF_T, 0, p);
-        break;
-    default:
-        cu_launch(c, k_hc_mix_tf<4>, grid, TF_T, 0, p);
-        break;
-    }
-    cu_prof_end(c, pm);
-    if (!cu_check(c, "hc mix (TF32)")) return false;
-    *mixp = p.mixp;
-    *ssp = p.ssp;
-    *S_out = S;
-    return true;
+    return tf_run(c, fn, n_mix, X, n, len, rt, ks, S, NULL, mixp, ssp, S_out);
+}
+
+bool hc_mix_tf_post(struct cu_ctx *c,
+                    const struct cu_w *fn,
+                    int n_mix,
+                    const struct dsi_hc_post_args *pa,
+                    float **mixp,
+                    float **ssp,
+                    int64_t *S_out) {
+    int64_t n = pa->n, dim = pa->dim, len = TF_HC * dim;
+    if (n <= 0 || pa->hc != TF_HC || n_mix < 1 || n_mix > 32 || dim % 16 ||
+        fn->type != DSI_TYPE_F32 || (uintptr_t)pa->X % 16 || (uintptr_t)pa->f % 16 ||
+        (uintptr_t)pa->Xo % 16 || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 || fn->K < len)
+        return false;
+    /* splits along d: one block per SM (its registers), one wave, in whole steps of 16 d */
+    int64_t rt = cu_div_up(n, TF_ROWS), pieces = dim / 16;
+    int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, c->n_sms / rt));
+    int64_t ks = cu_div_up(pieces, S) * 16;
+    S = cu_div_up(dim, ks);
+    struct tf_post q = {pa->X, pa->f, pa->post, pa->comb, pa->Xo, dim, pa->round_bf16};
+    return tf_run(c, fn, n_mix, pa->Xo, n, len, rt, ks, S, &q, mixp, ssp, S_out);
 }
