@@ -139,7 +139,7 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
         {DSI_TYPE_BF16, 512, 4096, 20, 0, 512, 0, 0, true},                /* BF16 */
         {DSI_TYPE_FP4_E2M1, 256, 192, 4, 0, 256, 0, 0, false},             /* FP4 dense */
         {DSI_TYPE_F8_E4M3, 256, 256, 40, 0, 256, 0, 0, true},              /* 33-63 rows: 32 + 8 */
-        /* gvb.cu (1-8 rows): tiles across a 128-row scale block, K past a chunk, BF16 */
+        /* 1-8 rows (step 44): tiles across a 128-row scale block, K = 8192 at one row, BF16 */
         {DSI_TYPE_F8_E4M3, 4096, 1536, 2, 40, 2000, 0, 0, true},
         {DSI_TYPE_F8_E4M3, 4096, 8192, 1, 0, 4096, 0, 0, true},
         {DSI_TYPE_BF16, 200, 192, 3, 0, 200, 0, 0, false},
@@ -213,15 +213,14 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
        cases of 1-63 rows; the wgmma kernels from 128 rows (DSI_CUDA_WG_DENSE_MIN=128, cuBLASLt
        off) on those of 128-511; step 36's evict-first weight loads (DSI_CUDA_GVF_EF=1) on those
        of 1-63; step 37's cuBLASLt only from 2048 output columns (DSI_CUDA_LT_MIN_OUT=2048: the
-       narrower FP8 calls of 128 rows and more on tc.cu); the cases of 1-8 rows on gvf.cu
-       (DSI_CUDA_GVB=0) and on gvb.cu (DSI_CUDA_GVB=8), whichever is the default (step 44) */
+       narrower FP8 calls of 128 rows and more on tc.cu) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
-    } s33[] = {
-        {"DSI_CUDA_GVF_NBAR=1", 1, 63}, {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
-        {"DSI_CUDA_GVF_EF=1", 1, 63},   {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX},
-        {"DSI_CUDA_GVB=0", 1, 8},       {"DSI_CUDA_GVB=8", 1, 8}};
+    } s33[] = {{"DSI_CUDA_GVF_NBAR=1", 1, 63},
+               {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
+               {"DSI_CUDA_GVF_EF=1", 1, 63},
+               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX}};
     for (size_t b = 0; b < sizeof(s33) / sizeof(s33[0]) && ok; b++) {
         struct dsi_backend *g2 = cuda_backend_with(s33[b].env);
         TEST_ASSERT(g2 != NULL);
@@ -241,8 +240,7 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
 }
 
 /* GEMM pairs (dsi_gemm_args.w2: two weights on the same x rows, as the forward's q / kv and
- * compressor projections) against the CPU's two calls: in `fast` numerics at 1-8 rows one gvb.cu
- * launch (weights of one type), and with DSI_CUDA_GVB=0 or at 9-32 rows one gvf.cu
+ * compressor projections) against the CPU's two calls: in `fast` numerics at 1-32 rows one gvf.cu
  * launch (the weights of different heights, FP8 and BF16; the tolerance of run_gemm_g), 33 rows
  * in two (32 + 1), else the two calls in turn (reference numerics bit for bit; weights of two
  * types). */
@@ -262,13 +260,7 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 256, 128, 512, 4, true, false},
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 128, 512, 3, false, true},
     };
-    /* gvb.cu's pairs at 1-8 rows (DSI_CUDA_GVB=8), then gvf.cu's (DSI_CUDA_GVB=0) */
-    struct dsi_backend *keep = g_gpu, *vb = cuda_backend_with("DSI_CUDA_GVB=8"),
-                       *nb = cuda_backend_with("DSI_CUDA_GVB=0");
-    TEST_ASSERT(vb != NULL && nb != NULL);
-    for (size_t v = 0; v < 2 * (sizeof(cs) / sizeof(cs[0])); v++) {
-        size_t c = v % (sizeof(cs) / sizeof(cs[0]));
-        g_gpu = v < sizeof(cs) / sizeof(cs[0]) ? vb : nb;
+    for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t n = cs[c].n, K = cs[c].K, m1 = cs[c].rows1, m2 = cs[c].rows2;
         struct wt w1, w2;
         wt_make(&w1, &r, cs[c].t1, m1, K, 0.05f);
@@ -304,7 +296,7 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         a.y = d1;
         a.y2 = d2;
         g_gpu->ops->gemm(g_gpu, &a);
-        int ok = gsync("gemm pair") == 0; /* (checks after g_gpu is restored) */
+        int ok = gsync("gemm pair") == 0;
         dget(g1, d1, sizeof(float) * (size_t)(n * m1));
         dget(g2, d2, sizeof(float) * (size_t)(n * m2));
         double tol = cs[c].round ? 8e-3 : 1e-4;
@@ -324,12 +316,8 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         free(g2);
         wt_free(&w1);
         wt_free(&w2);
-        g_gpu = keep;
-        TEST_ASSERTF(ok, "case %zu%s", c,
-                     v < sizeof(cs) / sizeof(cs[0]) ? "" : " (DSI_CUDA_GVB=0)");
+        TEST_ASSERTF(ok, "case %zu", c);
     }
-    nb->ops->free(nb);
-    vb->ops->free(vb);
     return 0;
 }
 
@@ -379,17 +367,14 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
        default from step 26), those of 64-511 rows on tc.cu with the groups never split along K
        (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25), those of 128-511 rows on wgr.cu
        (DSI_CUDA_WG_DENSE_MIN=128; step 33) and on tc.cu (DSI_CUDA_WG_GROUPED_MIN=512: the
-       grouped calls' threshold before step 36, whose default is 128), and those of 1-8 rows on
-       gvf.cu (DSI_CUDA_GVB=0) and on gvb.cu (DSI_CUDA_GVB=8; step 44) */
+       grouped calls' threshold before step 36, whose default is 128) */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX},
                  {"DSI_CUDA_TC_SPLIT_GROUPED=0,DSI_CUDA_WG_GROUPED_MIN=512", 64, 511},
                  {"DSI_CUDA_WG_DENSE_MIN=128", 128, 511},
-                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511},
-                 {"DSI_CUDA_GVB=0", 1, 8},
-                 {"DSI_CUDA_GVB=8", 1, 8}};
+                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

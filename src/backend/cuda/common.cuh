@@ -99,27 +99,22 @@ struct cu_ctx {
     double tc_moe_min;
     int gvf_min, gvf_max; /* `fast` decode GEMMs (gvf.cu) for this many rows (DSI_CUDA_GVF_MIN,
                              DSI_CUDA_GVF; 0: off) */
-    int gvb_max;     /* gvb.cu (dense decode GEMMs, the weights by bulk copies) up to this many rows
-                        (DSI_CUDA_GVB, at most 8; 0, the default: off, gvf.cu;
-                        step 44, measured slower in step 45) */
-    int gvb_ns;      /* gvb.cu's ring slots at most (DSI_CUDA_GVB_NS, 3-12, default 12) */
-    bool gvb_spf;    /* gvb.cu: FP8 scale rows into L2 first (DSI_CUDA_GVB_SPF=0: off; step 45) */
-    int gvf_moe_min; /* the routed experts on gvf.cu / tc.cu from this many tokens
-                        (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
-    int gvf_ks_min;  /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS;
-                        0: gvf_ks1_min's rule) */
-    int gvf_ks1_min; /* gvf.cu: routed experts of this many tokens or more at least 1 warp
-                        along K, fewer at least 2 (DSI_CUDA_GVF_KS1_MIN; 0: always 2) */
-    bool gvf_ilv;    /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
-    bool gvf_nbar;   /* gvf.cu: a tile's ks warps meet on a named barrier of their own, not the
-                        block's (DSI_CUDA_GVF_NBAR=1; step 33; measured level in step 35: off) */
-    bool gvf_tail;   /* gvf.cu: more warps along K where the last tile iteration is then fuller
-                        (DSI_CUDA_GVF_TAIL) */
-    bool gvf_pair;   /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
-                        (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
-    bool gvf_ef;     /* gvf.cu: weight loads with an L2 evict-first policy, so that a decode
-                        GEMM's stream leaves the lines of prefetch hints in L2
-                        (DSI_CUDA_GVF_EF=1; measured level in step 36: off) */
+    int gvf_moe_min;      /* the routed experts on gvf.cu / tc.cu from this many tokens
+                             (DSI_CUDA_GVF_MOE_MIN; fewer: moe_gv.cu) */
+    int gvf_ks_min;       /* gvf.cu: at least this many warps along K per tile (DSI_CUDA_GVF_KS;
+                             0: gvf_ks1_min's rule) */
+    int gvf_ks1_min;      /* gvf.cu: routed experts of this many tokens or more at least 1 warp
+                             along K, fewer at least 2 (DSI_CUDA_GVF_KS1_MIN; 0: always 2) */
+    bool gvf_ilv;         /* gvf.cu: a tile's warps interleave their K groups (DSI_CUDA_GVF_ILV) */
+    bool gvf_nbar;        /* gvf.cu: a tile's ks warps meet on a named barrier of their own, not the
+                             block's (DSI_CUDA_GVF_NBAR=1; step 33; measured level in step 35: off) */
+    bool gvf_tail;        /* gvf.cu: more warps along K where the last tile iteration is then fuller
+                             (DSI_CUDA_GVF_TAIL) */
+    bool gvf_pair;        /* gvf.cu: a GEMM pair (dsi_gemm_args.w2) in one launch
+                             (DSI_CUDA_GVF_PAIR=0: one by one; step 19) */
+    bool gvf_ef;          /* gvf.cu: weight loads with an L2 evict-first policy, so that a decode
+                             GEMM's stream leaves the lines of prefetch hints in L2
+                             (DSI_CUDA_GVF_EF=1; measured level in step 36: off) */
     bool norm_q;     /* rms_norm's act_quant copy (yq) in the norm kernels (DSI_CUDA_NORM_Q=0: a
                         separate act_quant launch, as before step 17) */
     bool norm_rq;    /* rms_norm's RoPE / quantisation after the norm in the warp kernels

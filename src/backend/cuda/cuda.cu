@@ -545,12 +545,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *gn = getenv("DSI_CUDA_GVF_MIN"), *gm = getenv("DSI_CUDA_GVF_MOE_MIN");
     c->gvf_min = gn && *gn ? atoi(gn) : 1;
     c->gvf_moe_min = gm && *gm ? atoi(gm) : 1;
-    const char *gvb = getenv("DSI_CUDA_GVB"); /* (step 44) */
-    c->gvb_max = gvb && *gvb ? atoi(gvb) : 0; /* (step 45: batch 1 +6%, off) */
-    const char *gvn = getenv("DSI_CUDA_GVB_NS");
-    c->gvb_ns = gvn && *gvn ? atoi(gvn) : 12;
-    const char *gsp = getenv("DSI_CUDA_GVB_SPF");
-    c->gvb_spf = !(gsp && *gsp == '0');
     const char *gk = getenv("DSI_CUDA_GVF_KS"), *gi = getenv("DSI_CUDA_GVF_ILV");
     /* at least 2 warps along K, 16 MoE blocks per SM (was 1 and 32): measured together -5% at
        batch 8, -6% at 256, level at 1, 32 and 128, +0.6% at 48 (docs/cuda.md, step 21); since

@@ -379,8 +379,8 @@ void launch_gemm(struct cu_ctx *c,
 static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a);
 
 bool cu_gemm_takes_kept(const struct cu_ctx *c, const struct dsi_gemm_args *a) {
-    /* gemm_op's grouped branch in `fast` numerics past the decode kernels' rows (gvb.cu: 8,
-       gvf.cu: GVF_ROWS_MAX), which then hands the call to launch_tc_gemm */
+    /* gemm_op's grouped branch in `fast` numerics past the decode kernels' rows (gvf.cu:
+       GVF_ROWS_MAX), which then hands the call to launch_tc_gemm */
     if (!a || a->w2 || a->groups <= 1 || !a->fast || !a->x_from_attn || !c->grouped || a->gx % 4 ||
         a->n <= GVF_ROWS_MAX || a->n_out <= 0 || a->row0 < 0)
         return false;
@@ -425,7 +425,7 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
                                   0,      0,     a->x_fp8,  false};
         bool in = a->n > 0 && a->n_out > 0 && a->n_out2 > 0 && a->row0 >= 0 &&
                   a->row0 + a->n_out <= w1.rows && a->n_out2 <= w2.rows && a->groups <= 1;
-        if (a->fast && in && (launch_gvb_pair(c, &g1, &g2) || launch_gvf_pair(c, &g1, &g2))) return;
+        if (a->fast && in && launch_gvf_pair(c, &g1, &g2)) return;
         cuda_gemm(be, &b);
         cuda_gemm(be, &b2);
         return;
@@ -447,8 +447,7 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
             return;
         }
         if (c->grouped && a->gx % 4 == 0 &&
-            ((a->fast && (launch_gvb_gemm(c, &call) || launch_gvf_gemm(c, &call) ||
-                          launch_tc_gemm(c, &call))) ||
+            ((a->fast && (launch_gvf_gemm(c, &call) || launch_tc_gemm(c, &call))) ||
              (gemm_fast_ok(&w, a->x, a->ldx) && launch_gemv(c, &call))))
             return;
         for (int g = 0; g < a->groups; g++) {
@@ -472,8 +471,8 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
         }
     }
     if (a->fast && a->n > 0 && a->n_out > 0 && a->row0 >= 0 && a->row0 + a->n_out <= w.rows &&
-        (launch_gvb_gemm(c, &call) || launch_gvf_gemm(c, &call) ||
-         launch_lt_gemm(c, &call, a->x_fp8) || launch_tc_gemm(c, &call)))
+        (launch_gvf_gemm(c, &call) || launch_lt_gemm(c, &call, a->x_fp8) ||
+         launch_tc_gemm(c, &call)))
         return;
     launch_gemm(c, &w, a->row0, a->n_out, a->x, a->n, a->ldx, a->y, a->ldy, a->round_bf16);
 }

@@ -63,13 +63,6 @@ void launch_lt_widen(
 bool launch_gvf_gemm(struct cu_ctx *c,
                      const struct cu_gemm_call *g,
                      const struct cu_gemm_call *g2 = nullptr);
-/* The dense decode GEMM of `fast` numerics with the weights streamed into shared memory by bulk
- * copies (gvb.cu) for 1 <= n <= min(8, c->gvb_max) rows on FP8 (scale blocks of 128 along K) and
- * BF16 weights, the groups in one launch; false: not taken. */
-bool launch_gvb_gemm(struct cu_ctx *c, const struct cu_gemm_call *g);
-/* Two such calls on the same x rows (g2: rows from 0 of a weight of g's type, K and scale
- * layout) in one launch, the second weight's tiles after the first's; false: not taken. */
-bool launch_gvb_pair(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_gemm_call *g2);
 /* Two such calls on the same x rows (g2: rows from 0 of a weight of g's type, K and scale
  * layout) in one launch (c->gvf_pair); false: not taken (run them one by one). */
 bool launch_gvf_pair(struct cu_ctx *c, const struct cu_gemm_call *g, const struct cu_gemm_call *g2);

@@ -1,6 +1,7 @@
-/* gvf.cuh - the pieces of gvf.cu's decode walk that gvb.cu's shares: a lane's 32-byte slice of
- * a weight group (gvf_raw), its decoding into mma fragments against the staged activation rows
- * (gvf_group), and the staged rows' layout (gvf_row_words, gvf_stage_unit). */
+/* gvf.cuh - the pieces of gvf.cu's decode walk (shared with step 44's gvb.cu until step 46
+ * removed it, measured slower): a lane's 32-byte slice of a weight group (gvf_raw), its decoding
+ * into mma fragments against the staged activation rows (gvf_group), and the staged rows'
+ * layout (gvf_row_words, gvf_stage_unit). */
 #ifndef DSI_CUDA_GVF_CUH
 #define DSI_CUDA_GVF_CUH
 
