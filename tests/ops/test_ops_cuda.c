@@ -1108,11 +1108,13 @@ int test_cuda_attn(struct test_ctx *t) {
        exact kernels and the softmax; DSI_CUDA_ATTN_FA_SPLIT=0 the fused kernel unsplit; its
        blocks of 32 heads (the default below DSI_CUDA_ATTN_FA_BIG rows, step 35), of 64 heads with
        tiles of 32 keys (the default from there) and of 64 heads with tiles of 16 keys (the
-       default until step 35), each at every row count */
+       default until step 35), each at every row count; the softmax's other exps
+       (DSI_CUDA_ATTN_FA_EXP: 1 expf, 2 exp_nb, 3 __expf) */
 #define H64 "DSI_CUDA_ATTN_FA_HB=64,DSI_CUDA_ATTN_FA_KT=16"
 #define K32 "DSI_CUDA_ATTN_FA_HB=64,DSI_CUDA_ATTN_FA_KT=32"
-    const char *envs[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_SPLIT=0",
-                          "DSI_CUDA_ATTN_FA_HB=32", K32, H64};
+    const char *envs[] = {
+        "DSI_CUDA_ATTN_FA=0",     "DSI_CUDA_ATTN_FA_SPLIT=0", "DSI_CUDA_ATTN_FA_HB=32", K32, H64,
+        "DSI_CUDA_ATTN_FA_EXP=1", "DSI_CUDA_ATTN_FA_EXP=2",   "DSI_CUDA_ATTN_FA_EXP=3"};
     int ok = 1;
     for (size_t e = 0; e < sizeof(envs) / sizeof(envs[0]) && ok; e++) {
         struct dsi_backend *g2 = cuda_backend_with(envs[e]), *keep = g_gpu;

@@ -38,7 +38,8 @@ struct attn_p {
     float *S;
     int64_t maxk;
     int r0;
-    int fexp;     /* attn_fa.cu: 1 the single-precision exp, 2 exp_nb, 0 exp_ref (c->attn_fa_exp) */
+    int fexp;     /* attn_fa.cu: 1 the single-precision exp, 2 exp_nb, 3 __expf, 0 exp_ref
+                     (c->attn_fa_exp) */
     bool qn_lean; /* attn_fa.cu: the q norm's staging of bf16 rows without redundant roundings
                      (c->attn_qn_lean) */
     /* attn_fa.cu split along the keys (fa_o non-NULL; blockIdx.z = split, fa_tps tiles each):

@@ -74,9 +74,12 @@ bool attn_fa_ok(const struct cu_ctx *c, const struct attn_p *p) {
 
 /* exp(x), x <= 0: correctly rounded (exp_ref, in double), or (p.fexp, DSI_CUDA_ATTN_FA_EXP=1)
  * the single-precision exp (a few ulp; the value is rounded to bf16 next), or (=2) exp_nb, the
- * branch-free double one (exp_ref's float but within ~2^-28 of values) */
+ * branch-free double one (exp_ref's float but within ~2^-28 of values), or (=3, step 46) the
+ * hardware's: ex2.approx of x log2(e) (__expf: two instructions, within ~2^-21 relative for
+ * x >= -20 and flushed to 0 below ~-87; FlashAttention's way; the bf16 rounding after it is 2^-9)
+ */
 __device__ __forceinline__ float fa_exp(float x, int mode) {
-    return mode == 1 ? expf(x) : mode == 2 ? exp_nb(x) : exp_ref(x);
+    return mode == 1 ? expf(x) : mode == 2 ? exp_nb(x) : mode == 3 ? __expf(x) : exp_ref(x);
 }
 
 /* q staged with attn's q norm applied (p.qn_on): warp w of the block's HB / 4 takes heads

@@ -130,7 +130,8 @@ struct cu_ctx {
     int attn_fa_min; /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                         (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
                         attn.cu) */
-    int attn_fa_exp; /* attn_fa.cu's exp: 1 single precision, 2 exp_nb (DSI_CUDA_ATTN_FA_EXP) */
+    int attn_fa_exp; /* attn_fa.cu's exp: 1 single precision, 2 exp_nb, 3 __expf
+                        (DSI_CUDA_ATTN_FA_EXP) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
     /* attn_fa.cu's configuration, each for every call where set by its variable, else by the

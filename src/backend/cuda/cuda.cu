@@ -718,7 +718,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *forp = getenv("DSI_CUDA_ATTN_FA_OR");
     c->attn_fa_or = forp && *forp ? *forp == '1' : -1;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
-    c->attn_fa_exp = fe && (*fe == '1' || *fe == '2') ? *fe - '0' : 0;
+    c->attn_fa_exp = fe && *fe >= '1' && *fe <= '3' ? *fe - '0' : 0;
     const char *ti = getenv("DSI_CUDA_TC_IDX");
     c->tc_idx = !(ti && *ti == '0');
     /* (step 25, compiled only: several key tiles per block by default) */
