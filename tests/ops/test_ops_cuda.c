@@ -1109,12 +1109,12 @@ int test_cuda_attn(struct test_ctx *t) {
        blocks of 32 heads (the default below DSI_CUDA_ATTN_FA_BIG rows, step 35), of 64 heads with
        tiles of 32 keys (the default from there) and of 64 heads with tiles of 16 keys (the
        default until step 35), each at every row count; the softmax's other exps
-       (DSI_CUDA_ATTN_FA_EXP: 1 expf, 2 exp_nb, 3 __expf) */
+       (DSI_CUDA_ATTN_FA_EXP: 0 exp_ref, 2 exp_nb, 3 __expf; 1, expf, is the default) */
 #define H64 "DSI_CUDA_ATTN_FA_HB=64,DSI_CUDA_ATTN_FA_KT=16"
 #define K32 "DSI_CUDA_ATTN_FA_HB=64,DSI_CUDA_ATTN_FA_KT=32"
     const char *envs[] = {
         "DSI_CUDA_ATTN_FA=0",     "DSI_CUDA_ATTN_FA_SPLIT=0", "DSI_CUDA_ATTN_FA_HB=32", K32, H64,
-        "DSI_CUDA_ATTN_FA_EXP=1", "DSI_CUDA_ATTN_FA_EXP=2",   "DSI_CUDA_ATTN_FA_EXP=3"};
+        "DSI_CUDA_ATTN_FA_EXP=0", "DSI_CUDA_ATTN_FA_EXP=2",   "DSI_CUDA_ATTN_FA_EXP=3"};
     int ok = 1;
     for (size_t e = 0; e < sizeof(envs) / sizeof(envs[0]) && ok; e++) {
         struct dsi_backend *g2 = cuda_backend_with(envs[e]), *keep = g_gpu;
@@ -1209,7 +1209,8 @@ int test_cuda_attn(struct test_ctx *t) {
        stored 16 bytes at a time (DSI_CUDA_ATTN_O16V=1): the other backend's out is checked
        against the CPU then; two more passes have out written and the kept rows stored a pair at
        a time (both =0) and check both. The staging of q16 with the q norm runs lean (without
-       the roundings that leave its values as they are; DSI_CUDA_ATTN_QN_LEAN=1, step 45) in the
+       the roundings that leave its values as they are; DSI_CUDA_ATTN_QN_LEAN=1, step 45, the
+       default since step 46) in the
        first two passes and as before (=0) in the last two, each bit for bit g2's, which stages
        fp32 rows */
     const struct attn_case c16[] = {

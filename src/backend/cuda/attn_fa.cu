@@ -96,7 +96,7 @@ __device__ __forceinline__ void fa_stage_q_norm(
     static_assert(HPW % HU == 0, "q norm staging");
     const struct cu_vec now = {nullptr, 0};
     int rs = HD - p.qn_rope;
-    /* p.qn_lean (DSI_CUDA_ATTN_QN_LEAN=1; step 45, off until measured) with the bf16 rows: the
+    /* p.qn_lean (DSI_CUDA_ATTN_QN_LEAN=0: off; step 45, on since step 46) with the bf16 rows: the
        same bits in fewer instructions (this staging was ~30% of the 8k prefill's attention
        instructions, most of them bf16_round's: on the inputs, which are bf16 already, and on
        the outputs, which the pack rounds again) */

@@ -130,8 +130,8 @@ struct cu_ctx {
     int attn_fa_min; /* `fast` attention: the fused kernel (attn_fa.cu) from this many rows
                         (DSI_CUDA_ATTN_FA, default 1; 0: off, the products of attn_tc.cu /
                         attn.cu) */
-    int attn_fa_exp; /* attn_fa.cu's exp: 1 single precision, 2 exp_nb, 3 __expf
-                        (DSI_CUDA_ATTN_FA_EXP) */
+    int attn_fa_exp; /* attn_fa.cu's exp: 1 single precision (the default since step 46), 2 exp_nb,
+                        3 __expf, 0 exp_ref (DSI_CUDA_ATTN_FA_EXP) */
     bool attn_fa_split; /* attn_fa.cu: split along the keys below a block per SM
                            (DSI_CUDA_ATTN_FA_SPLIT=0: never) */
     /* attn_fa.cu's configuration, each for every call where set by its variable, else by the
@@ -167,8 +167,9 @@ struct cu_ctx {
     bool hc_fuse;    /* hc_pre's finish adds the mix's split-K values (DSI_CUDA_HC_FUSE=1) */
     int hc_tf_min;   /* `fast` hc_pre: the mix on hc_tf.cu's 3xTF32 tensor cores from this many
                         rows (DSI_CUDA_HC_TF_MIN, default 128; 0: never) */
-    bool hc_ptf;     /* there, with the hc_post before it in the same pass (k_hc_mix_tf_post;
-                        DSI_CUDA_HC_PTF=1; step 46, off until measured) */
+    int hc_ptf;      /* there, with the hc_post before it in the same pass (k_hc_mix_tf_post;
+                        DSI_CUDA_HC_PTF=1: 16 d a step, the next step's loads ahead; 2: 32 d a
+                        step; 0: off; step 46) */
     int wg_dense_min;   /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
                            (DSI_CUDA_WG_DENSE_MIN, default 512) */
     int wg_shared_min;  /* the MoE's shared expert on wg.cu / wgr.cu from this many rows
@@ -226,7 +227,7 @@ struct cu_ctx {
     bool attn_o16v;    /* k_attn_fa stores the kept rows 16 bytes at a time (DSI_CUDA_ATTN_O16V=0:
                           a pair at a time; on since step 45) */
     bool attn_qn_lean; /* k_attn_fa's q norm staging of bf16 rows without redundant roundings
-                          (DSI_CUDA_ATTN_QN_LEAN=1; off until measured, step 45) */
+                          (DSI_CUDA_ATTN_QN_LEAN=0: off; step 45, on since step 46) */
     struct {
         bool valid, take, no_out, took;
         const float *src;

@@ -619,7 +619,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *ht = getenv("DSI_CUDA_HC_TF_MIN");
     c->hc_tf_min = ht && *ht ? atoi(ht) : 128;
     const char *hpt = getenv("DSI_CUDA_HC_PTF"); /* (step 46: off until measured) */
-    c->hc_ptf = hpt && *hpt == '1';
+    c->hc_ptf = hpt && (*hpt == '1' || *hpt == '2') ? *hpt - '0' : 0;
     /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;
@@ -685,7 +685,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *aov = getenv("DSI_CUDA_ATTN_O16V");
     c->attn_o16v = !(aov && *aov == '0'); /* (step 45: the 8k prefill -1.4 ms) */
     const char *aql = getenv("DSI_CUDA_ATTN_QN_LEAN");
-    c->attn_qn_lean = aql && *aql == '1'; /* (off until measured: step 45 had no device left) */
+    c->attn_qn_lean = !(aql && *aql == '0'); /* (on since step 46: the 8k prefill -1.0 ms) */
     const char *aq = getenv("DSI_CUDA_ATTN_Q16");
     c->attn_q16 = !(aq && *aq == '0');
     const char *ta = getenv("DSI_CUDA_TC_ATTN");
@@ -718,7 +718,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *forp = getenv("DSI_CUDA_ATTN_FA_OR");
     c->attn_fa_or = forp && *forp ? *forp == '1' : -1;
     const char *fe = getenv("DSI_CUDA_ATTN_FA_EXP");
-    c->attn_fa_exp = fe && *fe >= '1' && *fe <= '3' ? *fe - '0' : 0;
+    /* (step 46: expf by default, the 8k prefill -1.3 ms against exp_ref; 0: exp_ref) */
+    c->attn_fa_exp = fe && *fe >= '0' && *fe <= '3' ? *fe - '0' : 1;
     const char *ti = getenv("DSI_CUDA_TC_IDX");
     c->tc_idx = !(ti && *ti == '0');
     /* (step 25, compiled only: several key tiles per block by default) */

@@ -170,11 +170,12 @@ struct tf_post {
     float *Xo;                         /* the new streams (the mix's X) */
     int64_t dim;
     bool round;
+    bool wide; /* W = 2 (DSI_CUDA_HC_PTF=2): 32 d a step without the loads a step ahead */
 };
 
 #define TF_HC 4 /* k_hc_mix_tf_post's streams */
 
-template <int NT>
+template <int NT, int W>
 __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struct tf_post q) {
     constexpr int HC = TF_HC;
     cu_pdl_enter();
@@ -208,7 +209,6 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     float sa = 0.0f, sb = 0.0f;
     /* a step's loads: [0..HC) row g's streams, HC its f, HC + 1.. row g + 8's */
-    float4 cur[2 * HC + 2], nxt[2 * HC + 2];
     auto load = [&](int64_t d0, float4(&v)[2 * HC + 2]) {
 #pragma unroll
         for (int k = 0; k < HC; k++) {
@@ -218,9 +218,8 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
         v[HC] = __ldcs((const float4 *)(fa + d0));
         v[2 * HC + 1] = __ldcs((const float4 *)(fb + d0));
     };
-    if (da < db) load(da, cur);
-    for (int64_t d0 = da; d0 < db; d0 += 16) {
-        if (d0 + 16 < db) load(d0 + 16, nxt);
+    /* a sub-step: the new streams of 16 d from d0, stored, and their squares and products */
+    auto step = [&](int64_t d0, const float4(&v)[2 * HC + 2]) {
         float4 vf[HC][NT];
 #pragma unroll
         for (int k = 0; k < HC; k++)
@@ -234,20 +233,20 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
                 float x0[HC_MAX], x1[HC_MAX], x2[HC_MAX], x3[HC_MAX];
 #pragma unroll
                 for (int j = 0; j < HC_MAX; j++) {
-                    float4 v = j < HC ? cur[j] : make_float4(0, 0, 0, 0);
-                    x0[j] = v.x, x1[j] = v.y, x2[j] = v.z, x3[j] = v.w;
+                    float4 e = j < HC ? v[j] : make_float4(0, 0, 0, 0);
+                    x0[j] = e.x, x1[j] = e.y, x2[j] = e.z, x3[j] = e.w;
                 }
-                float4 f = cur[HC];
+                float4 f = v[HC];
                 a = make_float4(hc_post_val(ca[k], x0, pa[k], f.x, HC, q.round),
                                 hc_post_val(ca[k], x1, pa[k], f.y, HC, q.round),
                                 hc_post_val(ca[k], x2, pa[k], f.z, HC, q.round),
                                 hc_post_val(ca[k], x3, pa[k], f.w, HC, q.round));
 #pragma unroll
                 for (int j = 0; j < HC_MAX; j++) {
-                    float4 v = j < HC ? cur[HC + 1 + j] : make_float4(0, 0, 0, 0);
-                    x0[j] = v.x, x1[j] = v.y, x2[j] = v.z, x3[j] = v.w;
+                    float4 e = j < HC ? v[HC + 1 + j] : make_float4(0, 0, 0, 0);
+                    x0[j] = e.x, x1[j] = e.y, x2[j] = e.z, x3[j] = e.w;
                 }
-                f = cur[2 * HC + 1];
+                f = v[2 * HC + 1];
                 b = make_float4(hc_post_val(cb[k], x0, pb[k], f.x, HC, q.round),
                                 hc_post_val(cb[k], x1, pb[k], f.y, HC, q.round),
                                 hc_post_val(cb[k], x2, pb[k], f.z, HC, q.round),
@@ -270,9 +269,26 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
                 tf_slice(acc[j], a.z, a.w, b.z, b.w, f.z, f.w);
             }
         }
+    };
+    if constexpr (W == 1) { /* the next 16 d's loads issued before this step's arithmetic */
+        float4 cur[2 * HC + 2], nxt[2 * HC + 2];
+        if (da < db) load(da, cur);
+        for (int64_t d0 = da; d0 < db; d0 += 16) {
+            if (d0 + 16 < db) load(d0 + 16, nxt);
+            step(d0, cur);
 #pragma unroll
-        for (int i = 0; i < 2 * HC + 2; i++)
-            cur[i] = nxt[i];
+            for (int i = 0; i < 2 * HC + 2; i++)
+                cur[i] = nxt[i];
+        }
+    } else { /* 32 d a step, both halves' loads issued together: whole 128-byte lines a row */
+        for (int64_t d0 = da; d0 < db; d0 += 32) {
+            float4 v0[2 * HC + 2], v1[2 * HC + 2];
+            bool two = d0 + 16 < db;
+            load(d0, v0);
+            if (two) load(d0 + 16, v1);
+            step(d0, v0);
+            if (two) step(d0 + 16, v1);
+        }
     }
     tf_out<NT>(p, acc, sa, sb, r0, g, t);
 }
@@ -304,7 +320,8 @@ static bool tf_run(struct cu_ctx *c,
 #define TF_LAUNCH(NT)                                                                              \
     do {                                                                                           \
         if (q)                                                                                     \
-            cu_launch(c, k_hc_mix_tf_post<NT>, grid, TF_T, 0, p, *q);                              \
+            cu_launch(c, q->wide ? k_hc_mix_tf_post<NT, 2> : k_hc_mix_tf_post<NT, 1>, grid, TF_T,  \
+                      0, p, *q);                                                                   \
         else                                                                                       \
             cu_launch(c, k_hc_mix_tf<NT>, grid, TF_T, 0, p);                                       \
     } while (0)
@@ -364,6 +381,7 @@ bool hc_mix_tf_post(struct cu_ctx *c,
     int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, c->n_sms / rt));
     int64_t ks = cu_div_up(pieces, S) * 16;
     S = cu_div_up(dim, ks);
-    struct tf_post q = {pa->X, pa->f, pa->post, pa->comb, pa->Xo, dim, pa->round_bf16};
+    struct tf_post q = {pa->X,  pa->f, pa->post,       pa->comb,
+                        pa->Xo, dim,   pa->round_bf16, c->hc_ptf == 2};
     return tf_run(c, fn, n_mix, pa->Xo, n, len, rt, ks, S, &q, mixp, ssp, S_out);
 }
