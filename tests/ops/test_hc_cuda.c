@@ -282,10 +282,11 @@ int test_cuda_hc(struct test_ctx *t) {
                        *npf = cuda_backend_with("DSI_CUDA_HC_PF=0"),
                        *tree = cuda_backend_with("DSI_CUDA_HC_TREE=0"),
                        *early = cuda_backend_with("DSI_CUDA_HC_EARLY=1"),
-                       *ptf[2] = {cuda_backend_with("DSI_CUDA_HC_PTF=1,DSI_CUDA_HC_TF_MIN=1"),
-                                  cuda_backend_with("DSI_CUDA_HC_PTF=2,DSI_CUDA_HC_TF_MIN=1")};
+                       *ptf[3] = {cuda_backend_with("DSI_CUDA_HC_PTF=1,DSI_CUDA_HC_TF_MIN=1"),
+                                  cuda_backend_with("DSI_CUDA_HC_PTF=2,DSI_CUDA_HC_TF_MIN=1"),
+                                  cuda_backend_with("DSI_CUDA_HC_PTF=3,DSI_CUDA_HC_TF_MIN=1")};
     TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL &&
-                early != NULL && ptf[0] != NULL && ptf[1] != NULL);
+                early != NULL && ptf[0] != NULL && ptf[1] != NULL && ptf[2] != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -404,11 +405,11 @@ int test_cuda_hc(struct test_ctx *t) {
                     for (int b = 0; b < (n <= 32 ? 4 : 1); b++)
                         TEST_ASSERT(hc_post_first_same(pbe[b], &r, &ap, df, pc, cc, Xc, 0, 0));
                     /* `fast`, past k_hc_pre_one's rows, the hc_post inside the mix's pass
-                       (ptf: DSI_CUDA_HC_PTF=1 and =2 from 1 row; step 46): the streams bit for
+                       (ptf: DSI_CUDA_HC_PTF=1, 2 and 3 from 1 row; step 46): the streams bit for
                        bit, the rest within the two TF32 mixes' bounds of each other (D = 200 is
                        not taken: dim % 16) */
                     ap.fast = true;
-                    for (int b = 0; b < 2 && n > 32; b++)
+                    for (int b = 0; b < 3 && n > 32; b++)
                         TEST_ASSERT(hc_post_first_same(ptf[b], &r, &ap, df, pc, cc, Xc, 4e-5,
                                                        rnd ? 2e-2 : 4e-5));
                 }
@@ -476,8 +477,8 @@ int test_cuda_hc(struct test_ctx *t) {
     npf->ops->free(npf);
     tree->ops->free(tree);
     early->ops->free(early);
-    ptf[0]->ops->free(ptf[0]);
-    ptf[1]->ops->free(ptf[1]);
+    for (int b = 0; b < 3; b++)
+        ptf[b]->ops->free(ptf[b]);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};
     for (int c = 0; c < 3; c++) {

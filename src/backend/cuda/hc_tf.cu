@@ -25,6 +25,7 @@
  * in double). Deterministic. */
 #include "gemm.cuh"
 #include "hc.cuh"
+#include "tc.cuh"
 
 #include <algorithm>
 
@@ -170,10 +171,14 @@ struct tf_post {
     float *Xo;                         /* the new streams (the mix's X) */
     int64_t dim;
     bool round;
-    bool wide; /* W = 2 (DSI_CUDA_HC_PTF=2): 32 d a step without the loads a step ahead */
+    int w; /* k_hc_mix_tf_post's W (DSI_CUDA_HC_PTF): 1 the next 16 d's loads a step ahead,
+              2 32 d a step without them, 3 a ring in shared memory filled by cp.async */
 };
 
-#define TF_HC 4 /* k_hc_mix_tf_post's streams */
+#define TF_HC   4                                /* k_hc_mix_tf_post's streams */
+#define TF_NS   4                                /* W = 3: a warp's ring's steps */
+#define TF_SW   (16 * (TF_HC + 1) * 4)           /* W = 3: float4 a step a warp */
+#define TF_RING (TF_T / 32 * TF_NS * TF_SW * 16) /* W = 3: bytes of shared memory a block */
 
 template <int NT, int W>
 __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struct tf_post q) {
@@ -280,7 +285,8 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
             for (int i = 0; i < 2 * HC + 2; i++)
                 cur[i] = nxt[i];
         }
-    } else { /* 32 d a step, both halves' loads issued together: whole 128-byte lines a row */
+    } else if constexpr (W == 2) { /* 32 d a step, both halves' loads issued together: whole
+                                      128-byte lines a row */
         for (int64_t d0 = da; d0 < db; d0 += 32) {
             float4 v0[2 * HC + 2], v1[2 * HC + 2];
             bool two = d0 + 16 < db;
@@ -289,8 +295,62 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
             step(d0, v0);
             if (two) step(d0 + 16, v1);
         }
+    } else { /* W = 3: each warp's ring of TF_NS steps of 16 d in shared memory, filled by
+                cp.async TF_NS - 1 steps ahead, so the bytes in flight hold no registers. A
+                step's slot: float4 (row, array, part) at row (HC + 1) 4 + array 4 + part (rows
+                past n copy row n - 1); lane (g, t) reads its rows' parts t (conflict-free: the
+                rows' 80-word strides put a quarter warp's 8 float4 on distinct banks). */
+        extern __shared__ float4 tf_sm[];
+        constexpr int SW = TF_SW; /* float4 a step a warp */
+        float4 *ring = tf_sm + (size_t)w * TF_NS * SW;
+        auto issue = [&](int64_t d0, int slot) {
+#pragma unroll
+            for (int i = 0; i < SW / 32; i++) {
+                int ch = lane + 32 * i, row = ch / ((HC + 1) * 4), a = (ch / 4) % (HC + 1),
+                    part = ch % 4;
+                int64_t rr = min(r0 + row, p.n - 1);
+                const float *src = a < HC ? q.X0 + (rr * HC + a) * dim + d0 + 4 * part
+                                          : q.f + rr * dim + d0 + 4 * part;
+                cu_cp16(smem_u32(ring + slot * SW + ch), src, true);
+            }
+        };
+        int ns = (int)((db - da + 15) / 16);
+#pragma unroll
+        for (int s = 0; s < TF_NS - 1; s++) {
+            if (s < ns) issue(da + 16 * s, s);
+            cu_cp_commit();
+        }
+        for (int s = 0; s < ns; s++) {
+            cu_cp_wait<TF_NS - 2>();
+            __syncwarp(); /* the step's copies by every lane; slot s - 1 read by every lane */
+            if (s + TF_NS - 1 < ns) issue(da + 16 * (s + TF_NS - 1), (s + TF_NS - 1) % TF_NS);
+            cu_cp_commit();
+            const float4 *st = ring + (s % TF_NS) * SW;
+            float4 v[2 * HC + 2];
+#pragma unroll
+            for (int a = 0; a <= HC; a++) {
+                v[a] = st[(g * (HC + 1) + a) * 4 + t];
+                v[HC + 1 + a] = st[((g + 8) * (HC + 1) + a) * 4 + t];
+            }
+            step(da + 16 * s, v);
+        }
     }
     tf_out<NT>(p, acc, sa, sb, r0, g, t);
+}
+
+/* k_hc_mix_tf_post<NT, q.w> (W = 3 with its ring's shared memory, the limit raised once) */
+template <int NT>
+static void
+tf_launch_post(struct cu_ctx *c, dim3 grid, const struct tf_p &p, const struct tf_post &q) {
+    static bool done;
+    if (q.w == 3) {
+        if (smem_limit(c, k_hc_mix_tf_post<NT, 3>, TF_RING, &done, "hc mix with hc_post"))
+            cu_launch(c, k_hc_mix_tf_post<NT, 3>, grid, TF_T, TF_RING, p, q);
+    } else if (q.w == 2) {
+        cu_launch(c, k_hc_mix_tf_post<NT, 2>, grid, TF_T, 0, p, q);
+    } else {
+        cu_launch(c, k_hc_mix_tf_post<NT, 1>, grid, TF_T, 0, p, q);
+    }
 }
 
 /* The launch for split [S] of ks (k, or with q d) a block: the scratch for mixp and ssp, then
@@ -320,8 +380,7 @@ static bool tf_run(struct cu_ctx *c,
 #define TF_LAUNCH(NT)                                                                              \
     do {                                                                                           \
         if (q)                                                                                     \
-            cu_launch(c, q->wide ? k_hc_mix_tf_post<NT, 2> : k_hc_mix_tf_post<NT, 1>, grid, TF_T,  \
-                      0, p, *q);                                                                   \
+            tf_launch_post<NT>(c, grid, p, *q);                                                    \
         else                                                                                       \
             cu_launch(c, k_hc_mix_tf<NT>, grid, TF_T, 0, p);                                       \
     } while (0)
@@ -381,7 +440,6 @@ bool hc_mix_tf_post(struct cu_ctx *c,
     int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, c->n_sms / rt));
     int64_t ks = cu_div_up(pieces, S) * 16;
     S = cu_div_up(dim, ks);
-    struct tf_post q = {pa->X,  pa->f, pa->post,       pa->comb,
-                        pa->Xo, dim,   pa->round_bf16, c->hc_ptf == 2};
+    struct tf_post q = {pa->X, pa->f, pa->post, pa->comb, pa->Xo, dim, pa->round_bf16, c->hc_ptf};
     return tf_run(c, fn, n_mix, pa->Xo, n, len, rt, ks, S, &q, mixp, ssp, S_out);
 }
