@@ -73,6 +73,30 @@ tf_slice(float (&d)[4], float x0, float x1, float y0, float y1, float f0, float 
     tf_mma(d, xh0, yh0, xh1, yh1, fh0, fh1);
 }
 
+/* Rows g and g + 8's float4 a and b at the same 4 k: their squares into sa and sb (in k order),
+   then their products with fn's float4 f[j] at those k into each n8 tile's acc[j] */
+template <int NT>
+__device__ __forceinline__ void tf_take(float (&acc)[NT][4],
+                                        float &sa,
+                                        float &sb,
+                                        const float4 a,
+                                        const float4 b,
+                                        const float4 (&f)[NT]) {
+    sa = fmaf(a.x, a.x, sa);
+    sa = fmaf(a.y, a.y, sa);
+    sa = fmaf(a.z, a.z, sa);
+    sa = fmaf(a.w, a.w, sa);
+    sb = fmaf(b.x, b.x, sb);
+    sb = fmaf(b.y, b.y, sb);
+    sb = fmaf(b.z, b.z, sb);
+    sb = fmaf(b.w, b.w, sb);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        tf_slice(acc[j], a.x, a.y, b.x, b.y, f[j].x, f[j].y);
+        tf_slice(acc[j], a.z, a.w, b.z, b.w, f[j].z, f[j].w);
+    }
+}
+
 /* A warp's results: the row's four lanes' sums of squares (lanes 4g .. 4g + 3) added by
    shuffles, then lane t = 0 writes them; the outputs of rows r0 + g and r0 + g + 8 (split
    blockIdx.y's slot of mixp and ssp) */
@@ -131,21 +155,7 @@ template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct 
                 vf[u][j] = __ldg((const float4 *)(fo[j] + k0 + 16 * u));
 #pragma unroll
         for (int u = 0; u < TF_U; u++) {
-            const float4 a = va[u], b = vb[u];
-            sa = fmaf(a.x, a.x, sa);
-            sa = fmaf(a.y, a.y, sa);
-            sa = fmaf(a.z, a.z, sa);
-            sa = fmaf(a.w, a.w, sa);
-            sb = fmaf(b.x, b.x, sb);
-            sb = fmaf(b.y, b.y, sb);
-            sb = fmaf(b.z, b.z, sb);
-            sb = fmaf(b.w, b.w, sb);
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float4 f = vf[u][j];
-                tf_slice(acc[j], a.x, a.y, b.x, b.y, f.x, f.y);
-                tf_slice(acc[j], a.z, a.w, b.z, b.w, f.z, f.w);
-            }
+            tf_take<NT>(acc, sa, sb, va[u], vb[u], vf[u]);
         }
     }
     tf_out<NT>(p, acc, sa, sb, r0, g, t);
@@ -259,20 +269,7 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
             }
             if (ga) *(float4 *)(oa + k * dim + d0) = a;
             if (gb) *(float4 *)(ob + k * dim + d0) = b;
-            sa = fmaf(a.x, a.x, sa);
-            sa = fmaf(a.y, a.y, sa);
-            sa = fmaf(a.z, a.z, sa);
-            sa = fmaf(a.w, a.w, sa);
-            sb = fmaf(b.x, b.x, sb);
-            sb = fmaf(b.y, b.y, sb);
-            sb = fmaf(b.z, b.z, sb);
-            sb = fmaf(b.w, b.w, sb);
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float4 f = vf[k][j];
-                tf_slice(acc[j], a.x, a.y, b.x, b.y, f.x, f.y);
-                tf_slice(acc[j], a.z, a.w, b.z, b.w, f.z, f.w);
-            }
+            tf_take<NT>(acc, sa, sb, a, b, vf[k]);
         }
     };
     if constexpr (W == 1) { /* the next 16 d's loads issued before this step's arithmetic */
