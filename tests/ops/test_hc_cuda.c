@@ -282,11 +282,13 @@ int test_cuda_hc(struct test_ctx *t) {
                        *npf = cuda_backend_with("DSI_CUDA_HC_PF=0"),
                        *tree = cuda_backend_with("DSI_CUDA_HC_TREE=0"),
                        *early = cuda_backend_with("DSI_CUDA_HC_EARLY=1"),
-                       *ptf[3] = {cuda_backend_with("DSI_CUDA_HC_PTF=1,DSI_CUDA_HC_TF_MIN=1"),
+                       *ptf[4] = {cuda_backend_with("DSI_CUDA_HC_PTF=1,DSI_CUDA_HC_TF_MIN=1"),
                                   cuda_backend_with("DSI_CUDA_HC_PTF=2,DSI_CUDA_HC_TF_MIN=1"),
-                                  cuda_backend_with("DSI_CUDA_HC_PTF=3,DSI_CUDA_HC_TF_MIN=1")};
+                                  cuda_backend_with("DSI_CUDA_HC_PTF=3,DSI_CUDA_HC_TF_MIN=1"),
+                                  cuda_backend_with("DSI_CUDA_HC_PTF=0,DSI_CUDA_HC_TF_MIN=1")};
     TEST_ASSERT(tf1 != NULL && fin != NULL && cl != NULL && npf != NULL && tree != NULL &&
-                early != NULL && ptf[0] != NULL && ptf[1] != NULL && ptf[2] != NULL);
+                early != NULL && ptf[0] != NULL && ptf[1] != NULL && ptf[2] != NULL &&
+                ptf[3] != NULL);
     const int64_t dims[] = {128, 200, 4096}, ns[] = {1, 3, 17, 40, 601};
     for (int di = 0; di < (tiny_only() ? 2 : 3); di++)
         for (int ni = 0; ni < 5; ni++)
@@ -405,11 +407,12 @@ int test_cuda_hc(struct test_ctx *t) {
                     for (int b = 0; b < (n <= 32 ? 4 : 1); b++)
                         TEST_ASSERT(hc_post_first_same(pbe[b], &r, &ap, df, pc, cc, Xc, 0, 0));
                     /* `fast`, past k_hc_pre_one's rows, the hc_post inside the mix's pass
-                       (ptf: DSI_CUDA_HC_PTF=1, 2 and 3 from 1 row; step 46): the streams bit for
-                       bit, the rest within the two TF32 mixes' bounds of each other (D = 200 is
-                       not taken: dim % 16) */
+                       (ptf: DSI_CUDA_HC_PTF=1, 2 (the default) and 3 from 1 row; step 46), and
+                       k_hc_post's launch before the mix (=0): the streams bit for bit, the rest
+                       within the two TF32 mixes' bounds of each other (D = 200 is not taken:
+                       dim % 16) */
                     ap.fast = true;
-                    for (int b = 0; b < 3 && n > 32; b++)
+                    for (int b = 0; b < 4 && n > 32; b++)
                         TEST_ASSERT(hc_post_first_same(ptf[b], &r, &ap, df, pc, cc, Xc, 4e-5,
                                                        rnd ? 2e-2 : 4e-5));
                 }
@@ -477,7 +480,7 @@ int test_cuda_hc(struct test_ctx *t) {
     npf->ops->free(npf);
     tree->ops->free(tree);
     early->ops->free(early);
-    for (int b = 0; b < 3; b++)
+    for (int b = 0; b < 4; b++)
         ptf[b]->ops->free(ptf[b]);
     /* hc_post's other kernels: hc other than 4 (loops not unrolled), dim % 4 != 0 (scalar) */
     const int64_t pd[][2] = {{2, 128}, {3, 130}, {4, 66}};

@@ -169,7 +169,7 @@ struct cu_ctx {
                         rows (DSI_CUDA_HC_TF_MIN, default 128; 0: never) */
     int hc_ptf;      /* there, with the hc_post before it in the same pass (k_hc_mix_tf_post;
                         DSI_CUDA_HC_PTF=1: 16 d a step, the next step's loads ahead; 2: 32 d a
-                        step; 3: a ring in shared memory by cp.async; 0: off; step 46) */
+                        step (the default, step 47); 3: a ring in shared memory by cp.async; 0: off) */
     int wg_dense_min;   /* tc.cu's dense / grouped calls on wg.cu / wgr.cu from this many rows
                            (DSI_CUDA_WG_DENSE_MIN, default 512) */
     int wg_shared_min;  /* the MoE's shared expert on wg.cu / wgr.cu from this many rows

@@ -618,8 +618,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        since step 37 (batch 256 -1.2 to -1.7% a step; 512 before) */
     const char *ht = getenv("DSI_CUDA_HC_TF_MIN");
     c->hc_tf_min = ht && *ht ? atoi(ht) : 128;
-    const char *hpt = getenv("DSI_CUDA_HC_PTF"); /* (step 46: off until measured) */
-    c->hc_ptf = hpt && *hpt >= '1' && *hpt <= '3' ? *hpt - '0' : 0;
+    const char *hpt =
+        getenv("DSI_CUDA_HC_PTF"); /* (step 47: 2 measured -0.7 ms at the 8k prefill) */
+    c->hc_ptf = hpt && *hpt >= '0' && *hpt <= '3' ? *hpt - '0' : 2;
     /* hc_pre (and the norm after it) in one launch up to this many rows (step 19) */
     const char *ho = getenv("DSI_CUDA_HC_ONE");
     c->hc_one = ho && *ho ? atoi(ho) : 32;

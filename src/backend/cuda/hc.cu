@@ -809,8 +809,8 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     }
     /* the mix: mraw, or its split-K chunk values for the finish to add (c->hc_fuse); in `fast`
        numerics from c->hc_tf_min rows on the tensor cores (hc_tf.cu), split along K, with the
-       rows' sums of squares (ssp); with c->hc_ptf (DSI_CUDA_HC_PTF=1, step 46) the hc_post
-       first in the same pass there, else its own launch first (the other kernels read X) */
+       rows' sums of squares (ssp); with c->hc_ptf (DSI_CUDA_HC_PTF, 2 by default since step 47) the
+       hc_post first in the same pass there, else its own launch first (the other kernels read X) */
     int64_t nq = 0;
     float *tcv = NULL, *ssp = NULL;
     const float *cv = NULL;

@@ -162,11 +162,11 @@ template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct 
 }
 
 /* hc_pre's mix with the hc_post before it in the same pass (dsi_hc_pre_args.post_first;
- * c->hc_ptf, DSI_CUDA_HC_PTF=1-3; step 46, off). The prefill ran k_hc_post (old streams and f read,
- * the new streams written: ~0.40 ms a call of 8192 rows) and then k_hc_mix_tf, which read the new
- * streams back (~0.21 ms); here the mix takes the new values where they are made, so the new
- * streams are written and never read by the mix (the finish still reads them for the
- * collapse).
+ * c->hc_ptf, DSI_CUDA_HC_PTF=1-3; step 46; 2 the default since step 47). The prefill ran k_hc_post
+ * (old streams and f read, the new streams written: ~0.40 ms a call of 8192 rows) and then
+ * k_hc_mix_tf, which read the new streams back (~0.21 ms); here the mix takes the new values where
+ * they are made, so the new streams are written and never read by the mix (the finish still reads
+ * them for the collapse).
  *
  * The same block of 8 warps and 128 rows, split along d (not the flattened k): lane (g, t) loads,
  * per 16 d from d0, the float4 at d0 + 4t of each of the HC old streams and of f, for rows g and
@@ -175,9 +175,10 @@ template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct 
  * need only agree between A and B). How the loads are kept in flight is W (DSI_CUDA_HC_PTF): 1,
  * the next step's issued before the current step's arithmetic (two register sets; measured in
  * step 46: 662 us a prefill call against 398 + 215 for the two kernels, 20 us against 25 at 256
- * rows); 2, 32 d a step; 3, a ring in shared memory filled by cp.async (2 and 3 not yet
- * measured). The rows' comb columns and post stay in registers. Outputs as k_hc_mix_tf's
- * (tf_out); the values are the same sums in another order, so not its bits. */
+ * rows); 2, 32 d a step; 3, a ring in shared memory filled by cp.async (step 47, the 8k
+ * prefill: 2 -0.7 ms against the two kernels, 3 level at 632 us a call; batch 256 level). The rows'
+ * comb columns and post stay in registers. Outputs as k_hc_mix_tf's (tf_out); the values are the
+ * same sums in another order, so not its bits. */
 struct tf_post {
     const float *X0, *f, *post, *comb; /* hc_post's inputs: the old streams [n][HC][dim], f
                                           [n][dim], post [n][HC], comb [n][HC][HC] */
