@@ -355,6 +355,8 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
         /* from 512 rows: one wg.cu launch on the groups' bf16 copy */
         {{DSI_TYPE_F8_E4M3, 512, 256, 520, 0, 64, 2048, 520, true}, {8, 256, 64}},
         {{DSI_TYPE_BF16, 256, 128, 530, 0, 32, 1100, 300, false}, {8, 128, 36}},
+        /* from DSI_CUDA_LTB_MIN rows (2048): ltb.cu (cuBLASLt's bf16 matmul, a batch a group) */
+        {{DSI_TYPE_F8_E4M3, 1024, 512, 2052, 0, 128, 4096, 1024, true}, {8, 512, 128}},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++) {
@@ -367,14 +369,17 @@ int test_cuda_gemm_grouped(struct test_ctx *t) {
        default from step 26), those of 64-511 rows on tc.cu with the groups never split along K
        (DSI_CUDA_TC_SPLIT_GROUPED=0; step 25), those of 128-511 rows on wgr.cu
        (DSI_CUDA_WG_DENSE_MIN=128; step 33) and on tc.cu (DSI_CUDA_WG_GROUPED_MIN=512: the
-       grouped calls' threshold before step 36, whose default is 128) */
+       grouped calls' threshold before step 36, whose default is 128), those from 128 rows on
+       ltb.cu (DSI_CUDA_LTB_MIN=128; step 47) and those from 2048 without it */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } other[] = {{"DSI_CUDA_WG_RS=0", 512, INT64_MAX},
                  {"DSI_CUDA_TC_SPLIT_GROUPED=0,DSI_CUDA_WG_GROUPED_MIN=512", 64, 511},
                  {"DSI_CUDA_WG_DENSE_MIN=128", 128, 511},
-                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511}};
+                 {"DSI_CUDA_WG_GROUPED_MIN=512", 128, 511},
+                 {"DSI_CUDA_LTB_MIN=128", 128, INT64_MAX},
+                 {"DSI_CUDA_LTB_MIN=0", 2048, INT64_MAX}};
     struct dsi_backend *keep = g_gpu;
     int ok = 1;
     for (size_t b = 0; b < sizeof(other) / sizeof(other[0]) && ok; b++) {

@@ -1222,13 +1222,18 @@ int test_cuda_attn(struct test_ctx *t) {
         {64, 512, 128, 0, 512, false, true, 2, {0, 127}, {100, 40}, true},
     };
     for (int e = 0; e < 4 && ok; e++) { /* FP32 / FP8 rows; out left unwritten or written */
-        struct dsi_backend *g2 = cuda_backend_with("DSI_CUDA_ATTN_O16=0,DSI_CUDA_ATTN_Q16=0"),
-                           *keep = g_gpu, *g3;
+        /* (the FP8-row passes run the gemm on ltb.cu from 128 rows on both backends: its
+           kept rows against its copy of out; step 47) */
+        const char *ltb = e & 1 ? ",DSI_CUDA_LTB_MIN=128" : "";
+        char e2[128], e3[160];
+        snprintf(e2, sizeof(e2), "DSI_CUDA_ATTN_O16=0,DSI_CUDA_ATTN_Q16=0%s", ltb);
+        snprintf(e3, sizeof(e3), "%s%s",
+                 e >= 2 ? "DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0,DSI_CUDA_ATTN_QN_LEAN=0"
+                        : "DSI_CUDA_ATTN_OSKIP=1,DSI_CUDA_ATTN_O16V=1,DSI_CUDA_ATTN_QN_LEAN=1",
+                 ltb);
+        struct dsi_backend *g2 = cuda_backend_with(e2), *keep = g_gpu, *g3;
         TEST_ASSERT(g2 != NULL);
-        g3 = cuda_backend_with(e >= 2 ? "DSI_CUDA_ATTN_OSKIP=0,DSI_CUDA_ATTN_O16V=0,"
-                                        "DSI_CUDA_ATTN_QN_LEAN=0"
-                                      : "DSI_CUDA_ATTN_OSKIP=1,DSI_CUDA_ATTN_O16V=1,"
-                                        "DSI_CUDA_ATTN_QN_LEAN=1");
+        g3 = cuda_backend_with(e3);
         TEST_ASSERT(g3 != NULL);
         g_gpu = g3;
         g_attn_alt = g2;

@@ -252,6 +252,11 @@ struct cu_ctx {
     int lt_min_out; /* lt.cu only for GEMMs of this many output columns or more
                        (DSI_CUDA_LT_MIN_OUT, default 0; narrower: tc.cu / wgr.cu; step 37) */
     struct cu_lt *lt;
+    /* dense calls wgr.cu would take (the grouped wo_a) from this many rows on cuBLASLt's bf16
+       matmul (ltb.cu; DSI_CUDA_LTB_MIN, default 2048; 0: never); ltb: its handle and plans
+       (owned, cu_ltb_new / cu_ltb_free), NULL when off */
+    int ltb_min;
+    struct cu_ltb *ltb;
     bool moe_lt; /* the shared expert's down projection on lt.cu where it takes it
                     (DSI_CUDA_MOE_LT=0: off) */
     struct cu_prof_pair *pairs;
@@ -306,6 +311,9 @@ struct cu_ctx {
  * FP8 GEMMs then stay on tc.cu), freed with the backend. */
 struct cu_lt *cu_lt_new(int layout);
 void cu_lt_free(struct cu_lt *lt);
+/* ltb.cu's cuBLASLt state: made at backend creation (NULL: off), freed with the backend. */
+struct cu_ltb *cu_ltb_new(void);
+void cu_ltb_free(struct cu_ltb *b);
 
 static inline struct cu_ctx *cu_ctx_of(struct dsi_backend *be) { return (struct cu_ctx *)be->ctx; }
 

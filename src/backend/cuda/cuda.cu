@@ -380,6 +380,7 @@ static void cuda_free(struct dsi_backend *be) {
         free(c->moe[i].snap);
     }
     cu_lt_free(c->lt);
+    cu_ltb_free(c->ltb);
     if (c->hc_cnt) cudaFree(c->hc_cnt);
     cu_l2pf_free(c);
     cu_moe_side_free(c);
@@ -733,6 +734,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *lo = getenv("DSI_CUDA_LT_MIN_OUT");
     c->lt_min_out = lo && *lo ? atoi(lo) : 0;
     c->lt = c->lt_min > 0 ? cu_lt_new(ll && *ll ? atoi(ll) : 1) : NULL;
+    /* the grouped wo_a from 2048 rows on cuBLASLt's bf16 matmul (ltb.cu; step 47) */
+    const char *lb = getenv("DSI_CUDA_LTB_MIN");
+    c->ltb_min = lb && *lb ? atoi(lb) : 2048;
+    c->ltb = c->ltb_min > 0 ? cu_ltb_new() : NULL;
     const char *ml = getenv("DSI_CUDA_MOE_LT");
     c->moe_lt = !(ml && *ml == '0');
     /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the
