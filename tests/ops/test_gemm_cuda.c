@@ -162,6 +162,10 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
            router's shapes at batch 256 (the cases of 64-511 rows above split too) */
         {DSI_TYPE_F8_E4M3, 1024, 4096, 256, 0, 1024, 0, 0, false},
         {DSI_TYPE_BF16, 256, 4096, 256, 0, 256, 0, 0, false},
+        /* ltb.cu (cuBLASLt's bf16 matmul) from DSI_CUDA_LTB_MIN (2048) rows: BF16 weights (FP8
+           ones with act_quant's rows are lt.cu's), fp32 outputs into y and bf16 ones widened */
+        {DSI_TYPE_BF16, 256, 512, 2050, 0, 256, 0, 0, false},
+        {DSI_TYPE_BF16, 320, 1024, 2052, 0, 320, 0, 0, true},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int wide = 0; wide < 2; wide++) { /* gvf.cu's short and fp32 weight decoding */
@@ -213,14 +217,18 @@ int test_cuda_gemm_fast(struct test_ctx *t) {
        cases of 1-63 rows; the wgmma kernels from 128 rows (DSI_CUDA_WG_DENSE_MIN=128, cuBLASLt
        off) on those of 128-511; step 36's evict-first weight loads (DSI_CUDA_GVF_EF=1) on those
        of 1-63; step 37's cuBLASLt only from 2048 output columns (DSI_CUDA_LT_MIN_OUT=2048: the
-       narrower FP8 calls of 128 rows and more on tc.cu) */
+       narrower FP8 calls of 128 rows and more on tc.cu); step 47's ltb.cu from 128 rows (the
+       wgmma kernels' calls from 128 rows, cuBLASLt's FP8 off) and the cases from 2048 rows
+       without it */
     const struct {
         const char *env;
         int64_t nmin, nmax;
     } s33[] = {{"DSI_CUDA_GVF_NBAR=1", 1, 63},
                {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0", 128, 511},
                {"DSI_CUDA_GVF_EF=1", 1, 63},
-               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX}};
+               {"DSI_CUDA_LT_MIN_OUT=2048", 128, INT64_MAX},
+               {"DSI_CUDA_WG_DENSE_MIN=128,DSI_CUDA_LT_MIN=0,DSI_CUDA_LTB_MIN=128", 128, INT64_MAX},
+               {"DSI_CUDA_LTB_MIN=0", 2048, INT64_MAX}};
     for (size_t b = 0; b < sizeof(s33) / sizeof(s33[0]) && ok; b++) {
         struct dsi_backend *g2 = cuda_backend_with(s33[b].env);
         TEST_ASSERT(g2 != NULL);

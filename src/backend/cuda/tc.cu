@@ -282,10 +282,9 @@ bool launch_tc_gemm(struct cu_ctx *c, const struct cu_gemm_call *g) {
     if (wg) {
         int pw = cu_prof_begin(c, "gemm.wg");
         /* (wgr.cu's kernels with the weights in registers where c->wg_rs and the shapes allow;
-           from c->ltb_min rows its calls on cuBLASLt's bf16 matmul, ltb.cu) */
-        bool ok =
-            (c->wg_rs && (launch_ltb_gemm(c, &p, grid) || launch_wgr_gemm(c, &p, bn, grid))) ||
-            launch_wg_gemm(c, &p, bn, grid);
+           from c->ltb_min rows the calls on cuBLASLt's bf16 matmul, ltb.cu) */
+        bool ok = launch_ltb_gemm(c, &p, grid) || (c->wg_rs && launch_wgr_gemm(c, &p, bn, grid)) ||
+                  launch_wg_gemm(c, &p, bn, grid);
         cu_prof_end(c, pw);
         return ok || c->sticky;
     }

@@ -387,9 +387,9 @@ bool launch_wg_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
  * loads' own registers: ptxas then fences each one, C7519) or where K or the groups' column
  * stride is not a multiple of 128. */
 bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid);
-/* ltb.cu: a dense (grouped) call that wgr.cu would take, from c->ltb_min rows on cuBLASLt's bf16
- * matmul with a bf16 copy of the weight rows in wgr.cu's K order (grid.z: the groups); false:
- * not taken (nothing launched). */
+/* ltb.cu: a dense (grouped) call that the wgmma kernels would take (FP8: where wgr.cu would),
+ * from c->ltb_min rows on cuBLASLt's bf16 matmul (FP8 weights through a bf16 copy of their rows
+ * in wgr.cu's K order; grid.z: the groups); false: not taken (nothing launched). */
 bool launch_ltb_gemm(struct cu_ctx *c, const struct tc_p *p, dim3 grid);
 /* launch_wgr_gemm takes a dense call of `groups` groups (gx apart) on w */
 bool wgr_dense_ok(const struct cu_w *w, int groups, int64_t gx);
