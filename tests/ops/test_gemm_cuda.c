@@ -267,7 +267,17 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 384, 512, 33, true, true}, /* 32 + 1 */
         {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 256, 128, 512, 4, true, false},
         {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 256, 128, 512, 3, false, true},
+        /* from 128 rows the second call takes the first's copy of x (c->xc; step 47): lt.cu's
+           FP8 rows (130: 128 of them, then 2 on gvf.cu), ltb.cu's bf16 rows from 2048, and a
+           pair of two kinds (lt.cu, then ltb.cu: not taken) */
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 1024, 512, 4096, 256, true, true},
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3, 512, 512, 1024, 130, true, true},
+        {DSI_TYPE_BF16, DSI_TYPE_BF16, 256, 128, 512, 2050, true, false},
+        {DSI_TYPE_F8_E4M3, DSI_TYPE_BF16, 512, 256, 512, 2052, true, true},
     };
+    /* (the fast cases from 128 rows again without c->xc: the same bits) */
+    struct dsi_backend *nxc = cuda_backend_with("DSI_CUDA_XC=0");
+    TEST_ASSERT(nxc != NULL);
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         int64_t n = cs[c].n, K = cs[c].K, m1 = cs[c].rows1, m2 = cs[c].rows2;
         struct wt w1, w2;
@@ -314,6 +324,14 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         else
             ok = ok && same("gemm pair y", g1, c1, sizeof(float) * (size_t)(n * m1)) &&
                  same("gemm pair y2", g2, c2, sizeof(float) * (size_t)(n * m2));
+        if (ok && cs[c].fast && n >= 128) {
+            nxc->ops->gemm(nxc, &a);
+            ok = gsync_on(nxc, "gemm pair without xc") == 0;
+            dget(c1, d1, sizeof(float) * (size_t)(n * m1));
+            dget(c2, d2, sizeof(float) * (size_t)(n * m2));
+            ok = ok && same("gemm pair y without xc", c1, g1, sizeof(float) * (size_t)(n * m1)) &&
+                 same("gemm pair y2 without xc", c2, g2, sizeof(float) * (size_t)(n * m2));
+        }
         dfree(dx);
         dfree(d1);
         dfree(d2);
@@ -326,6 +344,7 @@ int test_cuda_gemm_pair(struct test_ctx *t) {
         wt_free(&w2);
         TEST_ASSERTF(ok, "case %zu", c);
     }
+    nxc->ops->free(nxc);
     return 0;
 }
 

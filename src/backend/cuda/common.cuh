@@ -234,6 +234,20 @@ struct cu_ctx {
         const uint16_t *buf;
         int64_t n, cols;
     } o16;
+    /* a gemm op's pair of weights on the same x (dsi_gemm_args.w2, run as two calls): the
+       activations' copy the first call made, taken by the second where it is the same (on:
+       between the two; kind: XC_LT, lt.cu's FP8 rows and scales in CU_SCR_LT; XC_BF16 /
+       XC_BF16P, wg_dense_copy's plain / permuted bf16 rows in CU_SCR_GEMM; gen: scratch_gen then,
+       so a moved slot is never taken; DSI_CUDA_XC=0: off; step 47) */
+    bool xc_on_env;
+    struct {
+        bool on, valid;
+        int kind;
+        const float *x;
+        int64_t n, K, ldx;
+        const void *buf;
+        uint64_t gen;
+    } xc;
     /* the gemm's y handed to the attention after it (dsi_gemm_args.y_to_attn,
        dsi_attn_args.q_from_gemm): lt.cu leaves cuBLASLt's bf16 rows [n][cols] in CU_SCR_Q16's
        slot (buf) instead of widening them into src (row stride ld); the attention's fused
@@ -306,6 +320,37 @@ struct cu_ctx {
     uint64_t scratch_gen; /* bumped whenever a scratch buffer moves */
     int cur_graph;        /* the entry being captured or replayed, -1: none */
 };
+
+enum { XC_LT = 1, XC_BF16 = 2, XC_BF16P = 3 };
+/* The pair's copy of x (c->xc) of this kind at buf may be taken for x (n rows of K, ldx) */
+static inline bool cu_xc_take(const struct cu_ctx *c,
+                              int kind,
+                              const float *x,
+                              int64_t n,
+                              int64_t K,
+                              int64_t ldx,
+                              const void *buf) {
+    return c->xc.on && c->xc.valid && c->xc.kind == kind && c->xc.x == x && c->xc.n == n &&
+           c->xc.K == K && c->xc.ldx == ldx && c->xc.buf == buf && c->xc.gen == c->scratch_gen;
+}
+/* Record the copy just made (where a pair is running) */
+static inline void cu_xc_made(struct cu_ctx *c,
+                              int kind,
+                              const float *x,
+                              int64_t n,
+                              int64_t K,
+                              int64_t ldx,
+                              const void *buf) {
+    if (!c->xc.on) return;
+    c->xc.valid = true;
+    c->xc.kind = kind;
+    c->xc.x = x;
+    c->xc.n = n;
+    c->xc.K = K;
+    c->xc.ldx = ldx;
+    c->xc.buf = buf;
+    c->xc.gen = c->scratch_gen;
+}
 
 /* lt.cu's cuBLASLt state: made at backend creation (NULL: cuBLASLt could not start; the
  * FP8 GEMMs then stay on tc.cu), freed with the backend. */

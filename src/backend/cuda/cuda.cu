@@ -734,6 +734,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *lo = getenv("DSI_CUDA_LT_MIN_OUT");
     c->lt_min_out = lo && *lo ? atoi(lo) : 0;
     c->lt = c->lt_min > 0 ? cu_lt_new(ll && *ll ? atoi(ll) : 1) : NULL;
+    /* a gemm pair's second call takes the first's copy of x (c->xc; step 47) */
+    const char *xce = getenv("DSI_CUDA_XC");
+    c->xc_on_env = !(xce && *xce == '0');
     /* the grouped wo_a from 2048 rows on cuBLASLt's bf16 matmul (ltb.cu; step 47) */
     const char *lb = getenv("DSI_CUDA_LTB_MIN");
     c->ltb_min = lb && *lb ? atoi(lb) : 2048;

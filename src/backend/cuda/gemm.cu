@@ -426,8 +426,12 @@ static void gemm_op(struct dsi_backend *be, const struct dsi_gemm_args *a) {
         bool in = a->n > 0 && a->n_out > 0 && a->n_out2 > 0 && a->row0 >= 0 &&
                   a->row0 + a->n_out <= w1.rows && a->n_out2 <= w2.rows && a->groups <= 1;
         if (a->fast && in && launch_gvf_pair(c, &g1, &g2)) return;
+        /* (the second takes the first's copy of x where the same path makes it: c->xc) */
+        c->xc.on = c->xc_on_env;
+        c->xc.valid = false;
         cuda_gemm(be, &b);
         cuda_gemm(be, &b2);
+        c->xc.on = c->xc.valid = false;
         return;
     }
     struct cu_w w = cu_w_of(a->w);

@@ -271,10 +271,14 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
         keep = k16 != NULL; /* (inside a capture the slot cannot grow: widened as before) */
     }
     int pp = cu_prof_begin(c, "gemm.lt");
-    int64_t threads = n * kb * 32 > mb * kb ? n * kb * 32 : mb * kb;
+    /* (a pair's second call on the same x: the first's FP8 rows and scales, only the weight's
+       scales converted) */
+    bool xt = cu_xc_take(c, XC_LT, g->x, n, K, g->ldx, xq);
+    int64_t nx = xt ? 0 : n, threads = nx * kb * 32 > mb * kb ? nx * kb * 32 : mb * kb;
     cu_launch(c, k_lt_prep, dim3((unsigned)cu_div_up(threads, CU_THREADS)), dim3(CU_THREADS), 0,
-              g->x, n, K, g->ldx, xq, xs, w->scale + (g->row0 / 128) * w->srs, w->srs, mb, ws,
+              g->x, nx, K, g->ldx, xq, xs, w->scale + (g->row0 / 128) * w->srs, w->srs, mb, ws,
               c->lt->layout);
+    if (!xt) cu_xc_made(c, XC_LT, g->x, n, K, g->ldx, xq);
     if (!cu_check(c, "gemm.lt prep")) {
         cu_prof_end(c, pp);
         return true;
