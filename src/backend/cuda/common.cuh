@@ -214,6 +214,8 @@ struct cu_ctx {
                     (DSI_CUDA_WGP_CF=0: the producer fences) */
     bool wgp_cc; /* wgp.cu: the consumers convert the weights, the producer only copies
                     (DSI_CUDA_WGP_CC=1; step 42) */
+    bool wg_tok; /* wg.cu: the MoE's copy of x by position made by token, each row of x read once
+                    (k_wg_bf16_tok; DSI_CUDA_WG_TOK=0: by position; step 47) */
     bool wg_cp;  /* wg.cu: the permuted bf16 copies a warp a row (k_wg_bf16_v; DSI_CUDA_WG_CP=0:
                     k_wg_bf16's thread a pair; step 43) */
     /* the attention's out rows kept in bf16 for the gemm after it (dsi_attn_args.out_to_gemm,

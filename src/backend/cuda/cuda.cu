@@ -680,6 +680,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wgp_cc = wcc && *wcc == '1'; /* (step 42: the 8k prefill +8%) */
     const char *wcp = getenv("DSI_CUDA_WG_CP");
     c->wg_cp = !(wcp && *wcp == '0');
+    const char *wtk = getenv("DSI_CUDA_WG_TOK"); /* the copy by position by token (step 47) */
+    c->wg_tok = !(wtk && *wtk == '0');
     const char *ao = getenv("DSI_CUDA_ATTN_O16");
     c->attn_o16 = !(ao && *ao == '0');
     const char *aos = getenv("DSI_CUDA_ATTN_OSKIP");

@@ -289,7 +289,8 @@ __device__ __forceinline__ void block_scan2(int &a, int &b, int *ta, int *tb) {
     b = pb + ib - b;
 }
 
-/* One block of 1024 threads. perm[pos] = slot, sorted by expert; tiles[t] = (expert, first pos,
+/* One block of 1024 threads. perm[pos] = slot, sorted by expert (inv, where given: inv[slot] = pos,
+ * -1 for a dropped slot); tiles[t] = (expert, first pos,
  * rows, the tile's index among its expert's | their count << 16): an expert's rows in tiles of RX
  * and the rest, or (bal) in the same number of tiles of equal rows; *n_tiles. Slots with an expert
  * id out of range are dropped (the combine adds 0). The experts' offsets by a block scan (thread t:
@@ -301,7 +302,8 @@ __global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx,
                                                     bool bal,
                                                     int32_t *perm,
                                                     int4 *tiles,
-                                                    int32_t *n_tiles) {
+                                                    int32_t *n_tiles,
+                                                    int32_t *inv) {
     cu_pdl_enter();
     __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], toff[MOE_MAX_E];
     for (int e = threadIdx.x; e < E; e += blockDim.x)
@@ -342,7 +344,9 @@ __global__ void __launch_bounds__(1024) k_moe_group(const int32_t *idx,
     __syncthreads();
     for (int64_t s = threadIdx.x; s < nk; s += blockDim.x) {
         int e = idx[s];
-        if (e >= 0 && e < E) perm[off[e] + atomicAdd(&cnt[e], 1)] = (int32_t)s;
+        int32_t pos = e >= 0 && e < E ? off[e] + atomicAdd(&cnt[e], 1) : -1;
+        if (pos >= 0) perm[pos] = (int32_t)s;
+        if (inv) inv[s] = pos;
     }
 }
 
@@ -868,7 +872,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     if (max_tiles > nk) max_tiles = nk;
     size_t o_perm = 0, o_tiles = cu_align((size_t)nk * 4),
            o_nt = o_tiles + cu_align((size_t)max_tiles * 16);
-    size_t o_h = o_nt + 256, o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
+    size_t o_inv = o_nt + 256, o_h = o_inv + cu_align((size_t)nk * 4),
+           o_out = o_h + cu_align((size_t)((nk + n) * I) * 4);
     /* wg.cu reads bf16 copies of x and h; wgq.cu their FP8 codes and scales */
     size_t o_x16 = o_out + cu_align((size_t)((nk + n) * D) * 4);
     size_t xs8 = cu_align((size_t)(n * D)), hs8 = cu_align((size_t)((nk + n) * I));
@@ -923,10 +928,11 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
         if (c->capturing) c->capture_bad = true;
         side = false;
     }
+    int32_t *inv = tma && c->wg_tok ? (int32_t *)(s + o_inv) : nullptr; /* (the copy by token) */
     cu_launch(c, k_moe_group, 1, 1024, 0, a->idx, nk, E, rx, wg && wdyn && !wp,
-              (int32_t *)(s + o_perm), (int4 *)(s + o_tiles), (int32_t *)(s + o_nt));
+              (int32_t *)(s + o_perm), (int4 *)(s + o_tiles), (int32_t *)(s + o_nt), inv);
     if (!cu_check(c, "moe group")) return;
-    if (tma) launch_wg_bf16_pos(c, a->x, n, nk, p.perm, a->topk, D, (uint16_t *)p.x16);
+    if (tma) launch_wg_bf16_pos(c, a->x, n, nk, p.perm, inv, a->topk, D, (uint16_t *)p.x16);
     /* The up projections, routed and shared; the shared expert first where the forward's
        prefetch hints are taken (cu_l2pf_on, step 36): its weights were hinted before the FFN's
        hc_pre, and the routed experts' weights (~8 MB an expert) streamed before its own read

@@ -99,12 +99,15 @@ void launch_wg_bf16(struct cu_ctx *c,
                     bool permuted);
 
 /* launch_wg_bf16 (permuted) of the rows of each position: y's row r < nk from x's row perm[r] /
- * topk, row nk + i from x's row i (i < n). */
+ * topk, row nk + i from x's row i (i < n). With inv (slot s's position, -1: dropped;
+ * k_moe_group's) and c->wg_tok, by token: each row of x read once and written to its positions
+ * (rows of positions no slot holds are then left as they are: no tile reads them). */
 void launch_wg_bf16_pos(struct cu_ctx *c,
                         const float *x,
                         int64_t n,
                         int64_t nk,
                         const int32_t *perm,
+                        const int32_t *inv,
                         int topk,
                         int64_t cols,
                         uint16_t *y);

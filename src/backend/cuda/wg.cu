@@ -207,7 +207,8 @@ __global__ void k_wg_bf16(const float *x,
  * WG_CP_U groups' loads in flight a lane (c->wg_cp, step 43: k_wg_bf16's thread a pair, with its
  * two dependent loads, ran the 8k prefill's copy by position at ~0.9 TB/s). The same pairs through
  * the same conversion: the same bytes. */
-#define WG_CP_U 8
+#define WG_CP_U     8
+#define WG_TOK_MAXK 16 /* k_wg_bf16_tok: the most slots a token */
 template <bool POS>
 __global__ void __launch_bounds__(CU_THREADS) k_wg_bf16_v(const float *x,
                                                           int64_t rows,
@@ -260,16 +261,73 @@ static bool wg_bf16_v(struct cu_ctx *c,
     return true;
 }
 
+/* The copy by position by token (launch_wg_bf16_pos with inv; c->wg_tok, step 47): a warp a row
+ * t of x, read once (step 47's Nsight: the copy by position read each row of x again for each of
+ * its topk + 1 positions, 940 MB from DRAM at the 8k prefill, x being larger than L2: 433 us a
+ * call), its pairs converted as k_wg_bf16_v converts them (the same bytes) and stored at rows
+ * inv[t topk + k] (k < topk, -1: none) and nk + t. */
+__global__ void __launch_bounds__(CU_THREADS) k_wg_bf16_tok(const float *x,
+                                                            int64_t n,
+                                                            int nb,
+                                                            uint16_t *y,
+                                                            int64_t ldy,
+                                                            const int32_t *inv,
+                                                            int topk,
+                                                            int64_t nk) {
+    cu_pdl_enter();
+    int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (t >= n) return;
+    int64_t dst[WG_TOK_MAXK + 1];
+    int nd = 0;
+    for (int k = 0; k < topk; k++) {
+        int32_t pos = inv[t * topk + k];
+        if (pos >= 0 && pos < nk) dst[nd++] = pos;
+    }
+    dst[nd++] = nk + t;
+    const float4 *xp = (const float4 *)(x + t * (int64_t)nb * 128) + lane;
+    int od = wg_perm_dst(2 * lane);
+    for (int b0 = 0; b0 < nb; b0 += WG_CP_U) {
+        float4 v[WG_CP_U];
+#pragma unroll
+        for (int u = 0; u < WG_CP_U; u++)
+            v[u] = b0 + u < nb ? __ldg(xp + (b0 + u) * 32) : make_float4(0, 0, 0, 0);
+        uint32_t lo[WG_CP_U], hi[WG_CP_U];
+#pragma unroll
+        for (int u = 0; u < WG_CP_U; u++) {
+            lo[u] = bf16x2_rn(v[u].x, v[u].y);
+            hi[u] = bf16x2_rn(v[u].z, v[u].w);
+        }
+        for (int j = 0; j < nd; j++) {
+            uint32_t *yp = (uint32_t *)(y + dst[j] * ldy) + od + b0 * 64;
+#pragma unroll
+            for (int u = 0; u < WG_CP_U; u++) {
+                if (b0 + u >= nb) break;
+                yp[u * 64] = lo[u];
+                yp[u * 64 + 4] = hi[u];
+            }
+        }
+    }
+}
+
 void launch_wg_bf16_pos(struct cu_ctx *c,
                         const float *x,
                         int64_t n,
                         int64_t nk,
                         const int32_t *perm,
+                        const int32_t *inv,
                         int topk,
                         int64_t cols,
                         uint16_t *y) {
     int64_t rows = nk + n;
     if (rows <= 0) return;
+    if (inv && c->wg_tok && topk <= WG_TOK_MAXK && cols % 128 == 0 && cols / 128 <= INT32_MAX &&
+        (uintptr_t)x % 16 == 0 && (uintptr_t)y % 4 == 0 && cu_div_up(n, CU_WARPS) <= INT32_MAX) {
+        cu_launch(c, k_wg_bf16_tok, (unsigned)cu_div_up(n, CU_WARPS), CU_THREADS, 0, x, n,
+                  (int)(cols / 128), y, cols, inv, topk, nk);
+        cu_check(c, "bf16 copy by position (by token)");
+        return;
+    }
     if (wg_bf16_v<true>(c, x, rows, cols, cols, y, cols, perm, topk, nk)) {
         cu_check(c, "bf16 copy by position");
         return;
