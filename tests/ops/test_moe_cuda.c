@@ -463,14 +463,16 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     /* wg.cu's permuted bf16 copies a warp a row (k_wg_bf16_v, the default from step 43) against
        k_wg_bf16's thread a pair (DSI_CUDA_WG_CP=0), with wgr.cu's TMA copies by position (the
        default; made by token since step 47, DSI_CUDA_WG_TOK=0: by position) and without them:
-       the same bytes, so the same results bit for bit */
+       the same bytes, so the same results bit for bit; so are the routed outputs kept in bf16
+       for the combine (step 47; DSI_CUDA_MOE_O16=0: fp32) */
     const char *cp_envs[] = {"DSI_CUDA_WG_CP=0,DSI_CUDA_WG_TOK=0", "DSI_CUDA_WGR_TMA=0",
-                             "DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_CP=0", "DSI_CUDA_WG_TOK=0"};
+                             "DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_CP=0", "DSI_CUDA_WG_TOK=0",
+                             "DSI_CUDA_MOE_O16=0"};
     for (size_t i = 0; i < NC; i++) {
         if (cases[i].n < 40 || !fx[i].made) continue;
         size_t nd = (size_t)(cases[i].n * cases[i].D);
-        float *o[5];
-        for (int v = 0; v < 5; v++) {
+        float *o[6];
+        for (int v = 0; v < 6; v++) {
             o[v] = (float *)malloc(sizeof(float) * nd);
             TEST_ASSERT(o[v] != NULL);
             struct dsi_backend *g3 = v ? cuda_backend_with(cp_envs[v - 1]) : keep;
@@ -483,12 +485,14 @@ int test_cuda_moe_fast(struct test_ctx *t) {
             if (v) g3->ops->free(g3);
         }
         if (memcmp(o[0], o[1], sizeof(float) * nd) || memcmp(o[2], o[3], sizeof(float) * nd) ||
-            memcmp(o[0], o[4], sizeof(float) * nd)) {
-            fprintf(stderr, "[moe fast case %zu: DSI_CUDA_WG_CP=0 / WG_TOK=0 not bit for bit]\n",
-                    i);
+            memcmp(o[0], o[4], sizeof(float) * nd) || memcmp(o[0], o[5], sizeof(float) * nd)) {
+            fprintf(
+                stderr,
+                "[moe fast case %zu: DSI_CUDA_WG_CP=0 / WG_TOK=0 / MOE_O16=0 not bit for bit]\n",
+                i);
             ok = 0;
         }
-        for (int v = 0; v < 5; v++)
+        for (int v = 0; v < 6; v++)
             free(o[v]);
     }
     for (size_t i = 0; i < NC; i++)

@@ -273,8 +273,10 @@ struct cu_ctx {
        (owned, cu_ltb_new / cu_ltb_free), NULL when off */
     int ltb_min;
     struct cu_ltb *ltb;
-    bool moe_lt; /* the shared expert's down projection on lt.cu where it takes it
-                    (DSI_CUDA_MOE_LT=0: off) */
+    bool moe_o16; /* the routed rows' down outputs in bf16 for the combine where wg.cu / wgr.cu
+                     run them (moe_p.out16; DSI_CUDA_MOE_O16=0: off; step 47) */
+    bool moe_lt;  /* the shared expert's down projection on lt.cu where it takes it
+                     (DSI_CUDA_MOE_LT=0: off) */
     struct cu_prof_pair *pairs;
     int n_pairs, cap_pairs, n_events; /* events created: n_events pairs */
     struct cu_prof_tot tot[128];

@@ -745,6 +745,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->ltb = c->ltb_min > 0 ? cu_ltb_new() : NULL;
     const char *ml = getenv("DSI_CUDA_MOE_LT");
     c->moe_lt = !(ml && *ml == '0');
+    const char *mo = getenv("DSI_CUDA_MOE_O16"); /* (step 47) */
+    c->moe_o16 = !(mo && *mo == '0');
     /* programmatic dependent launch (sm_90 and later): kernels overlap their start with the
        previous kernel's end (common.cuh, cu_pdl_enter) */
     const char *pd = getenv("DSI_CUDA_PDL");

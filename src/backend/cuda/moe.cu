@@ -586,6 +586,7 @@ __global__ void __launch_bounds__(CU_THREADS, 2) k_moe_down(struct moe_p p) {
  * p.out was cleared first instead: 805 MB of stores a layer at the 8k prefill. */
 struct comb_p {
     const float *out;
+    const uint16_t *out16; /* the routed rows in bf16 (moe_p.out16), or NULL */
     const int32_t *idx;
     int E, topk;
     int64_t n, D;
@@ -600,14 +601,23 @@ __device__ __forceinline__ void comb_add(const comb_p &p, int64_t s, int64_t d, 
     int e = s < p.n * p.topk ? p.idx[s] : 0;
     bool ok = e >= 0 && e < p.E;
     if constexpr (W == 4) {
-        float4 f =
-            ok ? *(const float4 *)(p.out + s * p.D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok && p.out16 && s < p.n * p.topk) {
+            uint2 b = *(const uint2 *)(p.out16 + s * p.D + d);
+            f = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
+                            __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
+        } else if (ok) {
+            f = *(const float4 *)(p.out + s * p.D + d);
+        }
         acc[0] += f.x;
         acc[1] += f.y;
         acc[2] += f.z;
         acc[3] += f.w;
     } else {
-        acc[0] += ok ? p.out[s * p.D + d] : 0.0f;
+        acc[0] += !ok ? 0.0f
+                  : p.out16 && s < p.n * p.topk
+                      ? __uint_as_float((uint32_t)p.out16[s * p.D + d] << 16)
+                      : p.out[s * p.D + d];
     }
 }
 
@@ -903,6 +913,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.stage = c->xstage;
     p.h = (float *)(s + o_h);
     p.out = (float *)(s + o_out);
+    p.out16 = nullptr; /* (set for the routed rows below, after the shared expert's copy) */
     p.x16 = (wg || swg) && !q8 ? (const uint16_t *)(s + o_x16) : NULL;
     p.h16 = (wg || swg) && !q8 ? (const uint16_t *)(s + o_h16) : NULL;
     p.x16_pos = tma;
@@ -937,7 +948,11 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        prefetch hints are taken (cu_l2pf_on, step 36): its weights were hinted before the FFN's
        hc_pre, and the routed experts' weights (~8 MB an expert) streamed before its own read
        would evict them from L2. The two write separate rows of h: the order changes nothing. */
-    struct moe_p ps = p;
+    struct moe_p ps = p; /* (out16 stays the routed rows': set after this copy) */
+    /* the routed rows' outputs in bf16 (c->moe_o16, step 47) where the routed down runs on
+       wg.cu / wgr.cu with rounded outputs: in the first half of their fp32 rows' space (the
+       shared rows' stay fp32 after it), half the bytes for the down's stores and the combine */
+    if (c->moe_o16 && wg && !wp && !q8 && p.round) p.out16 = (uint16_t *)p.out;
     ps.tiles = NULL;
     ps.w1 = s1;
     ps.w3 = s3;
@@ -1016,7 +1031,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                    : proj(false, false) && proj(false, true)))
         return;
     sw.wait(); /* the shared rows of out */
-    struct comb_p cp = {p.out, a->idx, E, a->topk, n, D, a->y, a->round_bf16};
+    struct comb_p cp = {p.out, p.out16, a->idx, E, a->topk, n, D, a->y, a->round_bf16};
     if (D % 4 == 0 && (uintptr_t)a->y % 16 == 0)
         cu_launch(c, k_moe_combine4,
                   dim3((unsigned)cu_div_up(D / 4, 256), (unsigned)std::min<int64_t>(n, 65535)), 256,

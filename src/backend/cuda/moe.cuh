@@ -23,6 +23,9 @@ struct moe_p {
     bool x16_pos; /* x16 has a row per position (nk + n rows: the routed rows in perm's order,
                      then x's): wgr.cu's TMA copies (c->wgr_tma) */
     float *out;   /* [nk + n, D] */
+    /* where set (c->moe_o16, `fast` rounded outputs, the routed down on wg.cu / wgr.cu): the
+       routed rows' outputs ([nk, D]) in bf16 here instead of out (the combine reads them) */
+    uint16_t *out16;
     /* wgq.cu (c->wg_q8): FP8 codes of x ([n, D]) and h ([nk + n, I]) in its K order, one byte
        an element, and their scales (one float per row and 128-block: [rows, D / 128], [rows, I
        / 128]) */

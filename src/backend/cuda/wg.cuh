@@ -339,8 +339,13 @@ __device__ __forceinline__ void wg_finish(
                 if (MODE == TC_DOWN) {
                     int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
                             orow = opos[jr];
-                    if (orow >= 0 && o < p.m.D)
-                        p.m.out[orow * p.m.D + o] = rbf_cvt(acc[4 * j + i] + 0.0f, p.m.round);
+                    if (orow >= 0 && o < p.m.D) {
+                        float v = rbf_cvt(acc[4 * j + i] + 0.0f, p.m.round);
+                        if (p.m.out16 && orow < p.m.n * p.m.topk) /* (v is a bf16 value) */
+                            p.m.out16[orow * p.m.D + o] = (uint16_t)(__float_as_uint(v) >> 16);
+                        else
+                            p.m.out[orow * p.m.D + o] = v;
+                    }
                 } else { /* dense: tc_put's, rounded by rbf_cvt */
                     int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8;
                     if (ar < p.n && o < p.n_out)
