@@ -950,9 +950,10 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        would evict them from L2. The two write separate rows of h: the order changes nothing. */
     struct moe_p ps = p; /* (out16 stays the routed rows': set after this copy) */
     /* the routed rows' outputs in bf16 (c->moe_o16, step 47) where the routed down runs on
-       wg.cu / wgr.cu with rounded outputs: in the first half of their fp32 rows' space (the
-       shared rows' stay fp32 after it), half the bytes for the down's stores and the combine */
-    if (c->moe_o16 && wg && !wp && !q8 && p.round) p.out16 = (uint16_t *)p.out;
+       wg.cu / wgr.cu with rounded outputs (D even: wg_finish stores pairs): in the first half of
+       their fp32 rows' space (the shared rows' stay fp32 after it), half the bytes for the
+       down's stores and the combine */
+    if (c->moe_o16 && wg && !wp && !q8 && p.round && D % 2 == 0) p.out16 = (uint16_t *)p.out;
     ps.tiles = NULL;
     ps.w1 = s1;
     ps.w3 = s3;

@@ -328,6 +328,28 @@ __device__ __forceinline__ void wg_finish(
                 }
             }
         }
+    } else if (MODE == TC_DOWN && p.m.out16) {
+        /* the routed rows' bf16 outputs (moe_p.out16: rounded, D even, rows < nk): lanes g and
+           g ^ 1 hold the same two activation rows at outputs o and o ^ 1; each gives the other
+           the row it does not store, so that a lane stores one 4-byte pair (even g: row jr0,
+           odd g: row jr0 + 1) instead of two 2-byte values */
+        bool odd = g & 1;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            if (DYN && j * 8 >= nv) break; /* columns no wgmma wrote */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float v0 = rbf_cvt(acc[4 * j + 2 * h] + 0.0f, true),
+                      v1 = rbf_cvt(acc[4 * j + 2 * h + 1] + 0.0f, true);
+                float r = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+                int jr = j * 8 + 2 * t4 + (odd ? 1 : 0);
+                int64_t oe = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + (g & ~1) + h * 8,
+                        orow = opos[jr];
+                uint32_t lo = __float_as_uint(odd ? r : v0), hi = __float_as_uint(odd ? v1 : r);
+                if (orow >= 0 && oe < p.m.D)
+                    *(uint32_t *)(p.m.out16 + orow * p.m.D + oe) = (hi & 0xffff0000u) | (lo >> 16);
+            }
+        }
     } else {
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
@@ -339,13 +361,8 @@ __device__ __forceinline__ void wg_finish(
                 if (MODE == TC_DOWN) {
                     int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8,
                             orow = opos[jr];
-                    if (orow >= 0 && o < p.m.D) {
-                        float v = rbf_cvt(acc[4 * j + i] + 0.0f, p.m.round);
-                        if (p.m.out16 && orow < p.m.n * p.m.topk) /* (v is a bf16 value) */
-                            p.m.out16[orow * p.m.D + o] = (uint16_t)(__float_as_uint(v) >> 16);
-                        else
-                            p.m.out[orow * p.m.D + o] = v;
-                    }
+                    if (orow >= 0 && o < p.m.D)
+                        p.m.out[orow * p.m.D + o] = rbf_cvt(acc[4 * j + i] + 0.0f, p.m.round);
                 } else { /* dense: tc_put's, rounded by rbf_cvt */
                     int64_t o = (int64_t)blockIdx.x * 128 + wgi * 64 + w4 * 16 + g + (i >> 1) * 8;
                     if (ar < p.n && o < p.n_out)
