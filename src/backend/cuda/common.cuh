@@ -65,6 +65,17 @@ struct cu_prof_tot {
 
 #define CU_HC_ONE_MAX 64 /* rows of k_hc_pre_one at most (hc.cu) */
 
+/* A copy of x that a gemm call made (c->xc): its kind (XC_LT: lt.cu's FP8 rows and scales in
+ * CU_SCR_LT; XC_BF16 / XC_BF16P: wg_dense_copy's plain / permuted bf16 rows in CU_SCR_GEMM), x (n
+ * rows of K, ldx) and where it lies */
+enum { XC_LT = 1, XC_BF16 = 2, XC_BF16P = 3 };
+struct cu_xc_key {
+    int kind;
+    const float *x;
+    int64_t n, K, ldx;
+    const void *buf;
+};
+
 struct cu_ctx {
     int device, n_sms;
     bool prof;
@@ -237,17 +248,13 @@ struct cu_ctx {
         int64_t n, cols;
     } o16;
     /* a gemm op's pair of weights on the same x (dsi_gemm_args.w2, run as two calls): the
-       activations' copy the first call made, taken by the second where it is the same (on:
-       between the two; kind: XC_LT, lt.cu's FP8 rows and scales in CU_SCR_LT; XC_BF16 /
-       XC_BF16P, wg_dense_copy's plain / permuted bf16 rows in CU_SCR_GEMM; gen: scratch_gen then,
-       so a moved slot is never taken; DSI_CUDA_XC=0: off; step 47) */
+       activations' copy the first call made (key), taken by the second where it is the same
+       (on: between the two; gen: scratch_gen then, so a moved slot is never taken;
+       DSI_CUDA_XC=0: off; step 47) */
     bool xc_on_env;
     struct {
         bool on, valid;
-        int kind;
-        const float *x;
-        int64_t n, K, ldx;
-        const void *buf;
+        struct cu_xc_key key;
         uint64_t gen;
     } xc;
     /* the gemm's y handed to the attention after it (dsi_gemm_args.y_to_attn,
@@ -325,34 +332,17 @@ struct cu_ctx {
     int cur_graph;        /* the entry being captured or replayed, -1: none */
 };
 
-enum { XC_LT = 1, XC_BF16 = 2, XC_BF16P = 3 };
-/* The pair's copy of x (c->xc) of this kind at buf may be taken for x (n rows of K, ldx) */
-static inline bool cu_xc_take(const struct cu_ctx *c,
-                              int kind,
-                              const float *x,
-                              int64_t n,
-                              int64_t K,
-                              int64_t ldx,
-                              const void *buf) {
-    return c->xc.on && c->xc.valid && c->xc.kind == kind && c->xc.x == x && c->xc.n == n &&
-           c->xc.K == K && c->xc.ldx == ldx && c->xc.buf == buf && c->xc.gen == c->scratch_gen;
+/* The pair's copy of x (c->xc) may be taken where the key is the same and no scratch moved */
+static inline bool cu_xc_take(const struct cu_ctx *c, const struct cu_xc_key *k) {
+    const struct cu_xc_key *r = &c->xc.key;
+    return c->xc.on && c->xc.valid && r->kind == k->kind && r->x == k->x && r->n == k->n &&
+           r->K == k->K && r->ldx == k->ldx && r->buf == k->buf && c->xc.gen == c->scratch_gen;
 }
 /* Record the copy just made (where a pair is running) */
-static inline void cu_xc_made(struct cu_ctx *c,
-                              int kind,
-                              const float *x,
-                              int64_t n,
-                              int64_t K,
-                              int64_t ldx,
-                              const void *buf) {
+static inline void cu_xc_made(struct cu_ctx *c, const struct cu_xc_key *k) {
     if (!c->xc.on) return;
     c->xc.valid = true;
-    c->xc.kind = kind;
-    c->xc.x = x;
-    c->xc.n = n;
-    c->xc.K = K;
-    c->xc.ldx = ldx;
-    c->xc.buf = buf;
+    c->xc.key = *k;
     c->xc.gen = c->scratch_gen;
 }
 

@@ -273,12 +273,13 @@ bool launch_lt_gemm(struct cu_ctx *c, const struct cu_gemm_call *g, bool x_fp8) 
     int pp = cu_prof_begin(c, "gemm.lt");
     /* (a pair's second call on the same x: the first's FP8 rows and scales, only the weight's
        scales converted) */
-    bool xt = cu_xc_take(c, XC_LT, g->x, n, K, g->ldx, xq);
+    struct cu_xc_key xk = {XC_LT, g->x, n, K, g->ldx, xq};
+    bool xt = cu_xc_take(c, &xk);
     int64_t nx = xt ? 0 : n, threads = nx * kb * 32 > mb * kb ? nx * kb * 32 : mb * kb;
     cu_launch(c, k_lt_prep, dim3((unsigned)cu_div_up(threads, CU_THREADS)), dim3(CU_THREADS), 0,
               g->x, nx, K, g->ldx, xq, xs, w->scale + (g->row0 / 128) * w->srs, w->srs, mb, ws,
               c->lt->layout);
-    if (!xt) cu_xc_made(c, XC_LT, g->x, n, K, g->ldx, xq);
+    if (!xt) cu_xc_made(c, &xk);
     if (!cu_check(c, "gemm.lt prep")) {
         cu_prof_end(c, pp);
         return true;

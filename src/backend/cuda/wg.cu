@@ -423,10 +423,11 @@ bool wg_dense_copy(
         c->o16.took = true;
         return true;
     }
-    int kind = permuted ? XC_BF16P : XC_BF16; /* (a pair's second call: the first's copy) */
-    if (cu_xc_take(c, kind, p->x, p->n, width, p->ldx, x16)) return true;
+    /* (a pair's second call: the first's copy) */
+    struct cu_xc_key k = {permuted ? XC_BF16P : XC_BF16, p->x, p->n, width, p->ldx, x16};
+    if (cu_xc_take(c, &k)) return true;
     launch_wg_bf16(c, p->x, p->n, width, p->ldx, x16, width, permuted);
-    cu_xc_made(c, kind, p->x, p->n, width, p->ldx, x16);
+    cu_xc_made(c, &k);
     return true;
 }
 
