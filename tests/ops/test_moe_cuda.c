@@ -374,14 +374,15 @@ int test_cuda_moe_fast(struct test_ctx *t) {
     ok = ok && cases_ok;
     /* By default the wgmma kernels take the routed tiles from 32 rows per expert and the
        shared expert from 512 rows (step 23; 33 before): wgr.cu's, the weights in registers
-       (step 26), blocks of 64, 128 or 192 rows, the routed tiles of equal rows (expert 0, in
+       (step 26), blocks of 64, 128 or 224 rows, the routed tiles of equal rows (expert 0, in
        every row, takes 2-3 tiles in the cases of 82+ rows per expert), each block's wgmma as
        wide as its tile's rows rounded up to 32 (step 25); the cases above with 40+ rows once
        more on tc.cu's (DSI_CUDA_WG=0), on wgr.cu's full-width blocks with the tiles of step 24
        (DSI_CUDA_WG_DYN=0), and on wg.cu's (DSI_CUDA_WG_RS=0: the weights through shared
        memory, blocks up to 256 rows), also with blocks of 64 rows only (DSI_CUDA_WG_BN=64) and
-       with step 24's tiles; wgr.cu's blocks of 256 rows (DSI_CUDA_WG_BN=256) and of 224 at full
-       width (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27); wgr.cu's
+       with step 24's tiles; wgr.cu's blocks of 256 rows (DSI_CUDA_WG_BN=256), of 192 (the
+       default before step 48; 224 since) and of 224 at full width
+       (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27); wgr.cu's
        activation tiles by TMA (step 27; the default from step 30, so the cases run once more on
        each thread's cp.async copies, DSI_CUDA_WGR_TMA=0, also with blocks of 256 rows);
        wgq.cu's FP8 tensor cores on act_quant's codes (DSI_CUDA_WG_Q8=1, its DYN and full-width
@@ -417,6 +418,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_BN=64", 40, INT64_MAX},
                  {"DSI_CUDA_WG_RS=0,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=256", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_BN=192", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_BN=256", 40, INT64_MAX},

@@ -199,8 +199,9 @@ struct cu_ctx {
     int *hc_cnt; /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
                     launches) */
     bool wg;     /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
-    int wg_bn;   /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 192;
-                    wgr.cu's: 224 or 256 take blocks that wide) */
+    int wg_bn;   /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 224
+                    since step 48, 192 before; wg.cu: 192 from 192 up; wgr.cu's: 224 or 256 take
+                    blocks that wide) */
     bool wg_dyn; /* wg.cu's MoE: routed tiles of equal rows, blocks up to 256 rows, each block's
                     wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
     bool wg_rs;  /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in

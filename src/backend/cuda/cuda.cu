@@ -643,7 +643,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     /* (128: the output projection's wo_a at batch 128-256 -0.9 to -1.9% a step; step 36) */
     c->wg_grouped_min = wgm && *wgm ? atoi(wgm) : 128;
     const char *wb = getenv("DSI_CUDA_WG_BN");
-    c->wg_bn = wb && *wb ? atoi(wb) : 192; /* prefill 8k 154.5 -> 148.9 ms (step 16) */
+    /* (192 from step 16: the 8k prefill 154.5 -> 148.9 ms; 224 from step 48, with wgr.cu's
+       TMA tiles: 66.9 -> 62.2 ms, most experts' rows in one tile, docs/cuda.md step 48) */
+    c->wg_bn = wb && *wb ? atoi(wb) : 224;
     /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */
     const char *wd = getenv("DSI_CUDA_WG_DYN");
     c->wg_dyn = !(wd && *wd == '0');
