@@ -211,6 +211,9 @@ struct cu_ctx {
        cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */
     bool wgr_tma;
     void *tmap_encode;
+    /* wgr.cu's TMA blocks of 224 rows with 4 activation stages copied 2 steps ahead instead of 3
+       and 1 (DSI_CUDA_WGR_ST4=1; step 48: the row pointers left out of shared memory make room) */
+    bool wgr_st4;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */
     bool wg_q8;

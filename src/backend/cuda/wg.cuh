@@ -258,13 +258,22 @@ template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t 
  * kernels run `fast` numerics only). opos is rewritten in place for down. */
 #define WG_EG 4 /* wg_finish, MoE up: column blocks whose exps run side by side */
 
-template <int MODE, int BN, bool DYN>
-__device__ __forceinline__ void wg_finish(
-    const struct tc_p &p, int64_t *opos, float (&acc)[BN / 2], int nv, int wgi, int w4, int lane) {
+/* WEXT (wgr.cu's ST4, whose static shared memory must stay small): the routing weights at wext,
+ * shared memory of the caller's that no one reads any more (its activation stages) */
+template <int MODE, int BN, bool DYN, bool WEXT = false>
+__device__ __forceinline__ void wg_finish(const struct tc_p &p,
+                                          int64_t *opos,
+                                          float (&acc)[BN / 2],
+                                          int nv,
+                                          int wgi,
+                                          int w4,
+                                          int lane,
+                                          float *wext = nullptr) {
     wg_wait<0>();
     wg_pin(acc);
     int g = lane >> 2, t4 = lane & 3;
-    __shared__ float wrow_s[MODE == TC_UP ? BN : 1]; /* up: the row's routing weight */
+    __shared__ float wrow_st[MODE == TC_UP && !WEXT ? BN : 1]; /* up: the row's routing weight */
+    float *wrow_s = WEXT ? wext : wrow_st;
     if (MODE != TC_DENSE) {
         int tid = threadIdx.x;
         int64_t nk = p.m.n * p.m.topk;

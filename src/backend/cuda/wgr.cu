@@ -52,13 +52,20 @@
 #define WR_PF 2 /* weight loads this many steps ahead */
 
 /* Activation stages of a block of BN rows, and how many steps ahead they are copied: a stage is
-   refilled only after the wgmma that read it (at most stages - 2 ahead). */
-__host__ __device__ constexpr int wr_st(int BN) { return BN > 192 ? 3 : 4; }
-__host__ __device__ constexpr int wr_ah(int BN) { return wr_st(BN) - 2; }
+   refilled only after the wgmma that read it (at most stages - 2 ahead). ST4 (c->wgr_st4, TMA
+   blocks of 224 rows; step 48): 4 stages, 2 ahead, in 4 x 56 KB + the 1 KB alignment, which fits
+   in the 227 KB a block may have once the block's row pointers (xrow, 1.75 KB: the TMA copies
+   take the tile's rows by position) are not in shared memory. */
+__host__ __device__ constexpr int wr_st(int BN, bool ST4 = false) {
+    return BN > 192 && !ST4 ? 3 : 4;
+}
+__host__ __device__ constexpr int wr_ah(int BN, bool ST4 = false) { return wr_st(BN, ST4) - 2; }
 static_assert(WR_BK == 128, "a step is one group of wg_perm_col's K order");
 
 /* Dynamic shared memory: the stages (BN rows of 256 bytes each), plus 1 KB to align them. */
-static size_t wr_smem_bytes(int BN) { return (size_t)wr_st(BN) * BN * 256 + 1024; }
+static size_t wr_smem_bytes(int BN, bool ST4 = false) {
+    return (size_t)wr_st(BN, ST4) * BN * 256 + 1024;
+}
 
 #ifdef WG_HAVE
 /* One group of 4 slices (A: their fragments; b0: the sub-tile of the group, slice ii at byte ii
@@ -85,22 +92,24 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b
  * own cp.async copies. The tile's rows are consecutive positions from opos[0]; the rows past the
  * tile (DYN: its wgmma do not read them; else their outputs are dropped) are whatever follows,
  * zeros past the end. */
-template <int MODE, int WT, int BN, bool DYN, bool TMA = false>
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool ST4 = false>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
+    static_assert(!ST4 || (TMA && BN == 224), "ST4: TMA blocks of 224 rows");
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
     /* FP4's rare large-scale decode out of line (tc_decode_w) up to 192 rows: wider blocks then
        spill around the call */
     constexpr bool OUTL = BN <= 192;
-    constexpr int WR_ST = wr_st(BN), WR_AH = wr_ah(BN);
+    constexpr int WR_ST = wr_st(BN, ST4), WR_AH = wr_ah(BN, ST4);
     constexpr uint32_t STAGE = BN * 256u; /* bytes per stage */
     constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
     extern __shared__ uint4 wr_smem[];
     uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
-    __shared__ const uint16_t *xrow[BN];
-    __shared__ int64_t opos[BN];           /* h / out position of the row; -1: none */
+    __shared__ const uint16_t *xrow_s[ST4 ? 1 : BN]; /* (ST4: none, see wr_st) */
+    __shared__ int64_t opos[BN];                     /* h / out position of the row; -1: none */
+    const uint16_t **xrow = ST4 ? nullptr : xrow_s;
     __shared__ alignas(8) uint64_t bar[4]; /* TMA: a stage's copies */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
@@ -209,7 +218,9 @@ __global__ void __launch_bounds__(WR_T, 1)
     for (int u = 0; u < WR_AH; u++)
         load_x(u);
     wg_k_loop<WR_PF>(steps, [&](int64_t s, int u) { step(s, wr[u]); });
-    wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
+    /* (ST4: the routing weights in the first stage, read by no wgmma or copy any more) */
+    wg_finish<MODE, BN, DYN, ST4>(p, opos, acc, nv, wgi, w4, lane,
+                                  (float *)((char *)wr_smem + (base - raw)));
 #endif
 }
 
@@ -220,13 +231,14 @@ static const CUtensorMap wr_no_map = {};
 
 /* k_wgr<MODE, WT, BN, D, T>'s launch (its dynamic shared memory raised once per instance; tm:
  * T's tensor map) */
-template <int MODE, int WT, int BN, bool D, bool T = false>
+template <int MODE, int WT, int BN, bool D, bool T = false, bool S4 = false>
 static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
-    size_t sm = wr_smem_bytes(BN);
-    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T>, sm, &smem_done, "wgmma, weights in registers"))
+    size_t sm = wr_smem_bytes(BN, S4);
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, S4>, sm, &smem_done,
+                    "wgmma, weights in registers"))
         return false;
-    cu_launch(c, k_wgr<MODE, WT, BN, D, T>, grid, WR_T, sm, *p, *tm);
+    cu_launch(c, k_wgr<MODE, WT, BN, D, T, S4>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
@@ -236,6 +248,9 @@ template <int MODE, int WT, int BN>
 static bool
 wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE != TC_DENSE) {
+        if constexpr (BN == 224)
+            if (dyn && tm && c->wgr_st4)
+                return wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm);
         if (dyn && tm) return wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
         if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid, &wr_no_map);
     }
