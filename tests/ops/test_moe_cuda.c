@@ -385,7 +385,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27); wgr.cu's
        activation tiles by TMA (step 27; the default from step 30, so the cases run once more on
        each thread's cp.async copies, DSI_CUDA_WGR_TMA=0, also with blocks of 256 rows); its
-       TMA blocks of 224 rows with 4 stages 2 steps ahead (DSI_CUDA_WGR_ST4=1, step 48);
+       TMA blocks of 224 rows with 4 stages 2 steps ahead (DSI_CUDA_WGR_ST4=1, step 48), on
+       clusters of 2 sharing the activation copies (DSI_CUDA_WGR_MC=1, with 3 and 4 stages);
        wgq.cu's FP8 tensor cores on act_quant's codes (DSI_CUDA_WG_Q8=1, its DYN and full-width
        blocks of 64 and 128 rows, FP4 and FP8 experts, the shared expert from 512 rows; and from
        3 rows with the routed tiles there from 1 row per expert, DSI_CUDA_WGQ_MIN=1, blocks of
@@ -424,6 +425,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WGR_TMA=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_ST4=1", 40, INT64_MAX},
+                 {"DSI_CUDA_WGR_MC=1", 40, INT64_MAX},
+                 {"DSI_CUDA_WGR_MC=1,DSI_CUDA_WGR_ST4=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_BN=64", 40, INT64_MAX},

@@ -214,6 +214,10 @@ struct cu_ctx {
     /* wgr.cu's TMA blocks of 224 rows with 4 activation stages copied 2 steps ahead instead of 3
        and 1 (DSI_CUDA_WGR_ST4=1; step 48: the row pointers left out of shared memory make room) */
     bool wgr_st4;
+    /* wgr.cu's TMA blocks of 224 rows on clusters of 2 (the same tile, neighbouring weight
+       blocks), each block copying half of each activation tile into both (DSI_CUDA_WGR_MC=1;
+       step 48: the activation tiles are ~87% of the blocks' reads from L2) */
+    bool wgr_mc;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */
     bool wg_q8;
@@ -383,6 +387,32 @@ static inline void cu_launch(
     cfg.stream = c->stream;
     cfg.attrs = at;
     cfg.numAttrs = c->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+    if (c->pad) cu_pad(c);
+}
+/* cu_launch on thread block clusters of cl blocks along x (grid.x a multiple of cl). */
+template <typename... P, typename... A>
+static inline void cu_launch_cl(const struct cu_ctx *c,
+                                void (*k)(P...),
+                                dim3 grid,
+                                dim3 block,
+                                size_t smem,
+                                unsigned cl,
+                                A &&...args) {
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 2 : 1;
     cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
     if (c->pad) cu_pad(c);
 }

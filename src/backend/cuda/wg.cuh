@@ -101,6 +101,36 @@ tma_load_2d(uint32_t dst, const void *tm, int c0, int c1, uint32_t bar) {
                  : "memory");
 }
 
+/* ---- thread block clusters of 2 sharing the activation tiles (wgr.cu's MC, c->wgr_mc) */
+/* tma_load_2d into the same shared offsets of the cluster's blocks in `mask` (their barriers at
+ * bar's offset each count the bytes that land in their own shared memory) */
+__device__ __forceinline__ void
+tma_load_2d_mc(uint32_t dst, const void *tm, int c0, int c1, uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"(tm), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+/* One arrival on the barrier at the shared offset `bar` of the cluster's block `rank` (this
+ * block's own too), ordered after this thread's earlier memory accesses at cluster scope. */
+__device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+/* Every thread of the cluster's blocks meets here (their shared memory then visible). */
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+            : "memory");
+}
+
 /* The accumulators are written by wgmma in the background: pin them around the waits. */
 template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
 #pragma unroll
