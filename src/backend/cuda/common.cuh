@@ -214,10 +214,11 @@ struct cu_ctx {
     /* wgr.cu's TMA blocks of 224 rows with 4 activation stages copied 2 steps ahead instead of 3
        and 1 (DSI_CUDA_WGR_ST4=1; step 48: the row pointers left out of shared memory make room) */
     bool wgr_st4;
-    /* wgr.cu's TMA blocks of 224 rows on clusters of 2 (the same tile, neighbouring weight
-       blocks), each block copying half of each activation tile into both (DSI_CUDA_WGR_MC=1;
-       step 48: the activation tiles are ~87% of the blocks' reads from L2) */
-    bool wgr_mc;
+    /* wgr.cu's TMA blocks of 224 rows on clusters of wgr_mc blocks (2 or 4; 1: none): the same
+       tile, neighbouring weight blocks, each block copying its share of each activation tile
+       into all (DSI_CUDA_WGR_MC=2 or 4, =1 is 2; step 48: the activation tiles are ~87% of the
+       blocks' reads from L2) */
+    int wgr_mc;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */
     bool wg_q8;

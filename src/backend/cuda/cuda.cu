@@ -670,7 +670,7 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     const char *w4 = getenv("DSI_CUDA_WGR_ST4");
     c->wgr_st4 = w4 && *w4 == '1';
     const char *wmc = getenv("DSI_CUDA_WGR_MC");
-    c->wgr_mc = wmc && *wmc == '1';
+    c->wgr_mc = !(wmc && *wmc) ? 1 : *wmc == '4' ? 4 : *wmc == '1' || *wmc == '2' ? 2 : 1;
     const char *wq = getenv("DSI_CUDA_WG_Q8");
     c->wg_q8 = wq && *wq == '1';
     const char *wqm = getenv("DSI_CUDA_WGQ_MIN");

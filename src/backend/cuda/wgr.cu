@@ -92,12 +92,13 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b
  * own cp.async copies. The tile's rows are consecutive positions from opos[0]; the rows past the
  * tile (DYN: its wgmma do not read them; else their outputs are dropped) are whatever follows,
  * zeros past the end. */
-template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool ST4 = false, bool MC = false>
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool ST4 = false, int MC = 1>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
     static_assert(!ST4 || (TMA && BN == 224), "ST4: TMA blocks of 224 rows");
-    static_assert(!MC || (TMA && BN == 224), "MC: TMA blocks of 224 rows");
+    static_assert(MC == 1 || ((MC == 2 || MC == 4) && TMA && BN == 224),
+                  "MC: TMA blocks of 224 rows on clusters of 2 or 4");
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
     /* FP4's rare large-scale decode out of line (tc_decode_w) up to 192 rows: wider blocks then
@@ -112,8 +113,8 @@ __global__ void __launch_bounds__(WR_T, 1)
     __shared__ int64_t opos[BN];                     /* h / out position of the row; -1: none */
     const uint16_t **xrow = ST4 ? nullptr : xrow_s;
     __shared__ alignas(8) uint64_t bar[4]; /* TMA: a stage's copies */
-    /* MC: a stage's use by both blocks of the cluster done (an arrival from each) */
-    __shared__ alignas(8) uint64_t ebar[MC ? 4 : 1];
+    /* MC > 1: a stage's use by every block of the cluster done (an arrival from each) */
+    __shared__ alignas(8) uint64_t ebar[MC > 1 ? 4 : 1];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
 
@@ -126,14 +127,14 @@ __global__ void __launch_bounds__(WR_T, 1)
 #pragma unroll
         for (int i = 0; i < WR_ST; i++) {
             mbar_init(smem_u32(&bar[i]), 1);
-            if (MC) mbar_init(smem_u32(&ebar[i]), 2);
+            if (MC > 1) mbar_init(smem_u32(&ebar[i]), MC);
         }
         mbar_fence_init();
     }
-    /* MC: both blocks' barriers initialised before either copies into the other or arrives on
-       its barriers (the two blocks have the same tile: they return above together) */
-    const uint32_t crank = MC ? cluster_rank() : 0u;
-    if (MC) cluster_sync_all();
+    /* MC > 1: every block's barriers initialised before another copies into it or arrives on
+       them (the cluster's blocks have the same tile: they return above together) */
+    const uint32_t crank = MC > 1 ? cluster_rank() : 0u;
+    if (MC > 1) cluster_sync_all();
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
     const uint8_t *wrow[2], *wsrow[2];
     int sh1[2], sb1[2];
@@ -162,18 +163,19 @@ __global__ void __launch_bounds__(WR_T, 1)
             if (tid == 0 && s < steps) {
                 uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
                 uint32_t mb = smem_u32(&bar[s % WR_ST]);
-                if (MC) {
-                    /* the stage's earlier use done in both blocks (completion s / WR_ST - 1 of
-                       its empty barrier), then this block's half of the rows into both: each
-                       block's barrier expects the whole stage, half of it from the other */
+                if (MC > 1) {
+                    /* the stage's earlier use done in every block (completion s / WR_ST - 1 of
+                       its empty barrier), then this block's share of the rows (BN / MC) into all
+                       of them: each block's barrier expects the whole stage */
                     if (s >= WR_ST)
                         live = live && mbar_wait(smem_u32(&ebar[s % WR_ST]),
                                                  (uint32_t)(s / WR_ST - 1) & 1u, 1u << 24);
                     mbar_expect(mb, STAGE);
-                    uint32_t ho = crank * (STAGE / 4);
-                    int r = row0 + (int)crank * (BN / 2);
-                    tma_load_2d_mc(B + ho, &tm, (int)(s * WR_BK), r, mb, (uint16_t)3);
-                    tma_load_2d_mc(B + SUB + ho, &tm, (int)(s * WR_BK + 64), r, mb, (uint16_t)3);
+                    uint32_t ho = crank * (SUB / MC);
+                    int r = row0 + (int)crank * (BN / MC);
+                    constexpr uint16_t all = (uint16_t)((1u << MC) - 1u);
+                    tma_load_2d_mc(B + ho, &tm, (int)(s * WR_BK), r, mb, all);
+                    tma_load_2d_mc(B + SUB + ho, &tm, (int)(s * WR_BK + 64), r, mb, all);
                 } else {
                     mbar_expect(mb, STAGE);
                     tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
@@ -220,13 +222,14 @@ __global__ void __launch_bounds__(WR_T, 1)
             cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
         wg_fence_smem();
         __syncthreads();
-        /* MC: stage (s - 2) % WR_ST (every wgmma of step s - 2 waited for by both warpgroups)
-           free in this block: an arrival on its empty barrier in both blocks where a later step
-           refills it */
-        if (MC && tid == 0 && s >= 2 && s - 2 + WR_ST < steps) {
+        /* MC > 1: stage (s - 2) % WR_ST (every wgmma of step s - 2 waited for by both
+           warpgroups) free in this block: an arrival on its empty barrier in every block of the
+           cluster where a later step refills it */
+        if (MC > 1 && tid == 0 && s >= 2 && s - 2 + WR_ST < steps) {
             uint32_t eb = smem_u32(&ebar[(s - 2) % WR_ST]);
-            mbar_arrive_cl(eb, 0);
-            mbar_arrive_cl(eb, 1);
+#pragma unroll
+            for (int q = 0; q < MC; q++)
+                mbar_arrive_cl(eb, (uint32_t)q);
         }
         load_x(s + WR_AH);
         struct tc_wraw k0 = w[0], k1 = w[1];
@@ -262,30 +265,30 @@ static const CUtensorMap wr_no_map = {};
 
 /* k_wgr<MODE, WT, BN, D, T>'s launch (its dynamic shared memory raised once per instance; tm:
  * T's tensor map) */
-template <int MODE, int WT, int BN, bool D, bool T = false, bool S4 = false, bool MC = false>
+template <int MODE, int WT, int BN, bool D, bool T = false, bool S4 = false, int MC = 1>
 static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
     size_t sm = wr_smem_bytes(BN, S4);
     if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, sm, &smem_done,
                     "wgmma, weights in registers"))
         return false;
-    if (MC)
-        cu_launch_cl(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, grid, WR_T, sm, 2u, *p, *tm);
+    if (MC > 1)
+        cu_launch_cl(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, grid, WR_T, sm, (unsigned)MC, *p, *tm);
     else
         cu_launch(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
 
-/* Whether k_wgr<MODE, WT, 224, true, true, S4, true>'s clusters of 2 fit the device (asked once an
+/* Whether k_wgr<MODE, WT, 224, true, true, S4, MC>'s clusters of MC fit the device (asked once an
  * instance; false: the launcher takes the kernel without clusters). */
-template <int MODE, int WT, bool S4> static bool wr_mc_fits(struct cu_ctx *c, dim3 grid) {
+template <int MODE, int WT, bool S4, int MC> static bool wr_mc_fits1(struct cu_ctx *c, dim3 grid) {
     static int fits = -1;
     if (fits < 0) {
         size_t sm = wr_smem_bytes(224, S4);
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2;
+        at[0].val.clusterDim.x = MC;
         at[0].val.clusterDim.y = 1;
         at[0].val.clusterDim.z = 1;
         cudaLaunchConfig_t cfg = {};
@@ -296,10 +299,10 @@ template <int MODE, int WT, bool S4> static bool wr_mc_fits(struct cu_ctx *c, di
         cfg.numAttrs = 1;
         int ncl = 0;
         bool ok = sm <= c->smem_optin &&
-                  cudaFuncSetAttribute(k_wgr<MODE, WT, 224, true, true, S4, true>,
+                  cudaFuncSetAttribute(k_wgr<MODE, WT, 224, true, true, S4, MC>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)sm) == cudaSuccess &&
-                  cudaOccupancyMaxActiveClusters(&ncl, k_wgr<MODE, WT, 224, true, true, S4, true>,
+                  cudaOccupancyMaxActiveClusters(&ncl, k_wgr<MODE, WT, 224, true, true, S4, MC>,
                                                  &cfg) == cudaSuccess &&
                   ncl >= 1;
         if (!ok) cudaGetLastError();
@@ -307,18 +310,28 @@ template <int MODE, int WT, bool S4> static bool wr_mc_fits(struct cu_ctx *c, di
     }
     return fits == 1;
 }
+template <int MODE, int WT> static bool wr_mc_fits(struct cu_ctx *c, dim3 grid, int mc) {
+    bool s4 = c->wgr_st4;
+    return mc == 4 ? s4 ? wr_mc_fits1<MODE, WT, true, 4>(c, grid)
+                        : wr_mc_fits1<MODE, WT, false, 4>(c, grid)
+           : s4 ? wr_mc_fits1<MODE, WT, true, 2>(c, grid)
+                   : wr_mc_fits1<MODE, WT, false, 2>(c, grid);
+}
 
-/* dyn: the MoE's DYN kernels (dense: never); tm: their TMA map (the MoE with dyn), or NULL; mc:
- * tm's boxes are half the block's rows, for the clusters of 2 (c->wgr_mc, 224 rows) */
+/* dyn: the MoE's DYN kernels (dense: never); tm: their TMA map (the MoE with dyn), or NULL; mc
+ * (1: none): clusters of mc blocks, tm's boxes 1 / mc of the block's rows (c->wgr_mc, 224 rows) */
 template <int MODE, int WT, int BN>
 static bool wr_launch(
-    struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm, bool mc) {
+    struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm, int mc) {
     if constexpr (MODE != TC_DENSE) {
         if constexpr (BN == 224) {
-            if (dyn && tm && mc)
-                return c->wgr_st4
-                           ? wr_launch1<MODE, WT, BN, true, true, true, true>(c, p, grid, tm)
-                           : wr_launch1<MODE, WT, BN, true, true, false, true>(c, p, grid, tm);
+            bool s4 = c->wgr_st4;
+            if (dyn && tm && mc == 4)
+                return s4 ? wr_launch1<MODE, WT, BN, true, true, true, 4>(c, p, grid, tm)
+                          : wr_launch1<MODE, WT, BN, true, true, false, 4>(c, p, grid, tm);
+            if (dyn && tm && mc == 2)
+                return s4 ? wr_launch1<MODE, WT, BN, true, true, true, 2>(c, p, grid, tm)
+                          : wr_launch1<MODE, WT, BN, true, true, false, 2>(c, p, grid, tm);
             if (dyn && tm && c->wgr_st4)
                 return wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm);
         }
@@ -340,22 +353,22 @@ static bool wr_launch_bn(struct cu_ctx *c,
                          bool dyn,
                          dim3 grid,
                          const CUtensorMap *tm,
-                         bool mc = false) {
+                         int mc = 1) {
     if constexpr (MODE == TC_DENSE)
-        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid, nullptr, false)
-                        : wr_launch<MODE, WT, 128>(c, p, false, grid, nullptr, false);
+        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid, nullptr, 1)
+                        : wr_launch<MODE, WT, 128>(c, p, false, grid, nullptr, 1);
     else
         switch (wr_bn(bn)) {
         case 64:
-            return wr_launch<MODE, WT, 64>(c, p, dyn, grid, tm, false);
+            return wr_launch<MODE, WT, 64>(c, p, dyn, grid, tm, 1);
         case 128:
-            return wr_launch<MODE, WT, 128>(c, p, dyn, grid, tm, false);
+            return wr_launch<MODE, WT, 128>(c, p, dyn, grid, tm, 1);
         case 192:
-            return wr_launch<MODE, WT, 192>(c, p, dyn, grid, tm, false);
+            return wr_launch<MODE, WT, 192>(c, p, dyn, grid, tm, 1);
         case 224:
             return wr_launch<MODE, WT, 224>(c, p, dyn, grid, tm, mc);
         default:
-            return wr_launch<MODE, WT, 256>(c, p, dyn, grid, tm, false);
+            return wr_launch<MODE, WT, 256>(c, p, dyn, grid, tm, 1);
         }
 }
 
@@ -405,24 +418,18 @@ bool wr_launch_moe(
     CUtensorMap map;
     const CUtensorMap *tm = nullptr;
     bool tma_ok = c->wgr_tma && dyn && (!up || p->m.x16_pos);
-    /* (c->wgr_mc: 224-row blocks on clusters of 2 along x, each copying half the tile's rows
-       into both: grid.x even, the clusters fitting the device) */
-    bool mc = tma_ok && c->wgr_mc && wr_bn(bn) == 224 && grid.x % 2 == 0;
-    if (mc) {
-        bool s4 = c->wgr_st4;
-        mc = up   ? f4   ? s4 ? wr_mc_fits<TC_UP, DSI_TYPE_FP4_E2M1, true>(c, grid)
-                              : wr_mc_fits<TC_UP, DSI_TYPE_FP4_E2M1, false>(c, grid)
-                      : s4 ? wr_mc_fits<TC_UP, DSI_TYPE_F8_E4M3, true>(c, grid)
-                         : wr_mc_fits<TC_UP, DSI_TYPE_F8_E4M3, false>(c, grid)
-               : f4 ? s4 ? wr_mc_fits<TC_DOWN, DSI_TYPE_FP4_E2M1, true>(c, grid)
-                         : wr_mc_fits<TC_DOWN, DSI_TYPE_FP4_E2M1, false>(c, grid)
-               : s4 ? wr_mc_fits<TC_DOWN, DSI_TYPE_F8_E4M3, true>(c, grid)
-                  : wr_mc_fits<TC_DOWN, DSI_TYPE_F8_E4M3, false>(c, grid);
-    }
+    /* (c->wgr_mc: 224-row blocks on clusters of 2 or 4 along x, each copying its share of the
+       tile's rows into all: grid.x a multiple, the clusters fitting the device) */
+    int mc = tma_ok && wr_bn(bn) == 224 && c->wgr_mc > 1 && grid.x % c->wgr_mc == 0 ? c->wgr_mc : 1;
+    if (mc > 1 && !(up   ? f4 ? wr_mc_fits<TC_UP, DSI_TYPE_FP4_E2M1>(c, grid, mc)
+                              : wr_mc_fits<TC_UP, DSI_TYPE_F8_E4M3>(c, grid, mc)
+                      : f4 ? wr_mc_fits<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, grid, mc)
+                         : wr_mc_fits<TC_DOWN, DSI_TYPE_F8_E4M3>(c, grid, mc)))
+        mc = 1;
     if (tma_ok && wr_tmap(c, &map, up ? p->m.x16 : p->m.h16, p->m.n * p->m.topk + p->m.n,
-                          up ? p->m.D : p->m.I, mc ? wr_bn(bn) / 2 : wr_bn(bn)))
+                          up ? p->m.D : p->m.I, wr_bn(bn) / mc))
         tm = &map;
-    mc = mc && tm;
+    if (!tm) mc = 1;
     if (up)
         return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm, mc)
                   : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm, mc);
