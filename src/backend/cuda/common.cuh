@@ -192,20 +192,22 @@ struct cu_ctx {
                            DSI_CUDA_WG_GROUPED_MIN, default 128; step 36) */
     bool hc_fin_norm;   /* hc_pre's finish runs the norm after it where it can (one block a row;
                            DSI_CUDA_HC_FIN_NORM=1; step 33; measured level in step 35: off) */
-    int hc_one;  /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
-                    0: never; at most CU_HC_ONE_MAX) */
-    bool hc_cl;  /* hc_pre's rows up to hc_one on a thread block cluster a row instead
-                    (hc_cl.cu; DSI_CUDA_HC_CL=1; step 38, compiled only: off) */
-    int *hc_cnt; /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
-                    launches) */
-    bool wg;     /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
-    int wg_bn;   /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 224
-                    since step 48, 192 before; wg.cu: 192 from 192 up; wgr.cu's: 224 or 256 take
-                    blocks that wide) */
-    bool wg_dyn; /* wg.cu's MoE: routed tiles of equal rows, blocks up to 256 rows, each block's
-                    wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
-    bool wg_rs;  /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in
-                    registers (DSI_CUDA_WG_RS=0: off; on from step 26) */
+    int hc_one;     /* hc_pre in one launch (k_hc_pre_one) up to this many rows (DSI_CUDA_HC_ONE;
+                       0: never; at most CU_HC_ONE_MAX) */
+    bool hc_cl;     /* hc_pre's rows up to hc_one on a thread block cluster a row instead
+                       (hc_cl.cu; DSI_CUDA_HC_CL=1; step 38, compiled only: off) */
+    int *hc_cnt;    /* k_hc_pre_one's per-row counters [CU_HC_ONE_MAX] (owned; zero between
+                       launches) */
+    bool wg;        /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
+    bool wg_bn_fit; /* wgr.cu's routed tiles: the block width by the mean rows an expert plus two
+                       standard deviations (DSI_CUDA_WG_BN_FIT=1; wgr_pick_bn_routed, step 48) */
+    int wg_bn;      /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 224
+                       since step 48, 192 before; wg.cu: 192 from 192 up; wgr.cu's: 224 or 256 take
+                       blocks that wide) */
+    bool wg_dyn;    /* wg.cu's MoE: routed tiles of equal rows, blocks up to 256 rows, each block's
+                       wgmma as wide as its tile (DSI_CUDA_WG_DYN=0: off) */
+    bool wg_rs;     /* wg.cu's calls (MoE and dense FP8) on wgr.cu's kernels, the weights in
+                       registers (DSI_CUDA_WG_RS=0: off; on from step 26) */
     /* wgr.cu's MoE blocks read their activation tiles by TMA (step 27's; on from step 30,
        DSI_CUDA_WGR_TMA=0: each thread's cp.async copies); tmap_encode: the driver's
        cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */

@@ -849,7 +849,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     bool wdyn = c->wg_dyn;
     int rx = wp   ? 128
              : wg ? q8   ? wgq_pick_bn(c, (double)nk / E)
-                    : rs ? wgr_pick_bn(c, (double)nk / E)
+                    : rs ? wgr_pick_bn_routed(c, (double)nk / E)
                          : wg_pick_bn(c, (double)nk / E, wdyn)
              : tc ? tc_pick_bn(c, (double)nk / E)
              : gv ? 8 * gnt

@@ -89,6 +89,7 @@ bool launch_wg_moe(
 bool wgr_ok(int64_t D, int64_t I);
 bool wgr_w_ok(const struct cu_w *w); /* its scale blocks along K a power of two */
 int wgr_pick_bn(const struct cu_ctx *c, double rows);
+int wgr_pick_bn_routed(const struct cu_ctx *c, double mean); /* (the routed tiles') */
 /* y[r * ldy + k] = bf16(x[r * ldx + k]), r < rows, k < cols (even): wg.cu's activations;
  * permuted: each group of 128 columns in wgr.cu's K order (cols a multiple of 128; wg.cuh's
  * wg_perm_col). */

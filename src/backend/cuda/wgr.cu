@@ -43,6 +43,7 @@
 #include "wg.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -409,6 +410,26 @@ bool launch_wgr_gemm(struct cu_ctx *c, const struct tc_p *p, int bn, dim3 grid) 
 int wgr_pick_bn(const struct cu_ctx *c, double rows) {
     int top = c->wg_bn >= 256 ? 256 : c->wg_bn >= 224 ? 224 : 192;
     return rows > 128 && c->wg_bn >= 192 ? top : rows > 64 && c->wg_bn >= 128 ? 128 : 64;
+}
+
+/* The routed tiles' blocks for `mean` rows an expert: wgr_pick_bn's, or (c->wg_bn_fit,
+ * DSI_CUDA_WG_BN_FIT=1; step 48) the narrowest of 64, 128, 192 and 224 rows (up to c->wg_bn)
+ * that holds the mean plus two standard deviations of a Poisson count, so that few experts take
+ * a second tile of a few rows (which decodes the expert's weights again for them: step 48's
+ * blocks of 192 at ~192 rows an expert cost 7% of the 8k prefill against 224): at 60 rows 128
+ * instead of 64, at 120 192 instead of 128; at the DYN kernels' widths a wider block computes
+ * no more for a tile of fewer rows. */
+int wgr_pick_bn_routed(const struct cu_ctx *c, double mean) {
+    if (!c->wg_bn_fit) return wgr_pick_bn(c, mean);
+    double need = mean + 2.0 * sqrt(mean > 0 ? mean : 0.0);
+    const int widths[4] = {64, 128, 192, 224};
+    int pick = 64;
+    for (int w : widths) {
+        if (w > c->wg_bn && w > 64) break;
+        pick = w;
+        if (w >= need) break;
+    }
+    return pick;
 }
 
 bool wr_launch_moe(
