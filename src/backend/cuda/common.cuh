@@ -375,25 +375,9 @@ bool cu_check(struct cu_ctx *c, const char *what);
 /* c->pad empty dependent kernels on c->stream (the DSI_CUDA_PAD probe; misc.cu) */
 void cu_pad(const struct cu_ctx *c);
 #ifdef __CUDACC__
-/* Launch kernel k on c->stream (programmatic dependent launch when c->pdl, see cu_pdl_enter);
- * errors surface through cu_check as with <<<>>>. */
-template <typename... P, typename... A>
-static inline void cu_launch(
-    const struct cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A &&...args) {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
-    if (c->pad) cu_pad(c);
-}
-/* cu_launch on thread block clusters of cl blocks along x (grid.x a multiple of cl). */
+/* Launch kernel k on c->stream (programmatic dependent launch when c->pdl, see cu_pdl_enter),
+ * on thread block clusters of cl blocks along x where cl > 1 (grid.x a multiple of cl); errors
+ * surface through cu_check as with <<<>>>. */
 template <typename... P, typename... A>
 static inline void cu_launch_cl(const struct cu_ctx *c,
                                 void (*k)(P...),
@@ -403,21 +387,31 @@ static inline void cu_launch_cl(const struct cu_ctx *c,
                                 unsigned cl,
                                 A &&...args) {
     cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
+    unsigned na = 0;
+    if (cl > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = cl;
+        at[na].val.clusterDim.y = 1;
+        at[na++].val.clusterDim.z = 1;
+    }
+    if (c->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 2 : 1;
+    cfg.numAttrs = na;
     cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
     if (c->pad) cu_pad(c);
+}
+template <typename... P, typename... A>
+static inline void cu_launch(
+    const struct cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A &&...args) {
+    cu_launch_cl(c, k, grid, block, smem, 1u, static_cast<A &&>(args)...);
 }
 #endif
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The
