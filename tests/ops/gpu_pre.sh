@@ -16,7 +16,13 @@
 # quick A/B of the small batches; gpu_env.sh's FLASH_LAYERS); PRE_PREFILL (default 8192; 0: no
 # prefill in the bench). PRE_DEADLINE (seconds from the start; 0, the default: none): no step starts with less than
 # PRE_STEP_S (30) seconds left, each runs at most until then, and what is skipped is logged, so
-# the run packs its results before the device's limit instead of being cut. Usage (repository
+# the run packs its results before the device's limit instead of being cut. PRE_CHUNKS (e.g.
+# "2560 5120"; none by default): after the benches, prefills of PRE_CHUNK_PREFILL tokens (10240)
+# in chunks of each size for each of PRE_CHUNK_VARIANTS (as PRE_VARIANTS; default "base"),
+# PRE_REPS rounds. PRE_DETAIL (none by default): Nsight's details with source counters
+# (gpu_ktime.sh's KT_DETAIL, KT_DETAIL_SRC=1, the 8k prefill after one batch-1 decode step) on
+# each space-separated item REGEX[:SKIP[:COUNT]] (count default 1; REGEX without spaces: '.'
+# for one, e.g. 'k_wgr<.int.1,.*224' 'k_attn_fa<:8:2'), into $OUT/detail<i>/. Usage (repository
 # root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" PRE_DEADLINE=540 bash tests/ops/gpu_pre.sh
 set -u
@@ -84,6 +90,34 @@ for v in ${PRE_PROFILE:-}; do
             >"$OUT/profile_${v//[=,]/_}_b$pb.txt" 2>&1
         log "profile $v batch $pb rc $?"
         pf=0
+    done
+done
+# the Nsight details (PRE_DETAIL), each in a folder of its own
+i=0
+for d in ${PRE_DETAIL:-}; do
+    i=$((i + 1))
+    IFS=: read -r dre dskip dcount <<<"$d"
+    can "detail $dre" || continue
+    mkdir -p "$OUT/detail$i"
+    OUT=$OUT/detail$i M=$M KT_BATCH=1 KT_PREFILL=8192 KT_DETAIL="$dre" KT_DETAIL_SKIP=${dskip:-0} \
+        KT_DETAIL_COUNT=${dcount:-1} KT_DETAIL_SRC=1 KT_TIMEOUT=$(lim 240) bash tests/ops/gpu_ktime.sh
+    log "detail $i ($dre) done"
+    grep -v "^==" "$OUT/detail$i/summary.txt" >>"$OUT/summary.txt"
+done
+# the chunked prefills (PRE_CHUNKS)
+for rep in $(seq 1 "${PRE_REPS:-2}"); do
+    for ch in ${PRE_CHUNKS:-}; do
+        for v in ${PRE_CHUNK_VARIANTS:-base}; do
+            envs=()
+            [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+            can "chunks $ch $v rep $rep" || continue
+            f="$OUT/chunk${ch}_${v//[=,]/_}_$rep.txt"
+            env "${envs[@]}" timeout $(lim 90) build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 1 \
+                --warmup 1 --batch 1 --no-split --prefill "${PRE_CHUNK_PREFILL:-10240}" --prefill-chunk "$ch" \
+                --prefill-reps 1 --numerics fast >"$f" 2>&1
+            log "chunks $ch $v rep $rep rc $?"
+            grep -E "^ *${PRE_CHUNK_PREFILL:-10240} " "$f" | tee -a "$OUT/summary.txt"
+        done
     done
 done
 # the sanitizers (tiny mode) on the tests matching PRE_MEMCHECK / PRE_RACECHECK (patterns of
