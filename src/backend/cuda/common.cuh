@@ -200,7 +200,8 @@ struct cu_ctx {
                        launches) */
     bool wg;        /* tc.cu's large tiles on wg.cu's wgmma kernels (DSI_CUDA_WG=0: off) */
     bool wg_bn_fit; /* wgr.cu's routed tiles: the block width by the mean rows an expert plus two
-                       standard deviations (DSI_CUDA_WG_BN_FIT=1; wgr_pick_bn_routed, step 48) */
+                       standard deviations (wgr_pick_bn_routed, step 48; the default from step
+                       49, DSI_CUDA_WG_BN_FIT=0: wgr_pick_bn's) */
     int wg_bn;      /* wg.cu's MoE tiles: activation rows per block at most (DSI_CUDA_WG_BN, 224
                        since step 48, 192 before; wg.cu: 192 from 192 up; wgr.cu's: 224 or 256 take
                        blocks that wide) */

@@ -647,7 +647,9 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        TMA tiles: 66.9 -> 62.2 ms, most experts' rows in one tile, docs/cuda.md step 48) */
     c->wg_bn = wb && *wb ? atoi(wb) : 224;
     const char *wbf = getenv("DSI_CUDA_WG_BN_FIT");
-    c->wg_bn_fit = wbf && *wbf == '1';
+    /* (step 49: on by default, prefills in chunks of 2560 rows -12.5%, of 5120 -1.6%, the 8k
+       prefill level; 0: wgr_pick_bn's widths) */
+    c->wg_bn_fit = !(wbf && *wbf == '0');
     /* (step 25, compiled only: the next device run measures it against DSI_CUDA_WG_DYN=0) */
     const char *wd = getenv("DSI_CUDA_WG_DYN");
     c->wg_dyn = !(wd && *wd == '0');

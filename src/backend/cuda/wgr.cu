@@ -412,8 +412,8 @@ int wgr_pick_bn(const struct cu_ctx *c, double rows) {
     return rows > 128 && c->wg_bn >= 192 ? top : rows > 64 && c->wg_bn >= 128 ? 128 : 64;
 }
 
-/* The routed tiles' blocks for `mean` rows an expert: wgr_pick_bn's, or (c->wg_bn_fit,
- * DSI_CUDA_WG_BN_FIT=1; step 48) the narrowest of 64, 128, 192 and 224 rows (up to c->wg_bn)
+/* The routed tiles' blocks for `mean` rows an expert: (c->wg_bn_fit, step 48, the default from
+ * step 49; DSI_CUDA_WG_BN_FIT=0: wgr_pick_bn's) the narrowest of 64, 128, 192 and 224 rows (up to c->wg_bn)
  * that holds the mean plus two standard deviations of a Poisson count, so that few experts take
  * a second tile of a few rows (which decodes the expert's weights again for them: step 48's
  * blocks of 192 at ~192 rows an expert cost 7% of the 8k prefill against 224): at 60 rows 128
