@@ -413,10 +413,10 @@ int wgr_pick_bn(const struct cu_ctx *c, double rows) {
 }
 
 /* The routed tiles' blocks for `mean` rows an expert: (c->wg_bn_fit, step 48, the default from
- * step 49; DSI_CUDA_WG_BN_FIT=0: wgr_pick_bn's) the narrowest of 64, 128, 192 and 224 rows (up to c->wg_bn)
- * that holds the mean plus two standard deviations of a Poisson count, so that few experts take
- * a second tile of a few rows (which decodes the expert's weights again for them: step 48's
- * blocks of 192 at ~192 rows an expert cost 7% of the 8k prefill against 224): at 60 rows 128
+ * step 49; DSI_CUDA_WG_BN_FIT=0: wgr_pick_bn's) the narrowest of 64, 128, 192 and 224 rows (up to
+ * c->wg_bn) that holds the mean plus two standard deviations of a Poisson count, so that few
+ * experts take a second tile of a few rows (which decodes the expert's weights again for them: step
+ * 48's blocks of 192 at ~192 rows an expert cost 7% of the 8k prefill against 224): at 60 rows 128
  * instead of 64, at 120 192 instead of 128; at the DYN kernels' widths a wider block computes
  * no more for a tile of fewer rows. */
 int wgr_pick_bn_routed(const struct cu_ctx *c, double mean) {
