@@ -55,6 +55,23 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb, int k
     return l;
 }
 
+/* KS (c->attn_fa_ks, DSI_CUDA_ATTN_FA_KS=1; step 49; K8 with 64 heads and tiles of 32 keys): the
+ * next tile's FP8 chunks copied by cp.async into a staging area after the layout's end (16-byte
+ * aligned), one 16-byte slot per chunk a thread may load (ft threads, fa_nc chunks each), instead
+ * of held in 16 registers across the tile (the build spilled 60 bytes there; step 49's Nsight
+ * counted 5 M local-memory requests a window layer at the 8k prefill). Each thread decodes the
+ * chunks it copied itself, so its cp.async.wait_group orders them: no barrier more. */
+__host__ __device__ constexpr int fa_nc(int hd, int hb, int kt) {
+    return (kt * hd / 8 + hb * 8 - 1) / (hb * 8);
+}
+__host__ __device__ static inline size_t fa_ks_off(int hd, int hb, int kt) {
+    return (fa_layout(hd, hb, kt).total + 15) & ~(size_t)15;
+}
+static size_t fa_smem_bytes(int hd, int hb, int kt, bool ks) {
+    return ks ? fa_ks_off(hd, hb, kt) + (size_t)fa_nc(hd, hb, kt) * hb * 8 * 16
+              : fa_layout(hd, hb, kt).total;
+}
+
 /* FP8 rows read as 16-byte chunks (k_attn_fa's K8; c->attn_fa_k8, DSI_CUDA_ATTN_FA_K8=0: off,
  * each float4 through attn_k4): chunk q of a key's row is, for q < nope / 16, its 16 e4m3 codes
  * of dims 16 q .. 16 q + 15 with their 64-block's scale byte, else the 8 rope dims' bf16 of dims
@@ -193,8 +210,9 @@ __device__ __noinline__ void fa_rope_tables(int nq,
 
 /* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. K8:
  * FP8 rows as 16-byte chunks (fa_k8_ok), decoded to bf16 as FP8 weights are (tc_decode_w). */
-template <int HQ, bool K8, int HB, int KT>
+template <int HQ, bool K8, int HB, int KT, bool KS = false>
 __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
+    static_assert(!KS || K8, "KS stages the FP8 chunks");
     constexpr int FT = HB * 8, WM = HB / 16; /* threads; warps along the heads */
     /* keys per thread in the softmax step (n8 tiles of scores); P's and the partial scores'
        row lengths */
@@ -202,7 +220,7 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     cu_pdl_enter();
     constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8,
                   NV = K8 ? 1 : KT * HD / 4 / FT, /* float4 of a tile's keys per thread */
-        NC = (KT * HD / 8 + FT - 1) / FT;         /* K8: a tile's chunks per thread at most */
+        NC = fa_nc(HD, HB, KT);                   /* K8: a tile's chunks per thread at most */
     extern __shared__ uint4 fa_smem[];
     const fa_smem_layout L = fa_layout(HD, HB, KT);
     char *base = (char *)fa_smem;
@@ -215,6 +233,8 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
        (CSo[i]: or_freq[i] at or_pos[r], the sine negated for or_inv): rope_cs once a frequency,
        where each head computed them again (64x the double-precision sine and cosine; step 39) */
     float2 *CSq = (float2 *)(base + L.cs), *CSo = CSq + HD / 2;
+    /* KS: this thread's staging slots, chunk i at Kr[i FT] (consecutive threads' slots adjacent) */
+    uint4 *Kr = (uint4 *)(base + fa_ks_off(HD, HB, KT)) + threadIdx.x;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp % WM, wn = warp / WM;
     int g = lane >> 2, t4 = lane & 3;
     int r = blockIdx.x, h0 = blockIdx.y * HB;
@@ -272,40 +292,43 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     float4 kr[NV];
     /* K8: chunks tid + i FT of the tile (nq code chunks and the rope's a key) */
     const int nq = p.nope / 16, cpk = nq + (HD - p.nope) / 8;
-    uint4 kc[K8 ? NC : 1];
+    uint4 kc[K8 && !KS ? NC : 1];
     uint32_t ks[K8 ? NC : 1];
     /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 (K8: its chunks) */
-    auto load =
-        [&](int lt) { /* lt: the tile's index in the block's range */
-                      const int64_t *kp = Kp + (lt & 1) * KT;
-                      if constexpr (K8) {
+    auto load = [&](int lt) { /* lt: the tile's index in the block's range */
+                              const int64_t *kp = Kp + (lt & 1) * KT;
+                              if constexpr (K8) {
 #pragma unroll
-                          for (int i = 0; i < NC; i++) {
-                              int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
-                              int64_t kq = j < KT ? kp[j] : -1;
-                              kc[i] = make_uint4(0, 0, 0, 0);
-                              ks[i] = 127;
-                              if (kq >= 0) {
-                                  bool ent = (kq & ATTN_KH_ENT) != 0;
-                                  int64_t row = kq & (ATTN_KH_ENT - 1);
-                                  const uint8_t *d = (ent ? p.ent8 : p.ring8) + row * p.rb;
-                                  kc[i] =
-                                      __ldg((const uint4 *)(d + (q < nq ? 16 * q
-                                                                        : p.nope + 16 * (q - nq))));
-                                  if (q < nq)
-                                      ks[i] =
-                                          __ldg((ent ? p.ent_sc : p.ring_sc) + row * p.sb + q / 4);
+                                  for (int i = 0; i < NC; i++) {
+                                      int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
+                                      int64_t kq = j < KT ? kp[j] : -1;
+                                      if (!KS) kc[i] = make_uint4(0, 0, 0, 0);
+                                      ks[i] = 127;
+                                      const uint8_t *src = p.ring8; /* (KS: mapped; zeros copied) */
+                                      if (kq >= 0) {
+                                          bool ent = (kq & ATTN_KH_ENT) != 0;
+                                          int64_t row = kq & (ATTN_KH_ENT - 1);
+                                          const uint8_t *d = (ent ? p.ent8 : p.ring8) + row * p.rb;
+                                          src = d + (q < nq ? 16 * q : p.nope + 16 * (q - nq));
+                                          if (!KS) kc[i] = __ldg((const uint4 *)src);
+                                          if (q < nq)
+                                              ks[i] = __ldg((ent ? p.ent_sc : p.ring_sc) +
+                                                            row * p.sb + q / 4);
+                                      }
+                                      if (KS && j < KT)
+                                          cu_cp16(smem_u32(Kr + i * FT), src, kq >= 0);
+                                  }
+                                  if (KS) cu_cp_commit();
+                              } else {
+#pragma unroll
+                                  for (int v = 0; v < NV; v++) {
+                                      int idx = tid + v * FT, j = idx / (HD / 4),
+                                          c = idx % (HD / 4);
+                                      int64_t kq = kp[j];
+                                      kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
+                                  }
                               }
-                          }
-                      } else {
-#pragma unroll
-                          for (int v = 0; v < NV; v++) {
-                              int idx = tid + v * FT, j = idx / (HD / 4), c = idx % (HD / 4);
-                              int64_t kq = kp[j];
-                              kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
-                          }
-                      }
-        };
+    };
     float acc[NT][4];
     acc_zero(acc);
     __syncthreads(); /* Kp of tiles 0 and 1 */
@@ -316,21 +339,27 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
         /* tile + 1's rows into the slot of tile - 1 (read by its loads, before barrier B of
            tile - 1, which every thread has passed) */
         if (lt > 0 && tid < KT) Kp[((lt + 1) & 1) * KT + tid] = nrow;
-        if constexpr (K8) { /* (a key past the tile's: zeros, scale 1) */
+        if constexpr (K8) {                    /* (a key past the tile's: zeros, scale 1) */
+            if constexpr (KS) cu_cp_wait<0>(); /* this thread's copies of the tile */
 #pragma unroll
             for (int i = 0; i < NC; i++) {
                 int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
                 if (j >= KT) continue;
+                uint4 raw;
+                if constexpr (KS)
+                    raw = Kr[i * FT];
+                else
+                    raw = kc[i];
                 if (q < nq) {
                     struct tc_wraw w;
-                    w.v[0] = kc[i];
+                    w.v[0] = raw;
                     w.sb = ks[i];
                     uint4 o[2];
                     tc_decode_w<DSI_TYPE_F8_E4M3, 0, 2>(w, true, o);
                     *(uint4 *)(K + j * LDK + 16 * q) = o[0];
                     *(uint4 *)(K + j * LDK + 16 * q + 8) = o[1];
                 } else {
-                    *(uint4 *)(K + j * LDK + p.nope + 8 * (q - nq)) = kc[i];
+                    *(uint4 *)(K + j * LDK + p.nope + 8 * (q - nq)) = raw;
                 }
             }
         } else {
@@ -603,25 +632,33 @@ __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int sp
     *(float4 *)(p.out + ((int64_t)r * p.H + h) * p.hd + d) = y;
 }
 
-template <int HQ, bool K8, int HB, int KT>
+template <int HQ, bool K8, int HB, int KT, bool KS = false>
 static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows, int splits) {
     static bool done = false;
-    size_t sm = fa_layout(128 * HQ, HB, KT).total;
-    if (!smem_limit(c, k_attn_fa<HQ, K8, HB, KT>, sm, &done, "attn (fused)")) return false;
+    size_t sm = fa_smem_bytes(128 * HQ, HB, KT, KS);
+    if (!smem_limit(c, k_attn_fa<HQ, K8, HB, KT, KS>, sm, &done, "attn (fused)")) return false;
     dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, HB), (unsigned)splits);
-    cu_launch(c, k_attn_fa<HQ, K8, HB, KT>, g, HB * 8, sm, *p);
+    cu_launch(c, k_attn_fa<HQ, K8, HB, KT, KS>, g, HB * 8, sm, *p);
     if (p->fa_o)
         cu_launch(c, k_attn_fa_merge, dim3((unsigned)rows, (unsigned)p->H), FA_MT, 0, *p, splits);
     return cu_check(c, "attn (fused)");
 }
 
-/* The kernel for heads a block hb (64 or 32) and keys a tile kt (16, or 32 with 64 heads). */
+/* The kernel for heads a block hb (64 or 32) and keys a tile kt (16, or 32 with 64 heads; ks:
+ * with the FP8 chunks staged in shared memory, KS). */
 template <int HQ>
-static bool
-fa_go_hb(struct cu_ctx *c, const struct attn_p *p, int rows, int splits, bool k8, int hb, int kt) {
+static bool fa_go_hb(struct cu_ctx *c,
+                     const struct attn_p *p,
+                     int rows,
+                     int splits,
+                     bool k8,
+                     int hb,
+                     int kt,
+                     bool ks) {
     if (hb == 32)
         return k8 ? fa_go<HQ, true, 32, FA_KT>(c, p, rows, splits)
                   : fa_go<HQ, false, 32, FA_KT>(c, p, rows, splits);
+    if (kt == 32 && k8 && ks) return fa_go<HQ, true, FA_HB, 32, true>(c, p, rows, splits);
     if (kt == 32)
         return k8 ? fa_go<HQ, true, FA_HB, 32>(c, p, rows, splits)
                   : fa_go<HQ, false, FA_HB, 32>(c, p, rows, splits);
@@ -662,16 +699,18 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows, bool *o
         p.fa_tps = (int)tps;
     }
     bool k8 = c->attn_fa_k8 && fa_k8_ok(&p);
+    bool ks = c->attn_fa_ks && k8 && kt == 32 &&
+              fa_smem_bytes((int)p.hd, FA_HB, 32, true) <= c->smem_optin;
     int sp = (int)splits;
     if (o16_kept) *o16_kept = p.o16 != NULL;
     switch (p.hd / 128) {
     case 1:
-        return fa_go_hb<1>(c, &p, rows, sp, k8, hb, kt);
+        return fa_go_hb<1>(c, &p, rows, sp, k8, hb, kt, ks);
     case 2:
-        return fa_go_hb<2>(c, &p, rows, sp, k8, hb, kt);
+        return fa_go_hb<2>(c, &p, rows, sp, k8, hb, kt, ks);
     case 3:
-        return fa_go_hb<3>(c, &p, rows, sp, k8, hb, kt);
+        return fa_go_hb<3>(c, &p, rows, sp, k8, hb, kt, ks);
     default:
-        return fa_go_hb<4>(c, &p, rows, sp, k8, hb, kt);
+        return fa_go_hb<4>(c, &p, rows, sp, k8, hb, kt, ks);
     }
 }

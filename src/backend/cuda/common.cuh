@@ -157,6 +157,9 @@ struct cu_ctx {
                           step 34) */
     int attn_fa_or;    /* 0: attn's out_rope in a launch of its own; else applied as out is
                           written (DSI_CUDA_ATTN_FA_OR; step 34, every row count since 38) */
+    bool attn_fa_ks;   /* attn_fa.cu: with 64 heads and tiles of 32 keys, the next tile's FP8
+                          chunks by cp.async into shared memory instead of registers
+                          (DSI_CUDA_ATTN_FA_KS=1; step 49, off until measured) */
     bool attn_fa_k8;   /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
                           each float4 through attn_k4, step 29's) */
     int hc_split;      /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
