@@ -304,7 +304,8 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
                                       int64_t kq = j < KT ? kp[j] : -1;
                                       if (!KS) kc[i] = make_uint4(0, 0, 0, 0);
                                       ks[i] = 127;
-                                      const uint8_t *src = p.ring8; /* (KS: mapped; zeros copied) */
+                                      /* (KS: a mapped address where zeros are copied) */
+                                      const uint8_t *src = p.ring8 ? p.ring8 : p.ent8;
                                       if (kq >= 0) {
                                           bool ent = (kq & ATTN_KH_ENT) != 0;
                                           int64_t row = kq & (ATTN_KH_ENT - 1);
