@@ -336,7 +336,7 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         {8, 3, 256, 128, 700, DSI_TYPE_F8_E4M3, DSI_TYPE_F8_E4M3},     /* 262, FP8 experts */
         {8, 2, 128, 128, 1, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},      /* tiny-a's decode step */
         {8, 2, 1024, 256, 600, DSI_TYPE_FP4_E2M1, DSI_TYPE_F8_E4M3},   /* 150: 224-row blocks, */
-        /* 4 and 8 weight blocks a tile (the clusters of 2 and 4 of DSI_CUDA_WGR_MC), 8 steps */
+        /* 4 and 8 weight blocks a tile, 8 steps */
     };
     /* each case's inputs and CPU result made once, for the default backend here and the
        variants' backends below */
@@ -386,12 +386,10 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        default before step 48; 224 since) and of 224 at full width
        (DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0: 3 activation stages, step 27); wgr.cu's
        activation tiles by TMA (step 27; the default from step 30, so the cases run once more on
-       each thread's cp.async copies, DSI_CUDA_WGR_TMA=0, also with blocks of 256 rows); its
-       TMA blocks of 224 rows with 4 stages 2 steps ahead (DSI_CUDA_WGR_ST4=1, step 48), on
-       clusters of 2 sharing the activation copies (DSI_CUDA_WGR_MC=1, with 3 and 4 stages) and
-       of 4 (DSI_CUDA_WGR_MC=4, 4 stages); the routed blocks as wide as the mean rows an expert
-       plus two standard deviations (step 48; the default from step 49, so the cases run once
-       more with the widths before it, DSI_CUDA_WG_BN_FIT=0);
+       each thread's cp.async copies, DSI_CUDA_WGR_TMA=0, also with blocks of 256 rows); the
+       routed blocks as wide as the mean rows an expert plus two standard deviations (step 48;
+       the default from step 49, so the cases run once more with the widths before it,
+       DSI_CUDA_WG_BN_FIT=0);
        wgq.cu's FP8 tensor cores on act_quant's codes (DSI_CUDA_WG_Q8=1, its DYN and full-width
        blocks of 64 and 128 rows, FP4 and FP8 experts, the shared expert from 512 rows; and from
        3 rows with the routed tiles there from 1 row per expert, DSI_CUDA_WGQ_MIN=1, blocks of
@@ -429,10 +427,6 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WG_BN=224,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_ST4=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_MC=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_MC=1,DSI_CUDA_WGR_ST4=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_MC=4,DSI_CUDA_WGR_ST4=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN_FIT=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},

@@ -157,9 +157,6 @@ struct cu_ctx {
                           step 34) */
     int attn_fa_or;    /* 0: attn's out_rope in a launch of its own; else applied as out is
                           written (DSI_CUDA_ATTN_FA_OR; step 34, every row count since 38) */
-    bool attn_fa_ks;   /* attn_fa.cu: with 64 heads and tiles of 32 keys, the next tile's FP8
-                          chunks by cp.async into shared memory instead of registers
-                          (DSI_CUDA_ATTN_FA_KS=1; step 49, off until measured) */
     bool attn_fa_k8;   /* attn_fa.cu: FP8 rows as 16-byte chunks (step 30; DSI_CUDA_ATTN_FA_K8=0:
                           each float4 through attn_k4, step 29's) */
     int hc_split;      /* hc_pre's finish: at most this many blocks per row (DSI_CUDA_HC_SPLIT) */
@@ -217,14 +214,6 @@ struct cu_ctx {
        cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */
     bool wgr_tma;
     void *tmap_encode;
-    /* wgr.cu's TMA blocks of 224 rows with 4 activation stages copied 2 steps ahead instead of 3
-       and 1 (DSI_CUDA_WGR_ST4=1; step 48: the row pointers left out of shared memory make room) */
-    bool wgr_st4;
-    /* wgr.cu's TMA blocks of 224 rows on clusters of wgr_mc blocks (2 or 4; 1: none): the same
-       tile, neighbouring weight blocks, each block copying its share of each activation tile
-       into all (DSI_CUDA_WGR_MC=2 or 4, =1 is 2; step 48: the activation tiles are ~87% of the
-       blocks' reads from L2) */
-    int wgr_mc;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */
     bool wg_q8;
@@ -379,43 +368,23 @@ bool cu_check(struct cu_ctx *c, const char *what);
 /* c->pad empty dependent kernels on c->stream (the DSI_CUDA_PAD probe; misc.cu) */
 void cu_pad(const struct cu_ctx *c);
 #ifdef __CUDACC__
-/* Launch kernel k on c->stream (programmatic dependent launch when c->pdl, see cu_pdl_enter),
- * on thread block clusters of cl blocks along x where cl > 1 (grid.x a multiple of cl); errors
- * surface through cu_check as with <<<>>>. */
+/* Launch kernel k on c->stream (programmatic dependent launch when c->pdl, see cu_pdl_enter);
+ * errors surface through cu_check as with <<<>>>. */
 template <typename... P, typename... A>
-static inline void cu_launch_cl(const struct cu_ctx *c,
-                                void (*k)(P...),
-                                dim3 grid,
-                                dim3 block,
-                                size_t smem,
-                                unsigned cl,
-                                A &&...args) {
-    cudaLaunchAttribute at[2];
-    unsigned na = 0;
-    if (cl > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = cl;
-        at[na].val.clusterDim.y = 1;
-        at[na++].val.clusterDim.z = 1;
-    }
-    if (c->pdl) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na++].val.programmaticStreamSerializationAllowed = 1;
-    }
+static inline void cu_launch(
+    const struct cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = at;
-    cfg.numAttrs = na;
+    cfg.numAttrs = c->pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
     if (c->pad) cu_pad(c);
-}
-template <typename... P, typename... A>
-static inline void cu_launch(
-    const struct cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A &&...args) {
-    cu_launch_cl(c, k, grid, block, smem, 1u, static_cast<A &&>(args)...);
 }
 #endif
 /* Scratch of at least `bytes` (256-byte aligned); NULL (sticky error set) on failure. The

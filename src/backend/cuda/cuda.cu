@@ -671,10 +671,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
         cudaGetLastError();
         c->wgr_tma = c->tmap_encode != NULL;
     }
-    const char *w4 = getenv("DSI_CUDA_WGR_ST4");
-    c->wgr_st4 = w4 && *w4 == '1';
-    const char *wmc = getenv("DSI_CUDA_WGR_MC");
-    c->wgr_mc = !(wmc && *wmc) ? 1 : *wmc == '4' ? 4 : *wmc == '1' || *wmc == '2' ? 2 : 1;
     const char *wq = getenv("DSI_CUDA_WG_Q8");
     c->wg_q8 = wq && *wq == '1';
     const char *wqm = getenv("DSI_CUDA_WGQ_MIN");
@@ -713,8 +709,6 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->attn_fa_split = !(fs && *fs == '0');
     const char *f8 = getenv("DSI_CUDA_ATTN_FA_K8");
     c->attn_fa_k8 = !(f8 && *f8 == '0');
-    const char *fks = getenv("DSI_CUDA_ATTN_FA_KS");
-    c->attn_fa_ks = fks && *fks == '1';
     /* the fused attention's heads per block (32 or 64), keys per tile (16 or 32), and whether
        it applies attn's per-head q norm (and RoPE) as it stages q (instead of a launch that
        reads and writes q once more) and the inverse RoPE as it writes out (instead of a rope

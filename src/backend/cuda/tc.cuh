@@ -314,7 +314,7 @@ __device__ __forceinline__ bool tc_block_rows(struct tc_p &p,
             else
                 xr = xs + pos * lds;
         }
-        if (xrow) xrow[tid] = xr; /* (NULL: the caller copies by position, wgr.cu's ST4) */
+        xrow[tid] = xr;
         opos[tid] = op;
     }
     return true;

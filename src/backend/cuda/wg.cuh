@@ -101,36 +101,6 @@ tma_load_2d(uint32_t dst, const void *tm, int c0, int c1, uint32_t bar) {
                  : "memory");
 }
 
-/* ---- thread block clusters of 2 sharing the activation tiles (wgr.cu's MC, c->wgr_mc) */
-/* tma_load_2d into the same shared offsets of the cluster's blocks in `mask` (their barriers at
- * bar's offset each count the bytes that land in their own shared memory) */
-__device__ __forceinline__ void
-tma_load_2d_mc(uint32_t dst, const void *tm, int c0, int c1, uint32_t bar, uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"(tm), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-                 : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* One arrival on the barrier at the shared offset `bar` of the cluster's block `rank` (this
- * block's own too), ordered after this thread's earlier memory accesses at cluster scope. */
-__device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-/* Every thread of the cluster's blocks meets here (their shared memory then visible). */
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile(
-        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-            : "memory");
-}
-
 /* The accumulators are written by wgmma in the background: pin them around the waits. */
 template <int NR> __device__ __forceinline__ void wg_pin(float (&d)[NR]) {
 #pragma unroll
@@ -288,22 +258,13 @@ template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t 
  * kernels run `fast` numerics only). opos is rewritten in place for down. */
 #define WG_EG 4 /* wg_finish, MoE up: column blocks whose exps run side by side */
 
-/* WEXT (wgr.cu's ST4, whose static shared memory must stay small): the routing weights at wext,
- * shared memory of the caller's that no one reads any more (its activation stages) */
-template <int MODE, int BN, bool DYN, bool WEXT = false>
-__device__ __forceinline__ void wg_finish(const struct tc_p &p,
-                                          int64_t *opos,
-                                          float (&acc)[BN / 2],
-                                          int nv,
-                                          int wgi,
-                                          int w4,
-                                          int lane,
-                                          float *wext = nullptr) {
+template <int MODE, int BN, bool DYN>
+__device__ __forceinline__ void wg_finish(
+    const struct tc_p &p, int64_t *opos, float (&acc)[BN / 2], int nv, int wgi, int w4, int lane) {
     wg_wait<0>();
     wg_pin(acc);
     int g = lane >> 2, t4 = lane & 3;
-    __shared__ float wrow_st[MODE == TC_UP && !WEXT ? BN : 1]; /* up: the row's routing weight */
-    float *wrow_s = WEXT ? wext : wrow_st;
+    __shared__ float wrow_s[MODE == TC_UP ? BN : 1]; /* up: the row's routing weight */
     if (MODE != TC_DENSE) {
         int tid = threadIdx.x;
         int64_t nk = p.m.n * p.m.topk;

@@ -53,20 +53,13 @@
 #define WR_PF 2 /* weight loads this many steps ahead */
 
 /* Activation stages of a block of BN rows, and how many steps ahead they are copied: a stage is
-   refilled only after the wgmma that read it (at most stages - 2 ahead). ST4 (c->wgr_st4, TMA
-   blocks of 224 rows; step 48): 4 stages, 2 ahead, in 4 x 56 KB + the 1 KB alignment, which fits
-   in the 227 KB a block may have once the block's row pointers (xrow, 1.75 KB: the TMA copies
-   take the tile's rows by position) are not in shared memory. */
-__host__ __device__ constexpr int wr_st(int BN, bool ST4 = false) {
-    return BN > 192 && !ST4 ? 3 : 4;
-}
-__host__ __device__ constexpr int wr_ah(int BN, bool ST4 = false) { return wr_st(BN, ST4) - 2; }
+   refilled only after the wgmma that read it (at most stages - 2 ahead). */
+__host__ __device__ constexpr int wr_st(int BN) { return BN > 192 ? 3 : 4; }
+__host__ __device__ constexpr int wr_ah(int BN) { return wr_st(BN) - 2; }
 static_assert(WR_BK == 128, "a step is one group of wg_perm_col's K order");
 
 /* Dynamic shared memory: the stages (BN rows of 256 bytes each), plus 1 KB to align them. */
-static size_t wr_smem_bytes(int BN, bool ST4 = false) {
-    return (size_t)wr_st(BN, ST4) * BN * 256 + 1024;
-}
+static size_t wr_smem_bytes(int BN) { return (size_t)wr_st(BN) * BN * 256 + 1024; }
 
 #ifdef WG_HAVE
 /* One group of 4 slices (A: their fragments; b0: the sub-tile of the group, slice ii at byte ii
@@ -93,29 +86,23 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b
  * own cp.async copies. The tile's rows are consecutive positions from opos[0]; the rows past the
  * tile (DYN: its wgmma do not read them; else their outputs are dropped) are whatever follows,
  * zeros past the end. */
-template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool ST4 = false, int MC = 1>
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
-    static_assert(!ST4 || (TMA && BN == 224), "ST4: TMA blocks of 224 rows");
-    static_assert(MC == 1 || ((MC == 2 || MC == 4) && TMA && BN == 224),
-                  "MC: TMA blocks of 224 rows on clusters of 2 or 4");
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
     /* FP4's rare large-scale decode out of line (tc_decode_w) up to 192 rows: wider blocks then
        spill around the call */
     constexpr bool OUTL = BN <= 192;
-    constexpr int WR_ST = wr_st(BN, ST4), WR_AH = wr_ah(BN, ST4);
+    constexpr int WR_ST = wr_st(BN), WR_AH = wr_ah(BN);
     constexpr uint32_t STAGE = BN * 256u; /* bytes per stage */
     constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
     extern __shared__ uint4 wr_smem[];
     uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
-    __shared__ const uint16_t *xrow_s[ST4 ? 1 : BN]; /* (ST4: none, see wr_st) */
-    __shared__ int64_t opos[BN];                     /* h / out position of the row; -1: none */
-    const uint16_t **xrow = ST4 ? nullptr : xrow_s;
+    __shared__ const uint16_t *xrow[BN];
+    __shared__ int64_t opos[BN];           /* h / out position of the row; -1: none */
     __shared__ alignas(8) uint64_t bar[4]; /* TMA: a stage's copies */
-    /* MC > 1: a stage's use by every block of the cluster done (an arrival from each) */
-    __shared__ alignas(8) uint64_t ebar[MC > 1 ? 4 : 1];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
 
@@ -126,16 +113,10 @@ __global__ void __launch_bounds__(WR_T, 1)
     static_assert(!TMA || MODE != TC_DENSE, "TMA: the MoE's copies by position");
     if (TMA && tid == 0) {
 #pragma unroll
-        for (int i = 0; i < WR_ST; i++) {
+        for (int i = 0; i < WR_ST; i++)
             mbar_init(smem_u32(&bar[i]), 1);
-            if (MC > 1) mbar_init(smem_u32(&ebar[i]), MC);
-        }
         mbar_fence_init();
     }
-    /* MC > 1: every block's barriers initialised before another copies into it or arrives on
-       them (the cluster's blocks have the same tile: they return above together) */
-    const uint32_t crank = MC > 1 ? cluster_rank() : 0u;
-    if (MC > 1) cluster_sync_all();
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
     const uint8_t *wrow[2], *wsrow[2];
     int sh1[2], sb1[2];
@@ -164,24 +145,9 @@ __global__ void __launch_bounds__(WR_T, 1)
             if (tid == 0 && s < steps) {
                 uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
                 uint32_t mb = smem_u32(&bar[s % WR_ST]);
-                if (MC > 1) {
-                    /* the stage's earlier use done in every block (completion s / WR_ST - 1 of
-                       its empty barrier), then this block's share of the rows (BN / MC) into all
-                       of them: each block's barrier expects the whole stage */
-                    if (s >= WR_ST)
-                        live = live && mbar_wait(smem_u32(&ebar[s % WR_ST]),
-                                                 (uint32_t)(s / WR_ST - 1) & 1u, 1u << 24);
-                    mbar_expect(mb, STAGE);
-                    uint32_t ho = crank * (SUB / MC);
-                    int r = row0 + (int)crank * (BN / MC);
-                    constexpr uint16_t all = (uint16_t)((1u << MC) - 1u);
-                    tma_load_2d_mc(B + ho, &tm, (int)(s * WR_BK), r, mb, all);
-                    tma_load_2d_mc(B + SUB + ho, &tm, (int)(s * WR_BK + 64), r, mb, all);
-                } else {
-                    mbar_expect(mb, STAGE);
-                    tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
-                    tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
-                }
+                mbar_expect(mb, STAGE);
+                tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
+                tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
             }
             return;
         }
@@ -223,15 +189,6 @@ __global__ void __launch_bounds__(WR_T, 1)
             cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
         wg_fence_smem();
         __syncthreads();
-        /* MC > 1: stage (s - 2) % WR_ST (every wgmma of step s - 2 waited for by both
-           warpgroups) free in this block: an arrival on its empty barrier in every block of the
-           cluster where a later step refills it */
-        if (MC > 1 && tid == 0 && s >= 2 && s - 2 + WR_ST < steps) {
-            uint32_t eb = smem_u32(&ebar[(s - 2) % WR_ST]);
-#pragma unroll
-            for (int q = 0; q < MC; q++)
-                mbar_arrive_cl(eb, (uint32_t)q);
-        }
         load_x(s + WR_AH);
         struct tc_wraw k0 = w[0], k1 = w[1];
         if (s + WR_PF < steps) load_w(s + WR_PF, w);
@@ -253,9 +210,7 @@ __global__ void __launch_bounds__(WR_T, 1)
     for (int u = 0; u < WR_AH; u++)
         load_x(u);
     wg_k_loop<WR_PF>(steps, [&](int64_t s, int u) { step(s, wr[u]); });
-    /* (ST4: the routing weights in the first stage, read by no wgmma or copy any more) */
-    wg_finish<MODE, BN, DYN, ST4>(p, opos, acc, nv, wgi, w4, lane,
-                                  (float *)((char *)wr_smem + (base - raw)));
+    wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
 }
 
@@ -266,76 +221,22 @@ static const CUtensorMap wr_no_map = {};
 
 /* k_wgr<MODE, WT, BN, D, T>'s launch (its dynamic shared memory raised once per instance; tm:
  * T's tensor map) */
-template <int MODE, int WT, int BN, bool D, bool T = false, bool S4 = false, int MC = 1>
+template <int MODE, int WT, int BN, bool D, bool T = false>
 static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
-    size_t sm = wr_smem_bytes(BN, S4);
-    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, sm, &smem_done,
-                    "wgmma, weights in registers"))
+    size_t sm = wr_smem_bytes(BN);
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T>, sm, &smem_done, "wgmma, weights in registers"))
         return false;
-    if (MC > 1)
-        cu_launch_cl(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, grid, WR_T, sm, (unsigned)MC, *p, *tm);
-    else
-        cu_launch(c, k_wgr<MODE, WT, BN, D, T, S4, MC>, grid, WR_T, sm, *p, *tm);
+    cu_launch(c, k_wgr<MODE, WT, BN, D, T>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
 
-/* Whether k_wgr<MODE, WT, 224, true, true, S4, MC>'s clusters of MC fit the device (asked once an
- * instance; false: the launcher takes the kernel without clusters). */
-template <int MODE, int WT, bool S4, int MC> static bool wr_mc_fits1(struct cu_ctx *c, dim3 grid) {
-    static int fits = -1;
-    if (fits < 0) {
-        size_t sm = wr_smem_bytes(224, S4);
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = MC;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(WR_T);
-        cfg.dynamicSmemBytes = sm;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        int ncl = 0;
-        bool ok = sm <= c->smem_optin &&
-                  cudaFuncSetAttribute(k_wgr<MODE, WT, 224, true, true, S4, MC>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)sm) == cudaSuccess &&
-                  cudaOccupancyMaxActiveClusters(&ncl, k_wgr<MODE, WT, 224, true, true, S4, MC>,
-                                                 &cfg) == cudaSuccess &&
-                  ncl >= 1;
-        if (!ok) cudaGetLastError();
-        fits = ok ? 1 : 0;
-    }
-    return fits == 1;
-}
-template <int MODE, int WT> static bool wr_mc_fits(struct cu_ctx *c, dim3 grid, int mc) {
-    bool s4 = c->wgr_st4;
-    return mc == 4 ? s4 ? wr_mc_fits1<MODE, WT, true, 4>(c, grid)
-                        : wr_mc_fits1<MODE, WT, false, 4>(c, grid)
-           : s4 ? wr_mc_fits1<MODE, WT, true, 2>(c, grid)
-                   : wr_mc_fits1<MODE, WT, false, 2>(c, grid);
-}
-
-/* dyn: the MoE's DYN kernels (dense: never); tm: their TMA map (the MoE with dyn), or NULL; mc
- * (1: none): clusters of mc blocks, tm's boxes 1 / mc of the block's rows (c->wgr_mc, 224 rows) */
+/* dyn: the MoE's DYN kernels (dense: never); tm: their TMA map (the MoE with dyn), or NULL */
 template <int MODE, int WT, int BN>
-static bool wr_launch(
-    struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm, int mc) {
+static bool
+wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE != TC_DENSE) {
-        if constexpr (BN == 224) {
-            bool s4 = c->wgr_st4;
-            if (dyn && tm && mc == 4)
-                return s4 ? wr_launch1<MODE, WT, BN, true, true, true, 4>(c, p, grid, tm)
-                          : wr_launch1<MODE, WT, BN, true, true, false, 4>(c, p, grid, tm);
-            if (dyn && tm && mc == 2)
-                return s4 ? wr_launch1<MODE, WT, BN, true, true, true, 2>(c, p, grid, tm)
-                          : wr_launch1<MODE, WT, BN, true, true, false, 2>(c, p, grid, tm);
-            if (dyn && tm && c->wgr_st4)
-                return wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm);
-        }
         if (dyn && tm) return wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
         if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid, &wr_no_map);
     }
@@ -348,28 +249,23 @@ static int wr_bn(int bn) {
 }
 
 template <int MODE, int WT>
-static bool wr_launch_bn(struct cu_ctx *c,
-                         const struct tc_p *p,
-                         int bn,
-                         bool dyn,
-                         dim3 grid,
-                         const CUtensorMap *tm,
-                         int mc = 1) {
+static bool wr_launch_bn(
+    struct cu_ctx *c, const struct tc_p *p, int bn, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE == TC_DENSE)
-        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid, nullptr, 1)
-                        : wr_launch<MODE, WT, 128>(c, p, false, grid, nullptr, 1);
+        return bn <= 64 ? wr_launch<MODE, WT, 64>(c, p, false, grid, nullptr)
+                        : wr_launch<MODE, WT, 128>(c, p, false, grid, nullptr);
     else
         switch (wr_bn(bn)) {
         case 64:
-            return wr_launch<MODE, WT, 64>(c, p, dyn, grid, tm, 1);
+            return wr_launch<MODE, WT, 64>(c, p, dyn, grid, tm);
         case 128:
-            return wr_launch<MODE, WT, 128>(c, p, dyn, grid, tm, 1);
+            return wr_launch<MODE, WT, 128>(c, p, dyn, grid, tm);
         case 192:
-            return wr_launch<MODE, WT, 192>(c, p, dyn, grid, tm, 1);
+            return wr_launch<MODE, WT, 192>(c, p, dyn, grid, tm);
         case 224:
-            return wr_launch<MODE, WT, 224>(c, p, dyn, grid, tm, mc);
+            return wr_launch<MODE, WT, 224>(c, p, dyn, grid, tm);
         default:
-            return wr_launch<MODE, WT, 256>(c, p, dyn, grid, tm, 1);
+            return wr_launch<MODE, WT, 256>(c, p, dyn, grid, tm);
         }
 }
 
@@ -438,22 +334,13 @@ bool wr_launch_moe(
     /* TMA (c->wgr_tma, DYN tiles): the copies by position, x16's where p->m.x16_pos, h16's */
     CUtensorMap map;
     const CUtensorMap *tm = nullptr;
-    bool tma_ok = c->wgr_tma && dyn && (!up || p->m.x16_pos);
-    /* (c->wgr_mc: 224-row blocks on clusters of 2 or 4 along x, each copying its share of the
-       tile's rows into all: grid.x a multiple, the clusters fitting the device) */
-    int mc = tma_ok && wr_bn(bn) == 224 && c->wgr_mc > 1 && grid.x % c->wgr_mc == 0 ? c->wgr_mc : 1;
-    if (mc > 1 && !(up   ? f4 ? wr_mc_fits<TC_UP, DSI_TYPE_FP4_E2M1>(c, grid, mc)
-                              : wr_mc_fits<TC_UP, DSI_TYPE_F8_E4M3>(c, grid, mc)
-                      : f4 ? wr_mc_fits<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, grid, mc)
-                         : wr_mc_fits<TC_DOWN, DSI_TYPE_F8_E4M3>(c, grid, mc)))
-        mc = 1;
-    if (tma_ok && wr_tmap(c, &map, up ? p->m.x16 : p->m.h16, p->m.n * p->m.topk + p->m.n,
-                          up ? p->m.D : p->m.I, wr_bn(bn) / mc))
+    if (c->wgr_tma && dyn && (!up || p->m.x16_pos) &&
+        wr_tmap(c, &map, up ? p->m.x16 : p->m.h16, p->m.n * p->m.topk + p->m.n,
+                up ? p->m.D : p->m.I, wr_bn(bn)))
         tm = &map;
-    if (!tm) mc = 1;
     if (up)
-        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm, mc)
-                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm, mc);
-    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm, mc)
-              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm, mc);
+        return f4 ? wr_launch_bn<TC_UP, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm)
+                  : wr_launch_bn<TC_UP, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm);
+    return f4 ? wr_launch_bn<TC_DOWN, DSI_TYPE_FP4_E2M1>(c, p, bn, dyn, grid, tm)
+              : wr_launch_bn<TC_DOWN, DSI_TYPE_F8_E4M3>(c, p, bn, dyn, grid, tm);
 }
