@@ -22,7 +22,8 @@
 # PRE_REPS rounds. PRE_DETAIL (none by default): Nsight's details with source counters
 # (gpu_ktime.sh's KT_DETAIL, KT_DETAIL_SRC=1, the 8k prefill after one batch-1 decode step) on
 # each space-separated item REGEX[:SKIP[:COUNT]] (count default 1; REGEX without spaces: '.'
-# for one, e.g. 'k_wgr<.int.1,.*224' 'k_attn_fa<:8:2'), into $OUT/detail<i>/. Usage (repository
+# for one, e.g. 'k_wgr<.int.1,.*224' 'k_attn_fa<:8:2'), into $OUT/detail<i>/, with the settings
+# of PRE_DETAIL_ENV (comma-separated VAR=value, as a variant; none by default). Usage (repository
 # root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" PRE_DEADLINE=540 bash tests/ops/gpu_pre.sh
 set -u
@@ -99,7 +100,9 @@ for d in ${PRE_DETAIL:-}; do
     IFS=: read -r dre dskip dcount <<<"$d"
     can "detail $dre" || continue
     mkdir -p "$OUT/detail$i"
-    OUT=$OUT/detail$i M=$M KT_BATCH=1 KT_PREFILL=8192 KT_DETAIL="$dre" KT_DETAIL_SKIP=${dskip:-0} \
+    denvs=()
+    [ -n "${PRE_DETAIL_ENV:-}" ] && IFS=, read -ra denvs <<<"$PRE_DETAIL_ENV"
+    env "${denvs[@]}" OUT=$OUT/detail$i M=$M KT_BATCH=1 KT_PREFILL=8192 KT_DETAIL="$dre" KT_DETAIL_SKIP=${dskip:-0} \
         KT_DETAIL_COUNT=${dcount:-1} KT_DETAIL_SRC=1 KT_TIMEOUT=$(lim 240) bash tests/ops/gpu_ktime.sh
     log "detail $i ($dre) done"
     grep -v "^==" "$OUT/detail$i/summary.txt" >>"$OUT/summary.txt"

@@ -1132,17 +1132,15 @@ int test_cuda_attn(struct test_ctx *t) {
     /* FP8 cache rows (DSI_CUDA_KV_FP8): every case on the default paths (the fused kernel's
        16-byte chunks, step 30), the fast ones also on the exact / tensor-core kernels
        (DSI_CUDA_ATTN_FA=0), on the fused kernel's float4 loads (DSI_CUDA_ATTN_FA_K8=0) and on its
-       blocks of 32 heads, of 64 heads with tiles of 32 keys (also with their FP8 chunks staged in
-       shared memory by cp.async, DSI_CUDA_ATTN_FA_KS=1, step 49) and with tiles of 16 keys */
+       blocks of 32 heads, of 64 heads with tiles of 32 keys and with tiles of 16 keys */
     g_attn_fp8 = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && ok; i++) {
         if (tiny_only() && cases[i].H > 4) continue;
         ok = run_attn(&r, &cases[i]);
         if (!ok) fprintf(stderr, "attn case %zu with FP8 rows failed\n", i);
     }
-    const char *envs8[] = {"DSI_CUDA_ATTN_FA=0",         "DSI_CUDA_ATTN_FA_K8=0",
-                           "DSI_CUDA_ATTN_FA_HB=32",     K32,
-                           K32 ",DSI_CUDA_ATTN_FA_KS=1", H64};
+    const char *envs8[] = {"DSI_CUDA_ATTN_FA=0", "DSI_CUDA_ATTN_FA_K8=0", "DSI_CUDA_ATTN_FA_HB=32",
+                           K32, H64};
     for (size_t e = 0; e < sizeof(envs8) / sizeof(envs8[0]) && ok; e++) {
         const char *env = envs8[e];
         struct dsi_backend *g2 = cuda_backend_with(env), *keep = g_gpu;

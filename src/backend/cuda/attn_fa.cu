@@ -46,30 +46,13 @@ __host__ __device__ static inline fa_smem_layout fa_layout(int hd, int hb, int k
     size_t ldk = (size_t)hd + 8;
     l.q = 0;                                     /* Q bf16 [64][hd + 8] */
     l.k = l.q + (size_t)hb * ldk * 2;            /* K bf16 [2][kt][hd + 8] */
-    l.sp = l.k + (size_t)2 * kt * ldk * 2;       /* partial scores [4][64][kt + 1] */
-    l.pr = l.sp + (size_t)4 * hb * (kt + 1) * 4; /* P bf16 [hb][kt + 8] */
+    l.sp = l.k + (size_t)2 * kt * ldk * 2;       /* partial scores [4][64][kt + 8] */
+    l.pr = l.sp + (size_t)4 * hb * (kt + 8) * 4; /* P bf16 [hb][kt + 8] */
     l.st = l.pr + (size_t)hb * (kt + 8) * 2;     /* m, l, factor [3][hb] */
     l.kp = l.st + (size_t)3 * hb * 4;            /* key rows [2][kt] */
     l.cs = l.kp + (size_t)2 * kt * 8;            /* RoPE (cos, sin) of q and out [2][hd / 2] */
     l.total = l.cs + (size_t)hd * 8;
     return l;
-}
-
-/* KS (c->attn_fa_ks, DSI_CUDA_ATTN_FA_KS=1; step 49; K8 with 64 heads and tiles of 32 keys): the
- * next tile's FP8 chunks copied by cp.async into a staging area after the layout's end (16-byte
- * aligned), one 16-byte slot per chunk a thread may load (ft threads, fa_nc chunks each), instead
- * of held in 16 registers across the tile (the build spilled 60 bytes there; step 49's Nsight
- * counted 5 M local-memory requests a window layer at the 8k prefill). Each thread decodes the
- * chunks it copied itself, so its cp.async.wait_group orders them: no barrier more. */
-__host__ __device__ constexpr int fa_nc(int hd, int hb, int kt) {
-    return (kt * hd / 8 + hb * 8 - 1) / (hb * 8);
-}
-__host__ __device__ static inline size_t fa_ks_off(int hd, int hb, int kt) {
-    return (fa_layout(hd, hb, kt).total + 15) & ~(size_t)15;
-}
-static size_t fa_smem_bytes(int hd, int hb, int kt, bool ks) {
-    return ks ? fa_ks_off(hd, hb, kt) + (size_t)fa_nc(hd, hb, kt) * hb * 8 * 16
-              : fa_layout(hd, hb, kt).total;
 }
 
 /* FP8 rows read as 16-byte chunks (k_attn_fa's K8; c->attn_fa_k8, DSI_CUDA_ATTN_FA_K8=0: off,
@@ -210,17 +193,21 @@ __device__ __noinline__ void fa_rope_tables(int nq,
 
 /* HQ = head_dim / 128: a warp's quarter of head_dim has 2 HQ k16 steps and 4 HQ n8 tiles. K8:
  * FP8 rows as 16-byte chunks (fa_k8_ok), decoded to bf16 as FP8 weights are (tc_decode_w). */
-template <int HQ, bool K8, int HB, int KT, bool KS = false>
+template <int HQ, bool K8, int HB, int KT>
 __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
-    static_assert(!KS || K8, "KS stages the FP8 chunks");
     constexpr int FT = HB * 8, WM = HB / 16; /* threads; warps along the heads */
     /* keys per thread in the softmax step (n8 tiles of scores); P's and the partial scores'
        row lengths */
-    constexpr int KK = KT / 8, LP = KT + 8, LS = KT + 1;
+    /* (LS: rows 8 floats apart in banks, so that the float2 stores of an mma fragment's pairs,
+       a half-warp's rows g = 0..3, fill the 32 banks once; step 50's Nsight: with KT + 1 those
+       scalar stores took 4 wavefronts each, two thirds of the CSA layer's excess shared
+       wavefronts. The softmax step reads a head's KK keys as one vector.) */
+    constexpr int KK = KT / 8, LP = KT + 8, LS = KT + 8;
+    static_assert(KK == 2 || KK == 4, "k_attn_fa: tiles of 16 or 32 keys");
     cu_pdl_enter();
     constexpr int HD = 128 * HQ, LDK = HD + 8, DQ = HD / 4, NT = DQ / 8,
                   NV = K8 ? 1 : KT * HD / 4 / FT, /* float4 of a tile's keys per thread */
-        NC = fa_nc(HD, HB, KT);                   /* K8: a tile's chunks per thread at most */
+        NC = (KT * HD / 8 + FT - 1) / FT;         /* K8: a tile's chunks per thread at most */
     extern __shared__ uint4 fa_smem[];
     const fa_smem_layout L = fa_layout(HD, HB, KT);
     char *base = (char *)fa_smem;
@@ -233,8 +220,6 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
        (CSo[i]: or_freq[i] at or_pos[r], the sine negated for or_inv): rope_cs once a frequency,
        where each head computed them again (64x the double-precision sine and cosine; step 39) */
     float2 *CSq = (float2 *)(base + L.cs), *CSo = CSq + HD / 2;
-    /* KS: this thread's staging slots, chunk i at Kr[i FT] (consecutive threads' slots adjacent) */
-    uint4 *Kr = (uint4 *)(base + fa_ks_off(HD, HB, KT)) + threadIdx.x;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp % WM, wn = warp / WM;
     int g = lane >> 2, t4 = lane & 3;
     int r = blockIdx.x, h0 = blockIdx.y * HB;
@@ -292,44 +277,40 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
     float4 kr[NV];
     /* K8: chunks tid + i FT of the tile (nq code chunks and the rope's a key) */
     const int nq = p.nope / 16, cpk = nq + (HD - p.nope) / 8;
-    uint4 kc[K8 && !KS ? NC : 1];
+    uint4 kc[K8 ? NC : 1];
     uint32_t ks[K8 ? NC : 1];
     /* the tile's keys: this thread's float4 c of key j, v = 0..NV-1 (K8: its chunks) */
-    auto load = [&](int lt) { /* lt: the tile's index in the block's range */
-                              const int64_t *kp = Kp + (lt & 1) * KT;
-                              if constexpr (K8) {
+    auto load =
+        [&](int lt) { /* lt: the tile's index in the block's range */
+                      const int64_t *kp = Kp + (lt & 1) * KT;
+                      if constexpr (K8) {
 #pragma unroll
-                                  for (int i = 0; i < NC; i++) {
-                                      int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
-                                      int64_t kq = j < KT ? kp[j] : -1;
-                                      if (!KS) kc[i] = make_uint4(0, 0, 0, 0);
-                                      ks[i] = 127;
-                                      /* (KS: a mapped address where zeros are copied) */
-                                      const uint8_t *src = p.ring8 ? p.ring8 : p.ent8;
-                                      if (kq >= 0) {
-                                          bool ent = (kq & ATTN_KH_ENT) != 0;
-                                          int64_t row = kq & (ATTN_KH_ENT - 1);
-                                          const uint8_t *d = (ent ? p.ent8 : p.ring8) + row * p.rb;
-                                          src = d + (q < nq ? 16 * q : p.nope + 16 * (q - nq));
-                                          if (!KS) kc[i] = __ldg((const uint4 *)src);
-                                          if (q < nq)
-                                              ks[i] = __ldg((ent ? p.ent_sc : p.ring_sc) +
-                                                            row * p.sb + q / 4);
-                                      }
-                                      if (KS && j < KT)
-                                          cu_cp16(smem_u32(Kr + i * FT), src, kq >= 0);
-                                  }
-                                  if (KS) cu_cp_commit();
-                              } else {
-#pragma unroll
-                                  for (int v = 0; v < NV; v++) {
-                                      int idx = tid + v * FT, j = idx / (HD / 4),
-                                          c = idx % (HD / 4);
-                                      int64_t kq = kp[j];
-                                      kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
-                                  }
+                          for (int i = 0; i < NC; i++) {
+                              int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
+                              int64_t kq = j < KT ? kp[j] : -1;
+                              kc[i] = make_uint4(0, 0, 0, 0);
+                              ks[i] = 127;
+                              if (kq >= 0) {
+                                  bool ent = (kq & ATTN_KH_ENT) != 0;
+                                  int64_t row = kq & (ATTN_KH_ENT - 1);
+                                  const uint8_t *d = (ent ? p.ent8 : p.ring8) + row * p.rb;
+                                  kc[i] =
+                                      __ldg((const uint4 *)(d + (q < nq ? 16 * q
+                                                                        : p.nope + 16 * (q - nq))));
+                                  if (q < nq)
+                                      ks[i] =
+                                          __ldg((ent ? p.ent_sc : p.ring_sc) + row * p.sb + q / 4);
                               }
-    };
+                          }
+                      } else {
+#pragma unroll
+                          for (int v = 0; v < NV; v++) {
+                              int idx = tid + v * FT, j = idx / (HD / 4), c = idx % (HD / 4);
+                              int64_t kq = kp[j];
+                              kr[v] = kq >= 0 ? attn_k4(p, kq, c) : make_float4(0, 0, 0, 0);
+                          }
+                      }
+        };
     float acc[NT][4];
     acc_zero(acc);
     __syncthreads(); /* Kp of tiles 0 and 1 */
@@ -340,27 +321,25 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
         /* tile + 1's rows into the slot of tile - 1 (read by its loads, before barrier B of
            tile - 1, which every thread has passed) */
         if (lt > 0 && tid < KT) Kp[((lt + 1) & 1) * KT + tid] = nrow;
-        if constexpr (K8) {                    /* (a key past the tile's: zeros, scale 1) */
-            if constexpr (KS) cu_cp_wait<0>(); /* this thread's copies of the tile */
+        if constexpr (K8) { /* (a key past the tile's: zeros, scale 1) */
 #pragma unroll
             for (int i = 0; i < NC; i++) {
                 int ch = tid + i * FT, j = ch / cpk, q = ch - j * cpk;
                 if (j >= KT) continue;
-                uint4 raw;
-                if constexpr (KS)
-                    raw = Kr[i * FT];
-                else
-                    raw = kc[i];
                 if (q < nq) {
                     struct tc_wraw w;
-                    w.v[0] = raw;
+                    w.v[0] = kc[i];
                     w.sb = ks[i];
                     uint4 o[2];
                     tc_decode_w<DSI_TYPE_F8_E4M3, 0, 2>(w, true, o);
-                    *(uint4 *)(K + j * LDK + 16 * q) = o[0];
-                    *(uint4 *)(K + j * LDK + 16 * q + 8) = o[1];
+                    /* the halves in the order (q >> 2) & 1, so that a quarter-warp's 8
+                       consecutive chunks write 8 distinct 16-byte bank groups in each store
+                       (in order, chunks 32 bytes apart took 2 wavefronts a store; step 50) */
+                    int sw = (q >> 2) & 1;
+                    *(uint4 *)(K + j * LDK + 16 * q + 8 * sw) = sw ? o[1] : o[0];
+                    *(uint4 *)(K + j * LDK + 16 * q + 8 * (sw ^ 1)) = sw ? o[0] : o[1];
                 } else {
-                    *(uint4 *)(K + j * LDK + p.nope + 8 * (q - nq)) = raw;
+                    *(uint4 *)(K + j * LDK + p.nope + 8 * (q - nq)) = kc[i];
                 }
             }
         } else {
@@ -395,18 +374,27 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
             }
         }
 #pragma unroll
-        for (int j = 0; j < KK; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                Sp[wn][wm * 16 + g + (i >> 1) * 8][j * 8 + 2 * t4 + (i & 1)] = s[j][i];
+        for (int j = 0; j < KK; j++) {
+            *(float2 *)&Sp[wn][wm * 16 + g][j * 8 + 2 * t4] = make_float2(s[j][0], s[j][1]);
+            *(float2 *)&Sp[wn][wm * 16 + g + 8][j * 8 + 2 * t4] = make_float2(s[j][2], s[j][3]);
+        }
         __syncthreads(); /* B: the partial scores */
         {                /* softmax step: 8 threads a head, KK keys each */
             int h = tid >> 3, k = (tid & 7) * KK, jj = tile * KT + k;
-            float v[KK], e[KK];
+            float v[KK], e[KK], sp[4][KK];
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                if constexpr (KK == 4) {
+                    float4 x = *(const float4 *)&Sp[w][h][k];
+                    sp[w][0] = x.x, sp[w][1] = x.y, sp[w][2] = x.z, sp[w][3] = x.w;
+                } else {
+                    float2 x = *(const float2 *)&Sp[w][h][k];
+                    sp[w][0] = x.x, sp[w][1] = x.y;
+                }
+            }
 #pragma unroll
             for (int i = 0; i < KK; i++) {
-                v[i] = (Sp[0][h][k + i] + Sp[1][h][k + i] + Sp[2][h][k + i] + Sp[3][h][k + i]) *
-                       p.scale;
+                v[i] = (sp[0][i] + sp[1][i] + sp[2][i] + sp[3][i]) * p.scale;
                 if (jj + i >= nk) v[i] = -INFINITY;
             }
             float tm = v[0];
@@ -418,13 +406,18 @@ __global__ void __launch_bounds__(HB * 8, 64 / HB) k_attn_fa(struct attn_p p) {
                 tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
             float mo = Ms[h], mn = fmaxf(mo, tm); /* mn finite: key tile * KT < nk */
             float sum = 0.0f;
+            uint32_t pw[KK / 2]; /* (P's KK values stored as one vector) */
 #pragma unroll
             for (int i = 0; i < KK; i += 2) {
                 e[i] = jj + i < nk ? bf16_round(fa_exp(v[i] - mn, p.fexp)) : 0.0f;
                 e[i + 1] = jj + i + 1 < nk ? bf16_round(fa_exp(v[i + 1] - mn, p.fexp)) : 0.0f;
-                *(uint32_t *)(Ps + h * LP + k + i) = bf16x2_rn(e[i], e[i + 1]);
+                pw[i / 2] = bf16x2_rn(e[i], e[i + 1]);
                 sum = i == 0 ? e[i] + e[i + 1] : sum + (e[i] + e[i + 1]);
             }
+            if constexpr (KK == 4)
+                *(uint2 *)(Ps + h * LP + k) = make_uint2(pw[0], pw[1]);
+            else
+                *(uint32_t *)(Ps + h * LP + k) = pw[0];
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -633,33 +626,25 @@ __global__ void __launch_bounds__(FA_MT) k_attn_fa_merge(struct attn_p p, int sp
     *(float4 *)(p.out + ((int64_t)r * p.H + h) * p.hd + d) = y;
 }
 
-template <int HQ, bool K8, int HB, int KT, bool KS = false>
+template <int HQ, bool K8, int HB, int KT>
 static bool fa_go(struct cu_ctx *c, const struct attn_p *p, int rows, int splits) {
     static bool done = false;
-    size_t sm = fa_smem_bytes(128 * HQ, HB, KT, KS);
-    if (!smem_limit(c, k_attn_fa<HQ, K8, HB, KT, KS>, sm, &done, "attn (fused)")) return false;
+    size_t sm = fa_layout(128 * HQ, HB, KT).total;
+    if (!smem_limit(c, k_attn_fa<HQ, K8, HB, KT>, sm, &done, "attn (fused)")) return false;
     dim3 g((unsigned)rows, (unsigned)cu_div_up(p->H, HB), (unsigned)splits);
-    cu_launch(c, k_attn_fa<HQ, K8, HB, KT, KS>, g, HB * 8, sm, *p);
+    cu_launch(c, k_attn_fa<HQ, K8, HB, KT>, g, HB * 8, sm, *p);
     if (p->fa_o)
         cu_launch(c, k_attn_fa_merge, dim3((unsigned)rows, (unsigned)p->H), FA_MT, 0, *p, splits);
     return cu_check(c, "attn (fused)");
 }
 
-/* The kernel for heads a block hb (64 or 32) and keys a tile kt (16, or 32 with 64 heads; ks:
- * with the FP8 chunks staged in shared memory, KS). */
+/* The kernel for heads a block hb (64 or 32) and keys a tile kt (16, or 32 with 64 heads). */
 template <int HQ>
-static bool fa_go_hb(struct cu_ctx *c,
-                     const struct attn_p *p,
-                     int rows,
-                     int splits,
-                     bool k8,
-                     int hb,
-                     int kt,
-                     bool ks) {
+static bool
+fa_go_hb(struct cu_ctx *c, const struct attn_p *p, int rows, int splits, bool k8, int hb, int kt) {
     if (hb == 32)
         return k8 ? fa_go<HQ, true, 32, FA_KT>(c, p, rows, splits)
                   : fa_go<HQ, false, 32, FA_KT>(c, p, rows, splits);
-    if (kt == 32 && k8 && ks) return fa_go<HQ, true, FA_HB, 32, true>(c, p, rows, splits);
     if (kt == 32)
         return k8 ? fa_go<HQ, true, FA_HB, 32>(c, p, rows, splits)
                   : fa_go<HQ, false, FA_HB, 32>(c, p, rows, splits);
@@ -700,18 +685,16 @@ bool launch_attn_fa(struct cu_ctx *c, const struct attn_p *p0, int rows, bool *o
         p.fa_tps = (int)tps;
     }
     bool k8 = c->attn_fa_k8 && fa_k8_ok(&p);
-    bool ks = c->attn_fa_ks && k8 && kt == 32 &&
-              fa_smem_bytes((int)p.hd, FA_HB, 32, true) <= c->smem_optin;
     int sp = (int)splits;
     if (o16_kept) *o16_kept = p.o16 != NULL;
     switch (p.hd / 128) {
     case 1:
-        return fa_go_hb<1>(c, &p, rows, sp, k8, hb, kt, ks);
+        return fa_go_hb<1>(c, &p, rows, sp, k8, hb, kt);
     case 2:
-        return fa_go_hb<2>(c, &p, rows, sp, k8, hb, kt, ks);
+        return fa_go_hb<2>(c, &p, rows, sp, k8, hb, kt);
     case 3:
-        return fa_go_hb<3>(c, &p, rows, sp, k8, hb, kt, ks);
+        return fa_go_hb<3>(c, &p, rows, sp, k8, hb, kt);
     default:
-        return fa_go_hb<4>(c, &p, rows, sp, k8, hb, kt, ks);
+        return fa_go_hb<4>(c, &p, rows, sp, k8, hb, kt);
     }
 }
