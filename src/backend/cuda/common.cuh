@@ -213,6 +213,9 @@ struct cu_ctx {
        DSI_CUDA_WGR_TMA=0: each thread's cp.async copies); tmap_encode: the driver's
        cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */
     bool wgr_tma;
+    /* wgr.cu's TMA blocks with their warpgroups not meeting at a block barrier each step: a
+       stage's reuse ordered by an mbarrier (DSI_CUDA_WGR_DEC=1; step 50, off until measured) */
+    bool wgr_dec;
     void *tmap_encode;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */

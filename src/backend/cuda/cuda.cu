@@ -661,6 +661,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        DSI_CUDA_WGR_TMA=0, or where the driver lacks cuTensorMapEncodeTiled) */
     const char *wt = getenv("DSI_CUDA_WGR_TMA");
     c->wgr_tma = !(wt && *wt == '0');
+    const char *wdec = getenv("DSI_CUDA_WGR_DEC");
+    c->wgr_dec = wdec && *wdec == '1';
     c->tmap_encode = NULL;
     if (c->wgr_tma) {
         cudaDriverEntryPointQueryResult q;

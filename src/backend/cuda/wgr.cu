@@ -86,10 +86,25 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b
  * own cp.async copies. The tile's rows are consecutive positions from opos[0]; the rows past the
  * tile (DYN: its wgmma do not read them; else their outputs are dropped) are whatever follows,
  * zeros past the end. */
-template <int MODE, int WT, int BN, bool DYN, bool TMA = false>
+/*
+ * DEC (c->wgr_dec, DSI_CUDA_WGR_DEC=1; step 50, off until measured; TMA only): the two warpgroups
+ * do not meet at a block barrier every step. Step 49's Nsight on the up projection: the tensor
+ * cores busy ~55% of a step, the decode of the weights (~550 instructions a warp a step) and
+ * the wgmma of both warpgroups taking turns because the barrier keeps them in step. Here a
+ * stage's reuse is ordered by a second mbarrier a stage (ebar, 8 arrivals: lane 0 of every warp
+ * once the wgmma that read the stage are done, i.e. after the first wait of the next step), on
+ * which thread 0 waits before it copies into that stage; so one warpgroup's decode can run
+ * under the other's wgmma. The copy of step t into stage t % WR_ST waits for the use of step
+ * t - WR_ST (WR_ST - WR_AH = 2 steps back), so a warp cannot arrive for a stage's next use
+ * before every warp has arrived for its current one, and no full barrier runs two phases past
+ * a waiting warp.
+ */
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool DEC = false>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
+    static_assert(!DEC || TMA, "DEC: the TMA copies' barriers");
+    static_assert(wr_st(BN) - wr_ah(BN) == 2, "DEC: a stage refilled for the use 2 steps on");
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
     /* FP4's rare large-scale decode out of line (tc_decode_w) up to 192 rows: wider blocks then
@@ -101,8 +116,9 @@ __global__ void __launch_bounds__(WR_T, 1)
     extern __shared__ uint4 wr_smem[];
     uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
     __shared__ const uint16_t *xrow[BN];
-    __shared__ int64_t opos[BN];           /* h / out position of the row; -1: none */
-    __shared__ alignas(8) uint64_t bar[4]; /* TMA: a stage's copies */
+    __shared__ int64_t opos[BN];            /* h / out position of the row; -1: none */
+    __shared__ alignas(8) uint64_t bar[4];  /* TMA: a stage's copies */
+    __shared__ alignas(8) uint64_t ebar[4]; /* DEC: a stage's use done by every warp */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
 
@@ -113,8 +129,10 @@ __global__ void __launch_bounds__(WR_T, 1)
     static_assert(!TMA || MODE != TC_DENSE, "TMA: the MoE's copies by position");
     if (TMA && tid == 0) {
 #pragma unroll
-        for (int i = 0; i < WR_ST; i++)
+        for (int i = 0; i < WR_ST; i++) {
             mbar_init(smem_u32(&bar[i]), 1);
+            if (DEC) mbar_init(smem_u32(&ebar[i]), WR_T / 32);
+        }
         mbar_fence_init();
     }
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
@@ -145,6 +163,10 @@ __global__ void __launch_bounds__(WR_T, 1)
             if (tid == 0 && s < steps) {
                 uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
                 uint32_t mb = smem_u32(&bar[s % WR_ST]);
+                /* DEC: the stage's use by step s - WR_ST (use s / WR_ST - 1) done by every warp */
+                if (DEC && s >= WR_ST)
+                    live = live && mbar_wait(smem_u32(&ebar[s % WR_ST]),
+                                             (uint32_t)(s / WR_ST - 1) & 1u, 1u << 24);
                 mbar_expect(mb, STAGE);
                 tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
                 tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
@@ -188,7 +210,7 @@ __global__ void __launch_bounds__(WR_T, 1)
         else
             cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
         wg_fence_smem();
-        __syncthreads();
+        if (!DEC) __syncthreads();
         load_x(s + WR_AH);
         struct tc_wraw k0 = w[0], k1 = w[1];
         if (s + WR_PF < steps) load_w(s + WR_PF, w);
@@ -197,6 +219,8 @@ __global__ void __launch_bounds__(WR_T, 1)
         frag(d0, d1, a);
         wr_mma_group<BN>(acc, nv >> 5, a, b0);
         wg_wait<1>();
+        /* DEC: every wgmma of step s - 1 done (the wait leaves only this step's first group) */
+        if (DEC && lane == 0 && s >= 1) mbar_arrive(smem_u32(&ebar[(s - 1) % WR_ST]));
         tc_decode_w<WT, 2, 2, OUTL>(k0, wrow[0] != nullptr, e0);
         tc_decode_w<WT, 2, 2, OUTL>(k1, wrow[1] != nullptr, e1);
         frag(e0, e1, a);
@@ -219,15 +243,16 @@ __global__ void __launch_bounds__(WR_T, 1)
 /* A kernel parameter for the kernels without TMA. */
 static const CUtensorMap wr_no_map = {};
 
-/* k_wgr<MODE, WT, BN, D, T>'s launch (its dynamic shared memory raised once per instance; tm:
- * T's tensor map) */
-template <int MODE, int WT, int BN, bool D, bool T = false>
+/* k_wgr<MODE, WT, BN, D, T, DEC>'s launch (its dynamic shared memory raised once per instance;
+ * tm: T's tensor map) */
+template <int MODE, int WT, int BN, bool D, bool T = false, bool DEC = false>
 static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
     size_t sm = wr_smem_bytes(BN);
-    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T>, sm, &smem_done, "wgmma, weights in registers"))
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, DEC>, sm, &smem_done,
+                    "wgmma, weights in registers"))
         return false;
-    cu_launch(c, k_wgr<MODE, WT, BN, D, T>, grid, WR_T, sm, *p, *tm);
+    cu_launch(c, k_wgr<MODE, WT, BN, D, T, DEC>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
@@ -237,7 +262,9 @@ template <int MODE, int WT, int BN>
 static bool
 wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE != TC_DENSE) {
-        if (dyn && tm) return wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
+        if (dyn && tm)
+            return c->wgr_dec ? wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm)
+                              : wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
         if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid, &wr_no_map);
     }
     return wr_launch1<MODE, WT, BN, false>(c, p, grid, &wr_no_map);
