@@ -3,7 +3,8 @@
 # minutes go to measuring instead of compiling (~200 s saved): build/pre/pre.txz (xz: the carry limit) holds stripped
 # build/cuda/dsinfer and dsinfer-test (make it with `sh tests/ops/gpu_pre.sh --pack` here, after
 # `make BUILD=build/cuda CUDA=1 all`; carry build/pre and build/deps). On the device: the CUDA
-# tests (PRE_TESTS, default 'test_cuda_*'; "none": none), while the 4-layer real-shape checkpoint
+# tests (PRE_TESTS, default 'test_cuda_*', space-separated globs run one after another; "none":
+# none), while the 4-layer real-shape checkpoint
 # is written to /tmp/flash4; then `dsinfer bench layer --numerics fast` at context 4096 (decode at
 # PRE_BATCH, default 1, and the 8k prefill) for each variant of PRE_VARIANTS ("base" = the
 # defaults, else comma-separated VAR=value settings), alternated PRE_REPS (2) rounds; with
@@ -60,9 +61,13 @@ can() {
 }
 FLASH_LAYERS=${PRE_LAYERS:-4} start_flash4 "$OUT"
 if [ "${PRE_TESTS:-test_cuda_*}" != none ]; then
-    timeout $(lim ${PRE_TEST_TIMEOUT:-220}) build/cuda/dsinfer-test --root . --only "${PRE_TESTS:-test_cuda_*}" \
-        >"$OUT/test_cuda.log" 2>&1
-    log "tests rc $?: $(tail -1 "$OUT/test_cuda.log")"
+    : >"$OUT/test_cuda.log"
+    read -ra tgs <<<"${PRE_TESTS:-test_cuda_*}" # (no glob expansion)
+    for tg in "${tgs[@]}"; do
+        timeout $(lim ${PRE_TEST_TIMEOUT:-220}) build/cuda/dsinfer-test --root . --only "$tg" \
+            >>"$OUT/test_cuda.log" 2>&1
+        log "tests $tg rc $?: $(tail -1 "$OUT/test_cuda.log")"
+    done
     grep -E "FAIL|fail[^e]" "$OUT/test_cuda.log" | head -20 | tee -a "$OUT/summary.txt"
 fi
 wait $GEN
