@@ -62,20 +62,23 @@ static_assert(WR_BK == 128, "a step is one group of wg_perm_col's K order");
 static size_t wr_smem_bytes(int BN) { return (size_t)wr_st(BN) * BN * 256 + 1024; }
 
 #ifdef WG_HAVE
-/* One group of 4 slices (A: their fragments; b0: the sub-tile of the group, slice ii at byte ii
- * 32) of width 32 M, M = nsel down from BN / 32, fenced and committed inside each branch (wg.cu's
- * wg_mma_step says why). */
+/* One group of 4 slices (A: their fragments; db: the descriptor of the group's sub-tile, slice
+ * ii at byte ii 32) of width 32 M, M = nsel down from BN / 32, fenced and committed inside each
+ * branch (wg.cu's wg_mma_step says why). Slice ii's descriptor is db + 2 ii: the sub-tiles are
+ * 1 KB aligned, so the address field (bits 0-13, the address / 16) takes the 2 ii without a
+ * carry (step 50: wg_desc per wgmma was ~5 uniform-datapath instructions each, ~80 a warp a step
+ * with the rest, of ~551). */
 template <int BN, int M = BN / 32>
 __device__ __forceinline__ void
-wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t b0) {
+wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint64_t db) {
     if (nsel >= M || M == 1) {
         wg_fence();
 #pragma unroll
         for (int ii = 0; ii < 4; ii++)
-            wg_mma_rs_k16<32 * M>(d, a[ii], wg_desc(b0 + ii * 32));
+            wg_mma_rs_k16<32 * M>(d, a[ii], db + 2u * ii);
         wg_commit();
     } else if constexpr (M > 1) {
-        wr_mma_group<BN, M - 1>(d, nsel, a, b0);
+        wr_mma_group<BN, M - 1>(d, nsel, a, db);
     }
 }
 #endif
@@ -113,6 +116,7 @@ __global__ void __launch_bounds__(WR_T, 1)
     constexpr int WR_ST = wr_st(BN), WR_AH = wr_ah(BN);
     constexpr uint32_t STAGE = BN * 256u; /* bytes per stage */
     constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
+    static_assert(SUB % 1024 == 0, "sub-tiles 1 KB aligned (wr_mma_group's descriptors)");
     extern __shared__ uint4 wr_smem[];
     uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
     __shared__ const uint16_t *xrow[BN];
@@ -217,14 +221,14 @@ __global__ void __launch_bounds__(WR_T, 1)
         uint32_t b0 = base + (uint32_t)(s % WR_ST) * STAGE;
         uint32_t a[4][4];
         frag(d0, d1, a);
-        wr_mma_group<BN>(acc, nv >> 5, a, b0);
+        wr_mma_group<BN>(acc, nv >> 5, a, wg_desc(b0));
         wg_wait<1>();
         /* DEC: every wgmma of step s - 1 done (the wait leaves only this step's first group) */
         if (DEC && lane == 0 && s >= 1) mbar_arrive(smem_u32(&ebar[(s - 1) % WR_ST]));
         tc_decode_w<WT, 2, 2, OUTL>(k0, wrow[0] != nullptr, e0);
         tc_decode_w<WT, 2, 2, OUTL>(k1, wrow[1] != nullptr, e1);
         frag(e0, e1, a);
-        wr_mma_group<BN>(acc, nv >> 5, a, b0 + SUB);
+        wr_mma_group<BN>(acc, nv >> 5, a, wg_desc(b0 + SUB));
         wg_wait<1>();
     };
 #pragma unroll
