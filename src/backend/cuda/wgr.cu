@@ -151,7 +151,9 @@ __global__ void __launch_bounds__(WR_T, 1)
     for (int i = 0; i < BN / 2; i++)
         acc[i] = 0.0f;
     struct tc_wraw wr[WR_PF][2];
-    int64_t steps = K / WR_BK;
+    /* (32-bit steps: each step's stage and phase, s % WR_ST and s / WR_ST, were 64-bit divisions
+       by a constant on the uniform datapath, ~10 instructions each; K / WR_BK < 2^31) */
+    const uint32_t steps = (uint32_t)(K / WR_BK);
     /* activations of step s into stage s % WR_ST: the thread copies chunk xc = tid % 16 (of
        sub-tile xc / 8) of rows xj + 16 v, xj = tid / 16, whose swizzled offsets are row xj's +
        2048 v (16 rows further, the same swizzle): one offset and one column for all its copies
@@ -162,15 +164,15 @@ __global__ void __launch_bounds__(WR_T, 1)
     static_assert(XC * 16 == BN, "rows xj + 16 v cover the tile");
     const int row0 = TMA ? (int)opos[0] : 0; /* TMA: the tile's first position */
     bool live = true;                        /* TMA: no wait has failed (mbar_wait) */
-    auto load_x = [&](int64_t s) {
+    auto load_x = [&](uint32_t s) {
         if (TMA) {
             if (tid == 0 && s < steps) {
                 uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
                 uint32_t mb = smem_u32(&bar[s % WR_ST]);
                 /* DEC: the stage's use by step s - WR_ST (use s / WR_ST - 1) done by every warp */
                 if (DEC && s >= WR_ST)
-                    live = live && mbar_wait(smem_u32(&ebar[s % WR_ST]),
-                                             (uint32_t)(s / WR_ST - 1) & 1u, 1u << 24);
+                    live = live &&
+                           mbar_wait(smem_u32(&ebar[s % WR_ST]), (s / WR_ST - 1) & 1u, 1u << 24);
                 mbar_expect(mb, STAGE);
                 tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
                 tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
@@ -183,10 +185,11 @@ __global__ void __launch_bounds__(WR_T, 1)
         }
         cu_cp_commit();
     };
-    auto load_w = [&](int64_t s, struct tc_wraw(&w)[2]) {
+    auto load_w = [&](uint32_t s, struct tc_wraw(&w)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            tc_load_w<WT, true>(wrow[h], wsrow[h], sh1[h], sb1[h], s * WR_BK + t4 * 32, w[h]);
+            tc_load_w<WT, true>(wrow[h], wsrow[h], sh1[h], sb1[h], (int64_t)(s * WR_BK + t4 * 32),
+                                w[h]);
     };
     /* the A fragments of half hf (slices 4 hf .. 4 hf + 3) from rows g (r0) and g + 8 (r1)
        decoded: slice i's elements 4 i .. 4 i + 3 are in quad (i % 4) / 2 of the half */
@@ -204,13 +207,12 @@ __global__ void __launch_bounds__(WR_T, 1)
     /* Step s: half 0 decoded before the barrier; half 1 (from a copy of the raw bits, as the
        next loads go to w) after half 0's wgmma are issued, so that its decode runs beside
        them; each half's registers are read by its wgmma until the wait after the next group. */
-    auto step = [&](int64_t s, struct tc_wraw(&w)[2]) {
+    auto step = [&](uint32_t s, struct tc_wraw(&w)[2]) {
         uint4 d0[2], d1[2], e0[2], e1[2];
         tc_decode_w<WT, 0, 2, OUTL>(w[0], wrow[0] != nullptr, d0);
         tc_decode_w<WT, 0, 2, OUTL>(w[1], wrow[1] != nullptr, d1);
         if (TMA) /* step s's tile (its phase: the stage's use s / WR_ST) */
-            live =
-                live && mbar_wait(smem_u32(&bar[s % WR_ST]), (uint32_t)(s / WR_ST) & 1u, 1u << 16);
+            live = live && mbar_wait(smem_u32(&bar[s % WR_ST]), (s / WR_ST) & 1u, 1u << 16);
         else
             cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
         wg_fence_smem();
@@ -233,11 +235,11 @@ __global__ void __launch_bounds__(WR_T, 1)
     };
 #pragma unroll
     for (int u = 0; u < WR_PF; u++)
-        if (u < steps) load_w(u, wr[u]);
+        if ((uint32_t)u < steps) load_w((uint32_t)u, wr[u]);
 #pragma unroll
     for (int u = 0; u < WR_AH; u++)
-        load_x(u);
-    wg_k_loop<WR_PF>(steps, [&](int64_t s, int u) { step(s, wr[u]); });
+        load_x((uint32_t)u);
+    wg_k_loop<WR_PF>((int64_t)steps, [&](int64_t s, int u) { step((uint32_t)s, wr[u]); });
     wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
 }
