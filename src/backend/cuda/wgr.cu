@@ -144,6 +144,11 @@ __global__ void __launch_bounds__(WR_T, 1)
     int sh1[2], sb1[2];
     static_assert(WR_BM == 128, "wr_rows: 128 weight rows a block");
     wr_rows<MODE>(p, e, wgi, w4, g, wrow, wsrow, sh1, sb1);
+    /* whether they exist: the MoE's always (wgr_ok: D and I multiples of 128, the grid exact),
+       so its decodes take no zeroing path (step 50: ptxas set each call's 8 zeros before the
+       test, 32 moves a warp a step) */
+    const bool vr0 = MODE != TC_DENSE || wrow[0] != nullptr,
+               vr1 = MODE != TC_DENSE || wrow[1] != nullptr;
     __syncthreads();
 
     float acc[BN / 2];
@@ -209,8 +214,8 @@ __global__ void __launch_bounds__(WR_T, 1)
        them; each half's registers are read by its wgmma until the wait after the next group. */
     auto step = [&](uint32_t s, struct tc_wraw(&w)[2]) {
         uint4 d0[2], d1[2], e0[2], e1[2];
-        tc_decode_w<WT, 0, 2, OUTL>(w[0], wrow[0] != nullptr, d0);
-        tc_decode_w<WT, 0, 2, OUTL>(w[1], wrow[1] != nullptr, d1);
+        tc_decode_w<WT, 0, 2, OUTL>(w[0], vr0, d0);
+        tc_decode_w<WT, 0, 2, OUTL>(w[1], vr1, d1);
         if (TMA) /* step s's tile (its phase: the stage's use s / WR_ST) */
             live = live && mbar_wait(smem_u32(&bar[s % WR_ST]), (s / WR_ST) & 1u, 1u << 16);
         else
@@ -227,8 +232,8 @@ __global__ void __launch_bounds__(WR_T, 1)
         wg_wait<1>();
         /* DEC: every wgmma of step s - 1 done (the wait leaves only this step's first group) */
         if (DEC && lane == 0 && s >= 1) mbar_arrive(smem_u32(&ebar[(s - 1) % WR_ST]));
-        tc_decode_w<WT, 2, 2, OUTL>(k0, wrow[0] != nullptr, e0);
-        tc_decode_w<WT, 2, 2, OUTL>(k1, wrow[1] != nullptr, e1);
+        tc_decode_w<WT, 2, 2, OUTL>(k0, vr0, e0);
+        tc_decode_w<WT, 2, 2, OUTL>(k1, vr1, e1);
         frag(e0, e1, a);
         wr_mma_group<BN>(acc, nv >> 5, a, wg_desc(b0 + SUB));
         wg_wait<1>();
@@ -364,6 +369,8 @@ int wgr_pick_bn_routed(const struct cu_ctx *c, double mean) {
 bool wr_launch_moe(
     struct cu_ctx *c, const struct tc_p *p, bool up, bool f4, int bn, bool dyn, dim3 grid) {
     static_assert(WR_BM == 128, "launch_wg_moe's grid: 128 weight rows a block");
+    /* (k_wgr's MoE rows all exist: vr0, vr1; wgr_ok gives this for the callers) */
+    if (p->m.I % 64 || p->m.D % WR_BM) return false;
     /* TMA (c->wgr_tma, DYN tiles): the copies by position, x16's where p->m.x16_pos, h16's */
     CUtensorMap map;
     const CUtensorMap *tm = nullptr;
