@@ -24,7 +24,10 @@
 # (gpu_ktime.sh's KT_DETAIL, KT_DETAIL_SRC=1, the 8k prefill after one batch-1 decode step) on
 # each space-separated item REGEX[:SKIP[:COUNT]] (count default 1; REGEX without spaces: '.'
 # for one, e.g. 'k_wgr<.int.1,.*224' 'k_attn_fa<:8:2'), into $OUT/detail<i>/, with the settings
-# of PRE_DETAIL_ENV (comma-separated VAR=value, as a variant; none by default). Usage (repository
+# of PRE_DETAIL_ENV (comma-separated VAR=value, as a variant; none by default). PRE_OLD_PACK (a
+# second pack, e.g. build/pre/old.txz, carried too): variants "old" or "old,VAR=value,..." in
+# PRE_VARIANTS / PRE_CHUNK_VARIANTS run its dsinfer instead, for an A/B of changes without a
+# switch in one run. Usage (repository
 # root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" PRE_DEADLINE=540 bash tests/ops/gpu_pre.sh
 set -u
@@ -41,6 +44,18 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/build/deps/lib:${LD_LIBRARY_PATH:-}
 mkdir -p build/cuda && tar xJf build/pre/pre.txz -C build/cuda || { log "no build/pre/pre.txz"; exit 1; }
 log "binaries unpacked"
+if [ -n "${PRE_OLD_PACK:-}" ]; then
+    mkdir -p build/old && tar xJf "$PRE_OLD_PACK" -C build/old && log "old binaries unpacked"
+fi
+# bin_of V: the dsinfer of variant V; envs_of V: its settings (into the array envs)
+bin_of() { case "$1" in old | old,*) echo build/old/dsinfer ;; *) echo build/cuda/dsinfer ;; esac; }
+envs_of() {
+    envs=()
+    local v=${1#old}
+    v=${v#,}
+    [ -n "$v" ] && [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+    return 0
+}
 # PRE_DEADLINE: seconds left (a large number without one); lim T: T or what is left if less;
 # can WHAT: whether a step may start (else WHAT logged as skipped)
 left() {
@@ -74,11 +89,10 @@ wait $GEN
 log "checkpoint: $(tail -1 "$OUT/gen.log")"
 for rep in $(seq 1 "${PRE_REPS:-2}"); do
     for v in ${PRE_VARIANTS:-base}; do
-        envs=()
-        [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+        envs_of "$v"
         f="$OUT/bench_${v//[=,]/_}_$rep.txt"
         can "bench $v rep $rep" || continue
-        env "${envs[@]}" timeout $(lim 120) build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 5 \
+        env "${envs[@]}" timeout $(lim 120) $(bin_of "$v") bench layer -m $M --ctx 4096 --steps 5 \
             --batch "${PRE_BATCH:-1}" --no-split --prefill "${PRE_PREFILL:-8192}" --prefill-reps 1 --numerics fast >"$f" 2>&1
         log "$v rep $rep rc $?"
         grep -E "^ +[0-9]+ |tokens +chunk" "$f" | tee -a "$OUT/summary.txt"
@@ -116,11 +130,10 @@ done
 for rep in $(seq 1 "${PRE_REPS:-2}"); do
     for ch in ${PRE_CHUNKS:-}; do
         for v in ${PRE_CHUNK_VARIANTS:-base}; do
-            envs=()
-            [ "$v" != base ] && IFS=, read -ra envs <<<"$v"
+            envs_of "$v"
             can "chunks $ch $v rep $rep" || continue
             f="$OUT/chunk${ch}_${v//[=,]/_}_$rep.txt"
-            env "${envs[@]}" timeout $(lim 90) build/cuda/dsinfer bench layer -m $M --ctx 4096 --steps 1 \
+            env "${envs[@]}" timeout $(lim 90) $(bin_of "$v") bench layer -m $M --ctx 4096 --steps 1 \
                 --warmup 1 --batch 1 --no-split --prefill "${PRE_CHUNK_PREFILL:-10240}" --prefill-chunk "$ch" \
                 --prefill-reps 1 --numerics fast >"$f" 2>&1
             log "chunks $ch $v rep $rep rc $?"
