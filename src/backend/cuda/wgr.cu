@@ -91,13 +91,13 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint64_t d
  * zeros past the end. */
 /*
  * DEC (c->wgr_dec, DSI_CUDA_WGR_DEC=1; step 50, off until measured; TMA only): the two warpgroups
- * do not meet at a block barrier every step. Step 49's Nsight on the up projection: the tensor
- * cores busy ~55% of a step, the decode of the weights (~550 instructions a warp a step) and
- * the wgmma of both warpgroups taking turns because the barrier keeps them in step. Here a
- * stage's reuse is ordered by a second mbarrier a stage (ebar, 8 arrivals: lane 0 of every warp
- * once the wgmma that read the stage are done, i.e. after the first wait of the next step), on
- * which thread 0 waits before it copies into that stage; so one warpgroup's decode can run
- * under the other's wgmma. The copy of step t into stage t % WR_ST waits for the use of step
+ * do not meet at a block barrier every step, so that one's decode can run under the other's
+ * wgmma (the tensor cores are busy ~55% of a step at the 8k prefill; but step 49's source
+ * counters put only 3.9% of the warps' samples on that barrier: each warp's ~551 instructions a
+ * step, latency-bound, are the step). A stage's reuse is ordered by a second mbarrier a stage
+ * (ebar, 8 arrivals: lane 0 of every warp once the wgmma that read the stage are done, i.e.
+ * after the first wait of the next step), on which thread 0 waits before it copies into that
+ * stage. The copy of step t into stage t % WR_ST waits for the use of step
  * t - WR_ST (WR_ST - WR_AH = 2 steps back), so a warp cannot arrive for a stage's next use
  * before every warp has arrived for its current one, and no full barrier runs two phases past
  * a waiting warp.
