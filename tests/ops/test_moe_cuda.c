@@ -475,15 +475,21 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        k_wg_bf16's thread a pair (DSI_CUDA_WG_CP=0), with wgr.cu's TMA copies by position (the
        default; made by token since step 47, DSI_CUDA_WG_TOK=0: by position) and without them:
        the same bytes, so the same results bit for bit; so are the routed outputs kept in bf16
-       for the combine (step 47; DSI_CUDA_MOE_O16=0: fp32) */
-    const char *cp_envs[] = {"DSI_CUDA_WG_CP=0,DSI_CUDA_WG_TOK=0", "DSI_CUDA_WGR_TMA=0",
-                             "DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_CP=0", "DSI_CUDA_WG_TOK=0",
-                             "DSI_CUDA_MOE_O16=0"};
+       for the combine (step 47; DSI_CUDA_MOE_O16=0: fp32), and wgr.cu's routed blocks with the
+       scale tests (DSI_CUDA_WGR_SB=0) against those without (step 51, the default where every
+       scale byte is within the short path, as wt_make's default scales are) */
+    const char *cp_envs[] = {"DSI_CUDA_WG_CP=0,DSI_CUDA_WG_TOK=0",
+                             "DSI_CUDA_WGR_TMA=0",
+                             "DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_CP=0",
+                             "DSI_CUDA_WG_TOK=0",
+                             "DSI_CUDA_MOE_O16=0",
+                             "DSI_CUDA_WGR_SB=0"};
+    enum { NV = 1 + sizeof(cp_envs) / sizeof(cp_envs[0]) };
     for (size_t i = 0; i < NC; i++) {
         if (cases[i].n < 40 || !fx[i].made) continue;
         size_t nd = (size_t)(cases[i].n * cases[i].D);
-        float *o[6];
-        for (int v = 0; v < 6; v++) {
+        float *o[NV];
+        for (int v = 0; v < NV; v++) {
             o[v] = (float *)malloc(sizeof(float) * nd);
             TEST_ASSERT(o[v] != NULL);
             struct dsi_backend *g3 = v ? cuda_backend_with(cp_envs[v - 1]) : keep;
@@ -503,9 +509,23 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                 i);
             ok = 0;
         }
-        for (int v = 0; v < 6; v++)
+        if (memcmp(o[0], o[6], sizeof(float) * nd)) {
+            fprintf(stderr, "[moe fast case %zu: DSI_CUDA_WGR_SB=0 not bit for bit]\n", i);
+            ok = 0;
+        }
+        for (int v = 0; v < NV; v++)
             free(o[v]);
     }
+    /* Scale bytes past the short path's (FP4 up to 129, wt_scales_wide): cu_moe_table's largest
+       scale keeps wgr.cu's routed tiles on the kernels that test them (the untested decode
+       would make 2^128, an infinity in bf16); against the CPU. */
+    wt_scales_wide(true);
+    for (size_t i = 0; i < NC && ok; i++) {
+        if (cases[i].n < 150 || cases[i].rt != DSI_TYPE_FP4_E2M1 || !fx[i].made) continue;
+        ok = run_moe_mode(&r, &cases[i], true, true);
+        if (!ok) fprintf(stderr, "[moe fast case %zu, wide scales] ", i);
+    }
+    wt_scales_wide(false);
     for (size_t i = 0; i < NC; i++)
         moe_fix_free(&fx[i], cases[i].E);
     TEST_ASSERT(ok);

@@ -47,7 +47,12 @@ struct cu_moe_table {
     const void *key; /* a->w1 */
     int n_experts;
     const void **snap;      /* [n_experts * 6] host snapshot of the device addresses */
-    struct cu_moe_ent *dev; /* [n_experts] */
+    struct cu_moe_ent *dev; /* [n_experts], then two ints: the sb_max's device copies */
+    /* the largest UE8M0 scale byte of the routed experts' weights (w1, w3, w2) and of the
+       shared expert's (sb_max_sh, for its scales at ssnap), found once the table is built
+       (k_moe_sb_max, outside a graph capture); -1: not known */
+    int sb_max, sb_max_sh;
+    const void *ssnap[3];
 };
 
 /* Per-op GPU time (DSI_CUDA_PROFILE=1 at backend creation): event pairs around every op,
@@ -216,6 +221,10 @@ struct cu_ctx {
     /* wgr.cu's TMA blocks with their warpgroups not meeting at a block barrier each step: a
        stage's reuse ordered by an mbarrier (DSI_CUDA_WGR_DEC=1; step 50, off until measured) */
     bool wgr_dec;
+    /* wgr.cu's routed blocks without the large-scale decode path where every expert's scale
+       bytes are within the short path's (cu_moe_table's sb_max; DSI_CUDA_WGR_SB=0: always the
+       checked kernels; step 51, not yet run on a GPU) */
+    bool wgr_sb;
     void *tmap_encode;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */
@@ -414,7 +423,8 @@ static inline void cu_prof_end(struct cu_ctx *c, int i) {
 /* Device copy of a rope frequency table (see cuda.cu). */
 const float *cu_freq_dev(struct cu_ctx *c, const float *freq, int n);
 /* Device expert table for a MoE call (see moe.cu / cuda.cu). */
-const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a);
+const struct cu_moe_ent *
+cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a, int *sb_max, int *sb_max_sh);
 
 static inline int64_t cu_div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* `pieces` units in at most `want` (>= 1) even parts: the parts' count, *per units each (the

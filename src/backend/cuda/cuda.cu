@@ -663,6 +663,10 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wgr_tma = !(wt && *wt == '0');
     const char *wdec = getenv("DSI_CUDA_WGR_DEC");
     c->wgr_dec = wdec && *wdec == '1';
+    /* wgr.cu's routed blocks without the scale tests where cu_moe_table found none needed
+       (step 51; DSI_CUDA_WGR_SB=0: the checked kernels) */
+    const char *wrsb = getenv("DSI_CUDA_WGR_SB");
+    c->wgr_sb = !(wrsb && *wrsb == '0');
     c->tmap_encode = NULL;
     if (c->wgr_tma) {
         cudaDriverEntryPointQueryResult q;

@@ -185,9 +185,93 @@ static bool same_format(const struct dsi_tensor *a, const struct dsi_tensor *b) 
            a->scale_row_stride == b->scale_row_stride && !a->scale == !b->scale;
 }
 
+/* The bytes of t's scales (0: none). */
+static int64_t scale_bytes(const struct dsi_tensor *t) {
+    const struct dsi_tensor *s = t->scale;
+    if (!s) return 0;
+    return dsi_tensor_row_bytes(s) * (s->ne[1] > 0 ? s->ne[1] : 1);
+}
+
+/* The scale bytes of the three matrices of an expert (w1, w3, w2: the table's entries 1, 3, 5
+ * for the routed experts) and their sizes. */
+struct moe_sb_args {
+    int64_t n[3];         /* the routed experts' (all alike) */
+    const uint8_t *sh[3]; /* the shared expert's, or NULL */
+    int64_t shn[3];
+};
+
+/* The largest scale byte of matrix blockIdx.y of expert blockIdx.x (x = n_experts: the shared
+ * expert) into out[0] (routed) or out[1] (shared) by atomicMax (the caller zeroes them): 16-byte
+ * loads between an unaligned head and tail. */
+__global__ void k_moe_sb_max(const struct cu_moe_ent *tab, int E, struct moe_sb_args a, int *out) {
+    int j = (int)blockIdx.y;
+    bool sh = (int)blockIdx.x == E;
+    const uint8_t *p = sh ? a.sh[j] : tab[blockIdx.x].p[2 * j + 1];
+    int64_t n = sh ? a.shn[j] : a.n[j];
+    if (!p || n <= 0) return;
+    int64_t head = (int64_t)((16 - (uintptr_t)p % 16) % 16);
+    if (head > n) head = n;
+    int64_t nv = (n - head) / 16;
+    unsigned m = 0;
+    for (int64_t i = threadIdx.x; i < head; i += blockDim.x)
+        m = max(m, (unsigned)p[i]);
+    const uint4 *v = (const uint4 *)(p + head);
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+        uint4 q = __ldg(v + i);
+        m = max(m, __vmaxu4(__vmaxu4(q.x, q.y), __vmaxu4(q.z, q.w)));
+    }
+    for (int64_t i = head + 16 * nv + threadIdx.x; i < n; i += blockDim.x)
+        m = max(m, (unsigned)p[i]);
+    m = max(max(m & 0xffu, (m >> 8) & 0xffu), max((m >> 16) & 0xffu, m >> 24));
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out + (sh ? 1 : 0), (int)m);
+}
+
+/* t->sb_max and t->sb_max_sh from the device table (its two ints after the entries), unless the
+ * stream is being captured into a graph (a later call tries again); errors leave them unknown
+ * (-1). Synchronises the stream (once a table). */
+static void
+moe_table_sb_max(struct cu_ctx *c, struct cu_moe_table *t, const struct dsi_moe_args *a) {
+    cudaStreamCaptureStatus cs;
+    if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (cs != cudaStreamCaptureStatusNone) return;
+    int *dv = (int *)(t->dev + t->n_experts), h[2] = {-1, -1};
+    if (cudaMemsetAsync(dv, 0, 2 * sizeof(int), c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    struct moe_sb_args sa;
+    const struct dsi_tensor *rw[3] = {a->w1[0], a->w3[0], a->w2[0]},
+                            *sw[3] = {a->sw1, a->sw3, a->sw2};
+    for (int j = 0; j < 3; j++) {
+        sa.n[j] = scale_bytes(rw[j]);
+        sa.sh[j] = (const uint8_t *)scale_data(sw[j]);
+        sa.shn[j] = scale_bytes(sw[j]);
+    }
+    cu_launch(c, k_moe_sb_max, dim3((unsigned)t->n_experts + 1, 3), 256, 0,
+              (const struct cu_moe_ent *)t->dev, t->n_experts, sa, dv);
+    if (!cu_check(c, "moe: the experts' largest scale")) return;
+    if (cudaMemcpyAsync(h, dv, sizeof(h), cudaMemcpyDeviceToHost, c->stream) != cudaSuccess ||
+        cudaStreamSynchronize(c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    t->sb_max = h[0];
+    t->sb_max_sh = h[1];
+    for (int j = 0; j < 3; j++)
+        t->ssnap[j] = scale_data(sw[j]);
+}
+
 /* Keyed by the host pointer array a->w1; validated against a snapshot of the device addresses
- * every call (cheap), rebuilt (stream-ordered copy) when they differ. */
-const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a) {
+ * every call (cheap), rebuilt (stream-ordered copy) when they differ. *sb_max, *sb_max_sh: the
+ * routed and the shared experts' largest scale bytes (255 where not known). */
+const struct cu_moe_ent *
+cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a, int *sb_max, int *sb_max_sh) {
+    *sb_max = *sb_max_sh = 255;
     int E = a->n_experts;
     struct cu_moe_table *t = NULL;
     for (int i = 0; i < c->n_moe && !t; i++)
@@ -201,7 +285,8 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
         t = &c->moe[c->n_moe];
         memset(t, 0, sizeof(*t));
         t->snap = (const void **)dsi_calloc((size_t)E * 6, sizeof(void *));
-        if (!t->snap || cudaMalloc(&t->dev, sizeof(struct cu_moe_ent) * (size_t)E) != cudaSuccess) {
+        if (!t->snap || cudaMalloc(&t->dev, sizeof(struct cu_moe_ent) * (size_t)E +
+                                                2 * sizeof(int)) != cudaSuccess) {
             cudaGetLastError();
             free(t->snap);
             cu_fail(c, DSI_ERR_NOMEM, "moe: cannot allocate an expert table of %d experts", E);
@@ -209,6 +294,7 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
         }
         t->key = a->w1;
         t->n_experts = E;
+        t->sb_max = t->sb_max_sh = -1;
         c->n_moe++;
         fresh = true;
     }
@@ -219,7 +305,15 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
                s[3] == scale_data(a->w3[e]) && s[4] == a->w2[e]->data &&
                s[5] == scale_data(a->w2[e]);
     }
-    if (same) return t->dev;
+    if (same) {
+        if (t->ssnap[0] != scale_data(a->sw1) || t->ssnap[1] != scale_data(a->sw3) ||
+            t->ssnap[2] != scale_data(a->sw2))
+            t->sb_max = t->sb_max_sh = -1; /* (another shared expert: look again) */
+        if (t->sb_max < 0 && c->wgr_sb) moe_table_sb_max(c, t, a);
+        *sb_max = t->sb_max < 0 ? 255 : t->sb_max;
+        *sb_max_sh = t->sb_max_sh < 0 ? 255 : t->sb_max_sh;
+        return t->dev;
+    }
     struct cu_moe_ent *h = (struct cu_moe_ent *)dsi_calloc((size_t)E, sizeof(*h));
     if (!h) {
         cu_fail(c, DSI_ERR_NOMEM, "moe: out of host memory");
@@ -240,6 +334,10 @@ const struct cu_moe_ent *cu_moe_table(struct cu_ctx *c, const struct dsi_moe_arg
         }
     }
     cudaMemcpyAsync(t->dev, h, sizeof(*h) * (size_t)E, cudaMemcpyHostToDevice, c->stream);
+    t->sb_max = t->sb_max_sh = -1;
+    if (c->wgr_sb) moe_table_sb_max(c, t, a); /* (synchronises the stream: h is copied) */
+    *sb_max = t->sb_max < 0 ? 255 : t->sb_max;
+    *sb_max_sh = t->sb_max_sh < 0 ? 255 : t->sb_max_sh;
     free(h);
     return t->dev;
 }
@@ -812,7 +910,8 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
                 (long long)I, (long long)D, (long long)D, (long long)I);
         return;
     }
-    const struct cu_moe_ent *tab = cu_moe_table(c, a);
+    int sb_max, sb_max_sh;
+    const struct cu_moe_ent *tab = cu_moe_table(c, a, &sb_max, &sb_max_sh);
     if (!tab) return;
     /* `fast` numerics: the tensor-core kernels for tiles of many rows (tiles of rx = their
        block's activation rows) */
@@ -904,6 +1003,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.tiles = (const int4 *)(s + o_tiles);
     p.n_tiles = (const int32_t *)(s + o_nt);
     p.tab = tab;
+    p.sb_max = sb_max;
     p.w1 = r1;
     p.w3 = r3;
     p.w2 = r2;
@@ -955,6 +1055,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
        down's stores and the combine */
     if (c->moe_o16 && wg && !wp && !q8 && p.round && D % 2 == 0) p.out16 = (uint16_t *)p.out;
     ps.tiles = NULL;
+    ps.sb_max = sb_max_sh;
     ps.w1 = s1;
     ps.w3 = s3;
     ps.w2 = s2;

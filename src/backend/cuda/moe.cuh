@@ -13,6 +13,7 @@ struct moe_p {
     const int4 *tiles;   /* routed tiles, or NULL: shared expert (implicit tiles) */
     const int32_t *n_tiles;
     const struct cu_moe_ent *tab;
+    int sb_max;             /* the largest scale byte of the weights (255: not known) */
     struct cu_w w1, w3, w2; /* formats (and, for the shared expert, the data) */
     const float *weight;    /* [nk] */
     float limit;

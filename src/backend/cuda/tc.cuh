@@ -139,15 +139,16 @@ struct tc_wraw {
 };
 
 /* The 32 values of `row` from k and their scale byte (scale column k >> sh1, or k / sb1 where
- * the block is not a power of two: sh1 < 0). A NULL row loads nothing. */
-template <int WT, bool POW2 = false>
+ * the block is not a power of two: sh1 < 0). A NULL row loads nothing (ROW: the caller knows it
+ * is not NULL; step 51: wgr.cu's MoE tested both rows' pointers every step). */
+template <int WT, bool POW2 = false, bool ROW = false>
 __device__ __forceinline__ void
 tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, struct tc_wraw &r) {
     uint32_t ku = (uint32_t)k; /* k < 2^31: 32-bit offsets */
     /* (POW2: the caller took only power-of-two blocks; else ptxas computes the division beside
        the shift, predicated, in every call: ~12 instructions a row and step in wgr.cu) */
     uint32_t sc = POW2 || sh1 >= 0 ? ku >> sh1 : ku / (uint32_t)sb1;
-    if (!row) return;
+    if (!ROW && !row) return;
     if (WT == DSI_TYPE_FP4_E2M1) {
         r.v[0] = __ldg((const uint4 *)(row + (ku >> 1)));
         r.sb = __ldg(srow + sc);
@@ -169,6 +170,9 @@ tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, 
  * caller asks (OUTL; step 32: inline, the slow paths were ~750 of the ~2500 instructions of
  * wgr.cu's K loop at 192 rows, whose warps waited for instructions 14.5% of the time). All four
  * quads. (The FP8 one stays inline: its call made ptxas spill around it in wgr.cu.) */
+/* The largest scale byte tc_decode_w's short path takes for weights of type wt. */
+static inline int tc_sb_short(int wt) { return wt == DSI_TYPE_FP4_E2M1 ? 128 : 134; }
+
 struct tc_q4 {
     uint4 d[4];
 };
@@ -185,8 +189,10 @@ static __device__ __noinline__ tc_q4 tc_decode_f4_slow(uint4 v, uint32_t sb) {
     return q;
 }
 /* Decode 32 values to bf16, in k order: d[i] holds k 8i .. 8i + 7; or (Q0, NQ) only the NQ
- * quads from Q0 (k 8 Q0 .. 8 (Q0 + NQ) - 1) into d[0 .. NQ - 1] (FP8: Q0 and NQ even). */
-template <int WT, int Q0 = 0, int NQ = 4, bool OUTL = false>
+ * quads from Q0 (k 8 Q0 .. 8 (Q0 + NQ) - 1) into d[0 .. NQ - 1] (FP8: Q0 and NQ even). SB: the
+ * scale byte is not looked at, the caller knows it is within the short path's (FP4 <= 128, FP8
+ * <= 134: tc_sb_short). */
+template <int WT, int Q0 = 0, int NQ = 4, bool OUTL = false, bool SB = false>
 __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid, uint4 (&d)[NQ]) {
     static_assert(Q0 >= 0 && NQ > 0 && Q0 + NQ <= 4 && Q0 % 2 == 0 && NQ % 2 == 0, "quads");
     if (!valid) {
@@ -201,7 +207,7 @@ __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid,
             d[i] = r.v[Q0 + i];
     } else if (WT == DSI_TYPE_FP4_E2M1) {
         uint32_t u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
-        if (r.sb <= 128u) { /* pairs (j, j + 4) of a word, put back in k order (tc.cuh) */
+        if (SB || r.sb <= 128u) { /* pairs (j, j + 4) of a word, put back in k order (tc.cuh) */
             uint32_t m = bf16x2_pow2(r.sb, 126);
 #pragma unroll
             for (int h = Q0; h < Q0 + NQ; h++) {
@@ -229,7 +235,7 @@ __device__ __forceinline__ void tc_decode_w(const struct tc_wraw &r, bool valid,
                                        bf16x2_exact(f[4], f[5]), bf16x2_exact(f[6], f[7]));
             }
         }
-    } else if (r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order (tc.cuh) */
+    } else if (SB || r.sb <= 134u) { /* FP8: pairs (0, 2) and (1, 3) of a word, in k order */
         uint32_t m = bf16x2_pow2(r.sb, 120);
 #pragma unroll
         for (int v = Q0 / 2; v < (Q0 + NQ) / 2; v++) {

@@ -18,9 +18,16 @@ __device__ __forceinline__ uint32_t wg_sw(int r, int c) {
 
 /* Shared-memory matrix descriptor of a K-major 128-byte swizzled tile at saddr (1 KB atoms:
  * stride byte offset 1024 between 8-row groups; the leading offset is unused in this mode). */
+/* Its halves: the low word depends on the address, the high word is a constant. */
+#define WG_DESC_HI ((uint32_t)(1024 >> 4) | (1u << 30))
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) {
+    return ((saddr & 0x3ffffu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t wg_desc_of(uint32_t lo) {
+    return ((uint64_t)WG_DESC_HI << 32) | lo;
+}
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) |
-           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+    return wg_desc_of(wg_desc_lo(saddr));
 }
 
 /* wgr.cu's K order within each group of 128 (its header): destination pair q of a row (slots
@@ -57,6 +64,13 @@ __device__ __forceinline__ void wg_commit() {
 }
 template <int N> __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* v, opaque to the compiler, so that it keeps the value in a register instead of computing it
+ * again where it is used (a shared address from the window's special register, in a loop). */
+__device__ __forceinline__ uint32_t wg_held(uint32_t v) {
+    uint32_t r;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(v));
+    return r;
 }
 /* Shared memory written by ordinary stores, read next by wgmma (the async proxy). */
 __device__ __forceinline__ void wg_fence_smem() {

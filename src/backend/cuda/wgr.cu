@@ -62,23 +62,24 @@ static_assert(WR_BK == 128, "a step is one group of wg_perm_col's K order");
 static size_t wr_smem_bytes(int BN) { return (size_t)wr_st(BN) * BN * 256 + 1024; }
 
 #ifdef WG_HAVE
-/* One group of 4 slices (A: their fragments; db: the descriptor of the group's sub-tile, slice
- * ii at byte ii 32) of width 32 M, M = nsel down from BN / 32, fenced and committed inside each
- * branch (wg.cu's wg_mma_step says why). Slice ii's descriptor is db + 2 ii: the sub-tiles are
- * 1 KB aligned, so the address field (bits 0-13, the address / 16) takes the 2 ii without a
- * carry (step 50: wg_desc per wgmma was ~5 uniform-datapath instructions each, ~80 a warp a step
- * with the rest, of ~551). */
+/* One group of 4 slices (A: their fragments; dl: the low word of the descriptor of the group's
+ * sub-tile, slice ii at byte ii 32) of width 32 M, M = nsel down from BN / 32, fenced and
+ * committed inside each branch (wg.cu's wg_mma_step says why). Slice ii's descriptor is dl + 2 ii
+ * over the constant high word: the sub-tiles are 1 KB aligned, so the address field (bits 0-13,
+ * the address / 16) takes the 2 ii without a carry (step 50: wg_desc per wgmma was ~5
+ * uniform-datapath instructions each, ~80 a warp a step with the rest, of ~551; step 51: a 64-bit
+ * sum of the whole descriptor still cost a carry and 3-4 moves a wgmma). */
 template <int BN, int M = BN / 32>
 __device__ __forceinline__ void
-wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint64_t db) {
+wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t dl) {
     if (nsel >= M || M == 1) {
         wg_fence();
 #pragma unroll
         for (int ii = 0; ii < 4; ii++)
-            wg_mma_rs_k16<32 * M>(d, a[ii], db + 2u * ii);
+            wg_mma_rs_k16<32 * M>(d, a[ii], wg_desc_of(dl + 2u * ii));
         wg_commit();
     } else if constexpr (M > 1) {
-        wr_mma_group<BN, M - 1>(d, nsel, a, db);
+        wr_mma_group<BN, M - 1>(d, nsel, a, dl);
     }
 }
 #endif
@@ -102,7 +103,11 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint64_t d
  * before every warp has arrived for its current one, and no full barrier runs two phases past
  * a waiting warp.
  */
-template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool DEC = false>
+/* SB (c->wgr_sb, step 51; the routed tiles where cu_moe_table found every scale byte within
+ * tc_decode_w's short path): the decodes without the scale test and the large-scale path (~110
+ * instructions a call inline at 224 rows: of the ~2000 of the K loop's code, ~900 never run, and
+ * 4 tests and branches a step). */
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool DEC = false, bool SB = false>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
@@ -118,7 +123,9 @@ __global__ void __launch_bounds__(WR_T, 1)
     constexpr uint32_t SUB = BN * 128u;   /* bytes per sub-tile (64 k) */
     static_assert(SUB % 1024 == 0, "sub-tiles 1 KB aligned (wr_mma_group's descriptors)");
     extern __shared__ uint4 wr_smem[];
-    uint32_t raw = smem_u32(wr_smem), base = (raw + 1023u) & ~1023u;
+    /* (held, not recomputed: step 51's SASS rebuilt base and the barriers' addresses from the
+       shared window's special register every step) */
+    const uint32_t base = wg_held((smem_u32(wr_smem) + 1023u) & ~1023u);
     __shared__ const uint16_t *xrow[BN];
     __shared__ int64_t opos[BN];            /* h / out position of the row; -1: none */
     __shared__ alignas(8) uint64_t bar[4];  /* TMA: a stage's copies */
@@ -169,15 +176,18 @@ __global__ void __launch_bounds__(WR_T, 1)
     static_assert(XC * 16 == BN, "rows xj + 16 v cover the tile");
     const int row0 = TMA ? (int)opos[0] : 0; /* TMA: the tile's first position */
     bool live = true;                        /* TMA: no wait has failed (mbar_wait) */
-    auto load_x = [&](uint32_t s) {
+    /* the barriers' shared addresses, once (step 51: each smem_u32 of bar[i] in the loop was a
+       special-register read and two address instructions) */
+    const uint32_t bar0 = wg_held(smem_u32(&bar[0])), ebar0 = wg_held(smem_u32(&ebar[0]));
+    /* step s's tile into stage st = s % WR_ST */
+    auto load_x = [&](uint32_t s, uint32_t st) {
         if (TMA) {
             if (tid == 0 && s < steps) {
-                uint32_t B = base + (uint32_t)(s % WR_ST) * STAGE;
-                uint32_t mb = smem_u32(&bar[s % WR_ST]);
+                uint32_t B = base + st * STAGE;
+                uint32_t mb = bar0 + 8u * st;
                 /* DEC: the stage's use by step s - WR_ST (use s / WR_ST - 1) done by every warp */
                 if (DEC && s >= WR_ST)
-                    live = live &&
-                           mbar_wait(smem_u32(&ebar[s % WR_ST]), (s / WR_ST - 1) & 1u, 1u << 24);
+                    live = live && mbar_wait(ebar0 + 8u * st, (s / WR_ST - 1) & 1u, 1u << 24);
                 mbar_expect(mb, STAGE);
                 tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
                 tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
@@ -185,16 +195,16 @@ __global__ void __launch_bounds__(WR_T, 1)
             return;
         }
         if (s < steps) {
-            wg_copy_rows<XC, 16, DYN>(base + (uint32_t)(s % WR_ST) * STAGE + xoff, xrow, xj, nv,
-                                      s * WR_BK + xc * 8, xs);
+            wg_copy_rows<XC, 16, DYN>(base + st * STAGE + xoff, xrow, xj, nv, s * WR_BK + xc * 8,
+                                      xs);
         }
         cu_cp_commit();
     };
     auto load_w = [&](uint32_t s, struct tc_wraw(&w)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            tc_load_w<WT, true>(wrow[h], wsrow[h], sh1[h], sb1[h], (int64_t)(s * WR_BK + t4 * 32),
-                                w[h]);
+            tc_load_w<WT, true, MODE != TC_DENSE>(wrow[h], wsrow[h], sh1[h], sb1[h],
+                                                  (int64_t)(s * WR_BK + t4 * 32), w[h]);
     };
     /* the A fragments of half hf (slices 4 hf .. 4 hf + 3) from rows g (r0) and g + 8 (r1)
        decoded: slice i's elements 4 i .. 4 i + 3 are in quad (i % 4) / 2 of the half */
@@ -209,41 +219,52 @@ __global__ void __launch_bounds__(WR_T, 1)
             a[ii][3] = lo ? q1.y : q1.w;
         }
     };
+    /* Step s's stage s % WR_ST and phase (s / WR_ST) & 1, counted along the loop (step 51: the
+       division by 3 and the addresses were ~15 uniform-datapath instructions a step). */
+    uint32_t stg = 0, ph = 0;
     /* Step s: half 0 decoded before the barrier; half 1 (from a copy of the raw bits, as the
        next loads go to w) after half 0's wgmma are issued, so that its decode runs beside
        them; each half's registers are read by its wgmma until the wait after the next group. */
     auto step = [&](uint32_t s, struct tc_wraw(&w)[2]) {
         uint4 d0[2], d1[2], e0[2], e1[2];
-        tc_decode_w<WT, 0, 2, OUTL>(w[0], vr0, d0);
-        tc_decode_w<WT, 0, 2, OUTL>(w[1], vr1, d1);
+        tc_decode_w<WT, 0, 2, OUTL, SB>(w[0], vr0, d0);
+        tc_decode_w<WT, 0, 2, OUTL, SB>(w[1], vr1, d1);
         if (TMA) /* step s's tile (its phase: the stage's use s / WR_ST) */
-            live = live && mbar_wait(smem_u32(&bar[s % WR_ST]), (s / WR_ST) & 1u, 1u << 16);
+            live = live && mbar_wait(bar0 + 8u * stg, ph, 1u << 16);
         else
             cu_cp_wait<WR_AH - 1>(); /* this thread's copies of step s (later ones in flight) */
-        wg_fence_smem();
+        /* cp.async's tiles are the generic proxy's writes; TMA's are the async proxy's, as
+           wgmma's reads, and its barrier's phase orders them (step 51: the fence was a
+           MEMBAR.ALL.CTA a step) */
+        if (!TMA) wg_fence_smem();
         if (!DEC) __syncthreads();
-        load_x(s + WR_AH);
+        /* (s + WR_AH) % WR_ST, WR_AH = WR_ST - 2 */
+        load_x(s + WR_AH, stg >= 2u ? stg - 2u : stg + (uint32_t)WR_AH);
         struct tc_wraw k0 = w[0], k1 = w[1];
         if (s + WR_PF < steps) load_w(s + WR_PF, w);
-        uint32_t b0 = base + (uint32_t)(s % WR_ST) * STAGE;
+        uint32_t b0 = base + stg * STAGE;
         uint32_t a[4][4];
         frag(d0, d1, a);
-        wr_mma_group<BN>(acc, nv >> 5, a, wg_desc(b0));
+        wr_mma_group<BN>(acc, nv >> 5, a, wg_desc_lo(b0));
         wg_wait<1>();
         /* DEC: every wgmma of step s - 1 done (the wait leaves only this step's first group) */
-        if (DEC && lane == 0 && s >= 1) mbar_arrive(smem_u32(&ebar[(s - 1) % WR_ST]));
-        tc_decode_w<WT, 2, 2, OUTL>(k0, vr0, e0);
-        tc_decode_w<WT, 2, 2, OUTL>(k1, vr1, e1);
+        if (DEC && lane == 0 && s >= 1) mbar_arrive(ebar0 + 8u * (stg > 0 ? stg - 1u : WR_ST - 1u));
+        tc_decode_w<WT, 2, 2, OUTL, SB>(k0, vr0, e0);
+        tc_decode_w<WT, 2, 2, OUTL, SB>(k1, vr1, e1);
         frag(e0, e1, a);
-        wr_mma_group<BN>(acc, nv >> 5, a, wg_desc(b0 + SUB));
+        wr_mma_group<BN>(acc, nv >> 5, a, wg_desc_lo(b0 + SUB));
         wg_wait<1>();
+        if (++stg == (uint32_t)WR_ST) {
+            stg = 0;
+            ph ^= 1u;
+        }
     };
 #pragma unroll
     for (int u = 0; u < WR_PF; u++)
         if ((uint32_t)u < steps) load_w((uint32_t)u, wr[u]);
 #pragma unroll
     for (int u = 0; u < WR_AH; u++)
-        load_x((uint32_t)u);
+        load_x((uint32_t)u, (uint32_t)u);
     wg_k_loop<WR_PF>((int64_t)steps, [&](int64_t s, int u) { step((uint32_t)s, wr[u]); });
     wg_finish<MODE, BN, DYN>(p, opos, acc, nv, wgi, w4, lane);
 #endif
@@ -254,16 +275,16 @@ __global__ void __launch_bounds__(WR_T, 1)
 /* A kernel parameter for the kernels without TMA. */
 static const CUtensorMap wr_no_map = {};
 
-/* k_wgr<MODE, WT, BN, D, T, DEC>'s launch (its dynamic shared memory raised once per instance;
- * tm: T's tensor map) */
-template <int MODE, int WT, int BN, bool D, bool T = false, bool DEC = false>
+/* k_wgr<MODE, WT, BN, D, T, DEC, SB>'s launch (its dynamic shared memory raised once per
+ * instance; tm: T's tensor map) */
+template <int MODE, int WT, int BN, bool D, bool T = false, bool DEC = false, bool SB = false>
 static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
     size_t sm = wr_smem_bytes(BN);
-    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, DEC>, sm, &smem_done,
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, DEC, SB>, sm, &smem_done,
                     "wgmma, weights in registers"))
         return false;
-    cu_launch(c, k_wgr<MODE, WT, BN, D, T, DEC>, grid, WR_T, sm, *p, *tm);
+    cu_launch(c, k_wgr<MODE, WT, BN, D, T, DEC, SB>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
@@ -273,9 +294,12 @@ template <int MODE, int WT, int BN>
 static bool
 wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE != TC_DENSE) {
-        if (dyn && tm)
-            return c->wgr_dec ? wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm)
-                              : wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
+        if (dyn && tm) {
+            if (c->wgr_dec) return wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm);
+            if (c->wgr_sb && p->m.sb_max <= tc_sb_short(WT))
+                return wr_launch1<MODE, WT, BN, true, true, false, true>(c, p, grid, tm);
+            return wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
+        }
         if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid, &wr_no_map);
     }
     return wr_launch1<MODE, WT, BN, false>(c, p, grid, &wr_no_map);
