@@ -9,9 +9,11 @@
 #   table's fast path against the conversion for every exponent offset it takes (-5 .. 6); one
 #   warp's rows through the codes' permutation, the per-lane conversion, the fragments and the
 #   promotion against the direct dot products of the reference numerics (exact while a row's
-#   scales span at most 2^14 over its K).
+#   scales span at most 2^14 over its K);
+# - wgr.cu's K loop (step 51): the stage, phase and refilled stage counted along the loop, the
+#   descriptors from their two words, and SB's scale bounds (tc_sb_short).
 # No GPU needed; run from anywhere: python3 tools/wg_layout_check.py (exit status 1 on a
-# mismatch). Written in steps 27-28 (docs/cuda.md), before any GPU run of that code.
+# mismatch). Written in steps 27-28 and 51 (docs/cuda.md), before any GPU run of that code.
 import numpy as np
 rng = np.random.default_rng(1)
 
@@ -155,6 +157,41 @@ for BN in (32, 64, 128):
     if sorted(seen) != [(j, c) for j in range(BN) for c in range(8)] or set(seen.values()) != {1}:
         print("wgq copies do not cover the tile once: BN", BN); bad += 1
 print("copies and k_wg_bf16_q8's pairs:", "FAILED" if bad else "ok")
+
+# wgr.cu's K loop after step 51: the stage and phase counted along the loop (stg, ph) against
+# s % WR_ST and (s / WR_ST) & 1; the refilled stage by one select against (s + WR_AH) % WR_ST; DEC's
+# arrival stage against (s - 1) % WR_ST; and each slice's descriptor as the low word plus 2 ii
+# over the constant high word (wg_desc_lo, wg_desc_of) against wg_desc of the slice's address
+def wg_desc(a):  # wg.cuh, the whole descriptor
+    return ((a & 0x3ffff) >> 4) | (1 << 16) | ((1024 >> 4) << 32) | (1 << 62)
+WG_DESC_HI = (1024 >> 4) | (1 << 30)
+for BN in (64, 128, 192, 224, 256):
+    ST = 3 if BN > 192 else 4; AH = ST - 2; STAGE = BN * 256; SUB = BN * 128
+    stg = ph = 0
+    for st in range(70):
+        if stg != st % ST or ph != (st // ST) & 1:
+            print("wgr stage counters wrong: BN", BN, "step", st); bad += 1
+        if (stg - 2 if stg >= 2 else stg + AH) != (st + AH) % ST:
+            print("wgr refilled stage wrong: BN", BN, "step", st); bad += 1
+        if st >= 1 and (stg - 1 if stg > 0 else ST - 1) != (st - 1) % ST:
+            print("wgr DEC arrival stage wrong: BN", BN, "step", st); bad += 1
+        stg += 1
+        if stg == ST: stg = 0; ph ^= 1
+    for base in range(0x400, 0x40000 - ST * STAGE, 0x400 * 7):
+        for sg in range(ST):
+            for half in (0, 1):
+                b0 = base + sg * STAGE + half * SUB
+                lo = ((b0 & 0x3ffff) >> 4) | (1 << 16)
+                for ii in range(4):
+                    if ((WG_DESC_HI << 32) | (lo + 2 * ii)) != wg_desc(b0 + 32 * ii):
+                        print("wgr descriptor wrong: BN", BN, "address", hex(b0), "slice", ii)
+                        bad += 1
+# SB (step 51): tc_sb_short's bounds are the largest scale bytes whose bf16x2_pow2 factor
+# (2^(sb + bias - 127), bias 126 for FP4 and 120 for FP8) is a finite bf16: exponent field <= 254
+for bias, short in ((126, 128), (120, 134)):
+    if max(sb for sb in range(256) if sb + bias <= 254) != short:
+        print("tc_sb_short wrong for bias", bias); bad += 1
+print("wgr.cu's counters, descriptors and SB bounds:", "FAILED" if bad else "ok")
 
 for dp in range(-5, 7):
     b = [e4m3_enc(m * 2.0**dp) for m in FP4]

@@ -31,11 +31,21 @@
 # root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" PRE_DEADLINE=540 bash tests/ops/gpu_pre.sh
 set -u
-if [ "${1:-}" = --pack ]; then
-    mkdir -p build/pre/x && strip -o build/pre/x/dsinfer build/cuda/dsinfer &&
-        strip -o build/pre/x/dsinfer-test build/cuda/dsinfer-test &&
-        tar cJf build/pre/pre.txz -C build/pre/x dsinfer dsinfer-test && rm -rf build/pre/x &&
-        ls -la build/pre/pre.txz
+# --pack: build/pre/pre.txz from build/cuda; --pack-old DIR: build/pre/old.txz, the dsinfer of
+# another build (DIR/build/cuda/dsinfer: a worktree of an older commit) for PRE_OLD_PACK. xz -9e
+# (a 64 MB dictionary): the two binaries share their CUDA code, so both together are ~12 MB
+# instead of ~23 MB with the default level, which leaves room under the device's 64 MiB for an
+# old pack (~12 MB) beside the tracked tree (~41 MB; step 51). ~2 minutes each.
+if [ "${1:-}" = --pack ] || [ "${1:-}" = --pack-old ]; then
+    rm -rf build/pre/x && mkdir -p build/pre/x || exit 1
+    if [ "$1" = --pack ]; then
+        src=build/cuda files="dsinfer dsinfer-test" dst=build/pre/pre.txz
+    else
+        src=${2:?usage: gpu_pre.sh --pack-old DIR}/build/cuda files=dsinfer dst=build/pre/old.txz
+    fi
+    for f in $files; do strip -o "build/pre/x/$f" "$src/$f" || exit 1; done
+    # shellcheck disable=SC2086 # (the names, split)
+    tar cf - -C build/pre/x $files | xz -9e -T1 >"$dst" && rm -rf build/pre/x && ls -la "$dst"
     exit $?
 fi
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
