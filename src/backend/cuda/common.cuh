@@ -225,6 +225,9 @@ struct cu_ctx {
        bytes are within the short path's (cu_moe_table's sb_max; DSI_CUDA_WGR_SB=0: always the
        checked kernels; step 51, not yet run on a GPU) */
     bool wgr_sb;
+    /* the MoE block GEMMs' up epilogue (wg_finish: wg.cu, wgr.cu, wgq.cu): the gate's exp in
+       single precision (DSI_CUDA_WG_EXP=1; step 51, off until measured: exp_nb's double) */
+    bool wg_exp;
     void *tmap_encode;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */

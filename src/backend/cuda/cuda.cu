@@ -667,6 +667,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        (step 51; DSI_CUDA_WGR_SB=0: the checked kernels) */
     const char *wrsb = getenv("DSI_CUDA_WGR_SB");
     c->wgr_sb = !(wrsb && *wrsb == '0');
+    const char *wgx = getenv("DSI_CUDA_WG_EXP");
+    c->wg_exp = wgx && *wgx == '1';
     c->tmap_encode = NULL;
     if (c->wgr_tma) {
         cudaDriverEntryPointQueryResult q;

@@ -1004,6 +1004,7 @@ extern "C" void cuda_moe(struct dsi_backend *be, const struct dsi_moe_args *a) {
     p.n_tiles = (const int32_t *)(s + o_nt);
     p.tab = tab;
     p.sb_max = sb_max;
+    p.fexp = c->wg_exp;
     p.w1 = r1;
     p.w3 = r3;
     p.w2 = r2;

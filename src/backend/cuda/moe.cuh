@@ -14,6 +14,7 @@ struct moe_p {
     const int32_t *n_tiles;
     const struct cu_moe_ent *tab;
     int sb_max;             /* the largest scale byte of the weights (255: not known) */
+    bool fexp;              /* wg_finish's up: the gate's exp in single precision (c->wg_exp) */
     struct cu_w w1, w3, w2; /* formats (and, for the shared expert, the data) */
     const float *weight;    /* [nk] */
     float limit;

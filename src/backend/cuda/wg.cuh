@@ -272,6 +272,72 @@ template <int PF, typename F> __device__ __forceinline__ void wg_k_loop(int64_t 
  * kernels run `fast` numerics only). opos is rewritten in place for down. */
 #define WG_EG 4 /* wg_finish, MoE up: column blocks whose exps run side by side */
 
+/* wg_finish's MoE up outputs (its comment); FEXP (moe_p.fexp, DSI_CUDA_WG_EXP=1; step 51):
+ * the gate's exp in single precision (expf, a few ulp; the silu is rounded to bf16 after it), as
+ * the attention's softmax does from step 46, instead of exp_nb's double-precision polynomial
+ * (~15 DFMA and their constants' moves a value: with one block an SM, the SM's tensor cores wait
+ * for the block's ~56 exps a thread). */
+template <int BN, bool DYN, bool FEXP>
+__device__ __forceinline__ void wg_finish_up(const struct tc_p &p,
+                                             const int64_t *opos,
+                                             const float *wrow_s,
+                                             float (&acc)[BN / 2],
+                                             int nv,
+                                             int wgi,
+                                             int w4,
+                                             int g,
+                                             int t4) {
+    /* acc[4 j + i] and acc[4 j + i + 2] (i < 2) are the gate and the up value of
+       activation row 8 j + 2 t + i: first the clamped gate and up values, in place, without
+       branches; then by groups the exps (exp_nb, straight-line, or expf) side by side,
+       the quotients, the products and the stores. */
+    const bool rd = p.m.round;
+    const float lim = p.m.limit;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float gt = rbf_cvt(acc[4 * j + i] + 0.0f, rd),
+                  u = rbf_cvt(acc[4 * j + i + 2] + 0.0f, rd);
+            acc[4 * j + i] = fminf(gt, lim);
+            acc[4 * j + i + 2] = fminf(fmaxf(u, -lim), lim);
+        }
+    int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g;
+    bool cok = col < p.m.I;
+    /* WG_EG column blocks (2 WG_EG outputs) at a time: their exps, each pinned in a register
+       before the first quotient (else ptxas sinks each exp to its use, behind the previous
+       quotient's branch, one chain after another; all 48 at once spilled) */
+    constexpr int EG = BN >= 256 ? 2 : WG_EG < BN / 8 ? WG_EG : BN / 8; /* (256: spills) */
+    static_assert((BN / 8) % EG == 0, "exp groups");
+#pragma unroll
+    for (int j0 = 0; j0 < BN / 8; j0 += EG) {
+        if (DYN && j0 * 8 >= nv) break; /* columns no wgmma wrote */
+        float ev[EG][2];
+#pragma unroll
+        for (int j = 0; j < EG; j++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                ev[j][i] = FEXP ? expf(-acc[4 * (j0 + j) + i]) : exp_nb(-acc[4 * (j0 + j) + i]);
+#pragma unroll
+        for (int j = 0; j < EG; j++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                asm volatile("" : "+f"(ev[j][i]));
+#pragma unroll
+        for (int j = 0; j < EG; j++) {
+            if (DYN && (j0 + j) * 8 >= nv) break;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int jr = (j0 + j) * 8 + 2 * t4 + i;
+                int64_t pos = opos[jr];
+                float silu = acc[4 * (j0 + j) + i] / (1.0f + ev[j][i]);
+                float h = rbf_cvt(silu * acc[4 * (j0 + j) + i + 2] * wrow_s[jr], rd);
+                if (pos >= 0 && cok) p.m.h[pos * p.m.I + col] = h;
+            }
+        }
+    }
+}
+
 template <int MODE, int BN, bool DYN>
 __device__ __forceinline__ void wg_finish(
     const struct tc_p &p, int64_t *opos, float (&acc)[BN / 2], int nv, int wgi, int w4, int lane) {
@@ -293,55 +359,10 @@ __device__ __forceinline__ void wg_finish(
         __syncthreads();
     }
     if constexpr (MODE == TC_UP) {
-        /* acc[4 j + i] and acc[4 j + i + 2] (i < 2) are the gate and the up value of
-           activation row 8 j + 2 t + i: first the clamped gate and up values, in place, without
-           branches; then by groups the exps (exp_nb, straight-line) side by side, the
-           quotients, the products and the stores. */
-        const bool rd = p.m.round;
-        const float lim = p.m.limit;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float gt = rbf_cvt(acc[4 * j + i] + 0.0f, rd),
-                      u = rbf_cvt(acc[4 * j + i + 2] + 0.0f, rd);
-                acc[4 * j + i] = fminf(gt, lim);
-                acc[4 * j + i + 2] = fminf(fmaxf(u, -lim), lim);
-            }
-        int64_t col = (int64_t)blockIdx.x * 64 + wgi * 32 + w4 * 8 + g;
-        bool cok = col < p.m.I;
-        /* WG_EG column blocks (2 WG_EG outputs) at a time: their exps, each pinned in a register
-           before the first quotient (else ptxas sinks each exp to its use, behind the previous
-           quotient's branch, one chain after another; all 48 at once spilled) */
-        constexpr int EG = BN >= 256 ? 2 : WG_EG < BN / 8 ? WG_EG : BN / 8; /* (256: spills) */
-        static_assert((BN / 8) % EG == 0, "exp groups");
-#pragma unroll
-        for (int j0 = 0; j0 < BN / 8; j0 += EG) {
-            if (DYN && j0 * 8 >= nv) break; /* columns no wgmma wrote */
-            float ev[EG][2];
-#pragma unroll
-            for (int j = 0; j < EG; j++)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    ev[j][i] = exp_nb(-acc[4 * (j0 + j) + i]);
-#pragma unroll
-            for (int j = 0; j < EG; j++)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    asm volatile("" : "+f"(ev[j][i]));
-#pragma unroll
-            for (int j = 0; j < EG; j++) {
-                if (DYN && (j0 + j) * 8 >= nv) break;
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    int jr = (j0 + j) * 8 + 2 * t4 + i;
-                    int64_t pos = opos[jr];
-                    float silu = acc[4 * (j0 + j) + i] / (1.0f + ev[j][i]);
-                    float h = rbf_cvt(silu * acc[4 * (j0 + j) + i + 2] * wrow_s[jr], rd);
-                    if (pos >= 0 && cok) p.m.h[pos * p.m.I + col] = h;
-                }
-            }
-        }
+        if (p.m.fexp)
+            wg_finish_up<BN, DYN, true>(p, opos, wrow_s, acc, nv, wgi, w4, g, t4);
+        else
+            wg_finish_up<BN, DYN, false>(p, opos, wrow_s, acc, nv, wgi, w4, g, t4);
     } else if (MODE == TC_DOWN && p.m.out16) {
         /* the routed rows' bf16 outputs (moe_p.out16: rounded, D even, rows < nk): lanes g and
            g ^ 1 hold the same two activation rows at outputs o and o ^ 1; each gives the other
