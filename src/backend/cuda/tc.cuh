@@ -165,14 +165,14 @@ tc_load_w(const uint8_t *row, const uint8_t *srow, int sh1, int sb1, int64_t k, 
     }
 }
 
+/* The largest scale byte tc_decode_w's short path takes for weights of type wt. */
+static inline int tc_sb_short(int wt) { return wt == DSI_TYPE_FP4_E2M1 ? 128 : 134; }
+
 /* tc_decode_w's FP4 path for scales past its bf16 multiply (sb > 128: 2^2 and up for a block of
  * FP4 weights, which trained checkpoints do not have) through floats, out of line where the
  * caller asks (OUTL; step 32: inline, the slow paths were ~750 of the ~2500 instructions of
  * wgr.cu's K loop at 192 rows, whose warps waited for instructions 14.5% of the time). All four
  * quads. (The FP8 one stays inline: its call made ptxas spill around it in wgr.cu.) */
-/* The largest scale byte tc_decode_w's short path takes for weights of type wt. */
-static inline int tc_sb_short(int wt) { return wt == DSI_TYPE_FP4_E2M1 ? 128 : 134; }
-
 struct tc_q4 {
     uint4 d[4];
 };

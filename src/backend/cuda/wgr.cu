@@ -103,10 +103,10 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t d
  * before every warp has arrived for its current one, and no full barrier runs two phases past
  * a waiting warp.
  */
-/* SB (c->wgr_sb, step 51; the routed tiles where cu_moe_table found every scale byte within
- * tc_decode_w's short path): the decodes without the scale test and the large-scale path (~110
- * instructions a call inline at 224 rows: of the ~2000 of the K loop's code, ~900 never run, and
- * 4 tests and branches a step). */
+/* SB (c->wgr_sb, step 51; the MoE's TMA blocks, routed or shared, where cu_moe_table found
+ * every scale byte of their weights within tc_decode_w's short path): the decodes without the
+ * scale test and the large-scale path (~110 instructions a call inline at 224 rows: of the ~2000
+ * of the K loop's code, ~900 never run, and 4 tests and branches a step). */
 template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool DEC = false, bool SB = false>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
