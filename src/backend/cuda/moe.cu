@@ -268,7 +268,8 @@ moe_table_sb_max(struct cu_ctx *c, struct cu_moe_table *t, const struct dsi_moe_
 
 /* Keyed by the host pointer array a->w1; validated against a snapshot of the device addresses
  * every call (cheap), rebuilt (stream-ordered copy) when they differ. *sb_max, *sb_max_sh: the
- * routed and the shared experts' largest scale bytes (255 where not known). */
+ * routed and the shared experts' largest scale bytes (255 where not known), found once for the
+ * addresses: like the table, they take weights as immutable while their addresses stay. */
 const struct cu_moe_ent *
 cu_moe_table(struct cu_ctx *c, const struct dsi_moe_args *a, int *sb_max, int *sb_max_sh) {
     *sb_max = *sb_max_sh = 255;
