@@ -519,9 +519,10 @@ int test_cuda_moe_fast(struct test_ctx *t) {
         for (int v = 0; v < NV; v++)
             free(o[v]);
     }
-    /* Scale bytes past the short path's (FP4 up to 129, wt_scales_wide): cu_moe_table's largest
-       scale keeps wgr.cu's routed tiles on the kernels that test them (the untested decode
-       would make 2^128, an infinity in bf16); against the CPU. */
+    /* Scale bytes past the short path's (wt_scales_wide: FP4 up to 129, the FP8 shared expert
+       up to 135): cu_moe_table's largest scales keep wgr.cu's routed and shared blocks on the
+       kernels that test them (the untested FP4 decode would make 2^128, an infinity in bf16);
+       against the CPU. */
     wt_scales_wide(true);
     for (size_t i = 0; i < NC && ok; i++) {
         if (cases[i].n < 150 || cases[i].rt != DSI_TYPE_FP4_E2M1 || !fx[i].made) continue;

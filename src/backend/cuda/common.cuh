@@ -221,9 +221,9 @@ struct cu_ctx {
     /* wgr.cu's TMA blocks with their warpgroups not meeting at a block barrier each step: a
        stage's reuse ordered by an mbarrier (DSI_CUDA_WGR_DEC=1; step 50, off until measured) */
     bool wgr_dec;
-    /* wgr.cu's routed blocks without the large-scale decode path where every expert's scale
-       bytes are within the short path's (cu_moe_table's sb_max; DSI_CUDA_WGR_SB=0: always the
-       checked kernels; step 51, not yet run on a GPU) */
+    /* wgr.cu's MoE blocks (routed or shared) without the large-scale decode path where every
+       scale byte of their weights is within the short path's (cu_moe_table's sb_max and
+       sb_max_sh; DSI_CUDA_WGR_SB=0: always the checked kernels; step 51, not yet run on a GPU) */
     bool wgr_sb;
     /* the MoE block GEMMs' up epilogue (wg_finish: wg.cu, wgr.cu, wgq.cu): the gate's exp in
        single precision (DSI_CUDA_WG_EXP=1; step 51, off until measured: exp_nb's double) */
