@@ -94,6 +94,7 @@ struct dsi_embed_args {
     const int32_t *tokens;          /* [n] */
     int64_t n, copies;
     float *out;
+    bool xbf16; /* out holds bf16 values (the residual streams in bf16: ops.xbf16_ok) */
 };
 
 /* y[r] = a[r] + b[r] (rows of dim; ld per operand); may alias. */
@@ -168,6 +169,8 @@ struct dsi_hc_post_args {
     float *Xo;
     int64_t n, hc, dim;
     bool round_bf16;
+    bool xbf16; /* X and Xo hold bf16 values ([n, hc, dim] of 2 bytes at those addresses; with
+                   round_bf16 the values are the same): only where ops.xbf16_ok said so */
 };
 
 /* mHC pre (spec 4.4): X [n, hc, D] -> y [n, D], post [n, hc], comb [n, hc, hc]. */
@@ -192,6 +195,7 @@ struct dsi_hc_pre_args {
        where it reads them and skip a pass (the values are hc_post's). post_first->post and
        ->comb may be this op's post and comb (read before they are written). */
     const struct dsi_hc_post_args *post_first;
+    bool xbf16; /* X holds bf16 values (as dsi_hc_post_args.xbf16; post_first's the same) */
 };
 
 /* The norm of a hc_pre with norm_w, as an rms_norm call of its own (y -> z, zq). */
@@ -411,6 +415,7 @@ struct dsi_gather_args {
     const int32_t *idx; /* [n] */
     float *dst;
     int64_t n, dim;
+    bool xbf16; /* src's rows hold dim bf16 values, widened into dst's floats */
 };
 
 /* MoE routing (spec 4.8): scores = sqrtsoftplus(logits); selection by tid2eid (hash) or
@@ -536,6 +541,11 @@ struct dsi_backend_ops {
     void (*graph_reset)(struct dsi_backend *);
     /* Optional (NULL: no hints taken): dsi_prefetch_args. */
     void (*prefetch)(struct dsi_backend *, const struct dsi_prefetch_args *);
+    /* Optional (NULL: never): whether a step of n rows may hold the residual streams X
+     * ([n, hc, dim]) as bf16 values (the xbf16 fields of embed, hc_post, hc_pre and gather: half
+     * the bytes of the mHC ops' passes). Asked only where X's values are bf16 anyway: `fast`
+     * numerics with bf16 rounding and a BF16 embedding table. */
+    bool (*xbf16_ok)(struct dsi_backend *, int64_t n, int64_t hc, int64_t dim);
 };
 enum { DSI_GRAPH_EAGER = 0, DSI_GRAPH_CAPTURE = 1, DSI_GRAPH_REPLAY = 2, DSI_GRAPH_RETRY = 3 };
 

@@ -51,6 +51,8 @@ struct dsi_fwd {
     /* a hc_post owed (hc_merge): X is still the old streams, the new ones to be made from f,
        post and comb into X2 by the next hc_site's op (post_first) or by hc_flush */
     bool merge_due;
+    /* this step's X and X2 hold bf16 values (xbf16_step: half the bytes of the mHC passes) */
+    bool xbf16;
     float *qa, *qaq, *q, *kv_rows, *o, *z;
     float *ca, *cb, *ia, *ib, *qI, *wI, *glog, *moe_w, *moe_work, *ent, *ient, *logits;
     int32_t *moe_idx, *sel, *n_sel;
@@ -620,7 +622,8 @@ static struct dsi_hc_post_args merge_args(const struct dsi_fwd *f, int64_t n) {
                                      .n = n,
                                      .hc = c->hc_mult,
                                      .dim = c->hidden_size,
-                                     .round_bf16 = f->R};
+                                     .round_bf16 = f->R,
+                                     .xbf16 = f->xbf16};
 }
 
 /* X and X2 swapped: the streams hc_post wrote are X now */
@@ -658,7 +661,8 @@ hc_site(struct dsi_fwd *f, const struct dsi_hc_w *hc, int64_t n, const struct ds
                                 .z_eps = (float)c->rms_norm_eps,
                                 .z = f->x,
                                 .zq = zq,
-                                .post_first = due ? &pa : NULL};
+                                .post_first = due ? &pa : NULL,
+                                .xbf16 = f->xbf16};
     f->be->ops->hc_pre(f->be, &a);
     mark_q(f, f->x, zq, n, c->hidden_size);
 }
@@ -706,7 +710,7 @@ head(struct dsi_fwd *f, int64_t m, const struct dsi_hc_w *hc, const struct dsi_t
     const struct dsi_config *c = f->c;
     int64_t D = c->hidden_size;
     if (!m) return;
-    struct dsi_gather_args g = {f->X, f->d_idx, f->X2, m, c->hc_dim};
+    struct dsi_gather_args g = {f->X, f->d_idx, f->X2, m, c->hc_dim, f->xbf16};
     f->be->ops->gather(f->be, &g);
     struct dsi_hc_head_args a = {.X = f->X2,
                                  .n = m,
@@ -839,19 +843,38 @@ static bool graph_step(const struct dsi_fwd *f, const struct dsi_batch *b) {
     return true;
 }
 
+/* Whether a main step of n rows holds the streams X in bf16 (the backend's xbf16_ok): their
+ * values are bf16 wherever the rounding points are on (the embedding's rows of a BF16 table,
+ * hc_post's rounded outputs), so only the bytes change; in `fast` numerics, where the backend's
+ * mHC passes are the ones that gain. Not with the streams wanted back (dsi_forward's streams:
+ * floats) nor in the MTP step (its X is made by a GEMM and adds on floats). */
+static bool xbf16_step(const struct dsi_fwd *f, int64_t n, bool streams) {
+    const struct dsi_config *c = f->c;
+    return f->be->ops->xbf16_ok && f->R && f->F && !streams && f->m->embed.type == DSI_TYPE_BF16 &&
+           f->be->ops->xbf16_ok(f->be, n, c->hc_mult, c->hidden_size);
+}
+
 /* The main model for one step: embedding, every layer, the head for the m rows of d_idx
  * (m > 0), the sample op (sample: d_srows uploaded). Recorded and replayed as one graph when
- * the backend can (key: rows, logit rows, sampling). */
-static int
-main_step(struct dsi_fwd *f, const struct dsi_batch *b, int64_t m, bool sample, bool graph) {
+ * the backend can (key: rows, logit rows, sampling, the streams' type). streams: X is
+ * downloaded after the step (as floats). */
+static int main_step(struct dsi_fwd *f,
+                     const struct dsi_batch *b,
+                     int64_t m,
+                     bool sample,
+                     bool graph,
+                     bool streams) {
     const struct dsi_config *c = f->c;
     struct dsi_backend *be = f->be;
-    uint64_t key = (uint64_t)b->n | (uint64_t)m << 20 | (uint64_t)sample << 40;
+    f->xbf16 = xbf16_step(f, b->n, streams);
+    uint64_t key =
+        (uint64_t)b->n | (uint64_t)m << 20 | (uint64_t)sample << 40 | (uint64_t)f->xbf16 << 41;
     int mode = graph ? be->ops->graph_begin(be, key) : DSI_GRAPH_EAGER;
     for (;;) {
         if (mode != DSI_GRAPH_REPLAY) {
             f->merge_due = false; /* (an op that failed may have left one owed) */
-            struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n, c->hc_mult, f->X};
+            struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, b->n,
+                                        c->hc_mult,   f->X,         f->xbf16};
             be->ops->embed(be, &ea);
             for (int il = 0; il < c->num_hidden_layers; il++)
                 block(f, il);
@@ -891,7 +914,7 @@ int dsi_forward_sample(struct dsi_fwd *f,
     if (rc) return rc;
     int64_t m = logit_rows(f, b);
     if (m) be->ops->upload(be, f->d_srows, rows, sizeof(*rows) * (size_t)m);
-    main_step(f, b, m, true, graph);
+    main_step(f, b, m, true, graph, false);
     if (m) be->ops->download(be, tokens, f->d_stok, sizeof(int32_t) * (size_t)m);
     return be->ops->sync(be, err);
 }
@@ -907,7 +930,7 @@ int dsi_forward(struct dsi_fwd *f,
     if (rc) return rc;
     const struct dsi_config *c = f->c;
     int64_t m = logits ? logit_rows(f, b) : 0;
-    main_step(f, b, m, false, graph);
+    main_step(f, b, m, false, graph, streams != NULL);
     if (streams) be->ops->download(be, streams, f->X, sizeof(float) * (size_t)(b->n * c->hc_dim));
     if (m) be->ops->download(be, logits, f->logits, sizeof(float) * (size_t)(m * c->vocab_size));
     return be->ops->sync(be, err);
@@ -928,8 +951,9 @@ int dsi_mtp_forward(struct dsi_fwd *f,
     int64_t n = b->n, D = c->hidden_size, hc = c->hc_mult;
     struct dsi_backend *be = f->be;
     f->merge_due = false;
+    f->xbf16 = false; /* (X made by h_proj and adds on floats) */
     /* e = enorm(embed[next]); X_in[k] = e_proj e + h_proj hnorm(X_t[k]) */
-    struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, n, 1, f->y};
+    struct dsi_embed_args ea = {&f->m->embed, f->st.tokens, n, 1, f->y, false};
     be->ops->embed(be, &ea);
     rms(f, f->y, f->y, n, D, &L->enorm);
     const float *eq = act(f, f->y, n, D, f->xq);

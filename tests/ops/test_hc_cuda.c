@@ -220,7 +220,8 @@ static int hc_post_first_same(struct dsi_backend *be,
     d[1][1] = dput(pc, sizeof(float) * (size_t)(n * hc));
     d[1][2] = dput(cc, sizeof(float) * (size_t)(n * hc * hc));
     float *dXo = dpoison(sizeof(float) * (size_t)(n * len));
-    struct dsi_hc_post_args pa = {df, pre->X, d[1][1], d[1][2], dXo, n, hc, D, pre->round_bf16};
+    struct dsi_hc_post_args pa = {df, pre->X, d[1][1], d[1][2],         dXo,
+                                  n,  hc,     D,       pre->round_bf16, false};
     struct dsi_hc_pre_args b = a;
     b.X = dXo;
     b.y = d[1][0];
@@ -390,9 +391,9 @@ int test_cuda_hc(struct test_ctx *t) {
                       *dcc = dput(cc, sizeof(float) * (size_t)(n * hc * hc));
                 float *Xc = hpoison(n * len), *Xg = hpoison(n * len);
                 float *dXo = dpoison(sizeof(float) * (size_t)(n * len));
-                struct dsi_hc_post_args pa = {f, X, pc, cc, Xc, n, hc, D, rnd == 1};
+                struct dsi_hc_post_args pa = {f, X, pc, cc, Xc, n, hc, D, rnd == 1, false};
                 g_cpu->ops->hc_post(g_cpu, &pa);
-                pa = (struct dsi_hc_post_args){df, dX, dpc, dcc, dXo, n, hc, D, rnd == 1};
+                pa = (struct dsi_hc_post_args){df, dX, dpc, dcc, dXo, n, hc, D, rnd == 1, false};
                 g_gpu->ops->hc_post(g_gpu, &pa);
                 TEST_ASSERT(gsync("hc_post") == 0);
                 dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
@@ -494,9 +495,9 @@ int test_cuda_hc(struct test_ctx *t) {
               *dp = dput(post, sizeof(float) * (size_t)(n * hc)),
               *dc = dput(comb, sizeof(float) * (size_t)(n * hc * hc)),
               *dXo = dpoison(sizeof(float) * (size_t)(n * len));
-        struct dsi_hc_post_args pa = {f, X, post, comb, Xc, n, hc, D, c == 1};
+        struct dsi_hc_post_args pa = {f, X, post, comb, Xc, n, hc, D, c == 1, false};
         g_cpu->ops->hc_post(g_cpu, &pa);
-        pa = (struct dsi_hc_post_args){df, dX, dp, dc, dXo, n, hc, D, c == 1};
+        pa = (struct dsi_hc_post_args){df, dX, dp, dc, dXo, n, hc, D, c == 1, false};
         g_gpu->ops->hc_post(g_gpu, &pa);
         TEST_ASSERT(gsync("hc_post") == 0);
         dget(Xg, dXo, sizeof(float) * (size_t)(n * len));
@@ -513,5 +514,233 @@ int test_cuda_hc(struct test_ctx *t) {
         free(Xc);
         free(Xg);
     }
+    return 0;
+}
+
+/* ---- the residual streams in bf16
+ * ------------------------------------------------------------------------------------ */
+
+static uint16_t xb_bits(float x) { /* (rounded to nearest even; finite x) */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float xb_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* n random bf16 values (sd) as floats, their bits in *bits (the caller frees both) */
+static float *xb_rows(struct rng *r, int64_t n, float sd, uint16_t **bits) {
+    float *x = fnorm(r, n, sd);
+    uint16_t *b = malloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        b[i] = xb_bits(x[i]);
+        x[i] = xb_float(b[i]);
+    }
+    *bits = b;
+    return x;
+}
+
+/* n values of device memory d, bf16 (xb) or floats, as floats (the caller frees them) */
+static float *xb_get(const void *d, int64_t n, bool xb) {
+    float *x = hpoison(n);
+    if (!xb) {
+        dget(x, d, sizeof(float) * (size_t)n);
+        return x;
+    }
+    uint16_t *b = malloc(sizeof(uint16_t) * (size_t)n);
+    dget(b, d, sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = xb_float(b[i]);
+    free(b);
+    return x;
+}
+
+/* The outputs of the forward's two hc_pre calls (with the hc_post first, then alone on the
+ * streams it made) on backend be, streams X0 in bf16 (xb) or floats: o[0] the new streams, o[1..5]
+ * the first call's y, post, comb, z, zq, o[6..10] the second's (host floats, the caller frees). */
+static int xb_run(struct dsi_backend *be,
+                  const struct dsi_hc_pre_args *tmpl,
+                  const void *dX0,
+                  const float *df,
+                  const float *post,
+                  const float *comb,
+                  bool xb,
+                  float *o[11]) {
+    int64_t n = tmpl->n, D = tmpl->dim, hc = tmpl->hc, nx = n * hc * D, nz = n * D;
+    size_t es = xb ? 2 : 4;
+    void *dXo = dpoison(es * (size_t)nx);
+    float *d[2][5];
+    int64_t sz[5] = {nz, n * hc, n * hc * hc, nz, nz};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 5; i++)
+            d[k][i] = dpoison(sizeof(float) * (size_t)sz[i]);
+    dfree(d[0][1]);
+    dfree(d[0][2]);
+    d[0][1] = dput(post, sizeof(float) * (size_t)(n * hc)); /* (post_first's, read first) */
+    d[0][2] = dput(comb, sizeof(float) * (size_t)(n * hc * hc));
+    struct dsi_hc_post_args pa = {
+        df, (const float *)dX0, d[0][1], d[0][2], (float *)dXo, n, hc, D, true, xb};
+    int ok = gsync("xbf16 inputs") == 0;
+    for (int k = 0; k < 2; k++) {
+        struct dsi_hc_pre_args a = *tmpl;
+        a.X = (const float *)dXo;
+        a.y = d[k][0];
+        a.post = d[k][1];
+        a.comb = d[k][2];
+        a.z = d[k][3];
+        a.zq = d[k][4];
+        a.post_first = k == 0 ? &pa : NULL;
+        a.xbf16 = xb;
+        be->ops->hc_pre(be, &a);
+        ok = ok && gsync_on(be, k ? "hc_pre (streams in bf16?)" : "hc_pre with post_first") == 0;
+    }
+    o[0] = xb_get(dXo, nx, xb);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 5; i++) {
+            o[1 + 5 * k + i] = xb_get(d[k][i], sz[i], false);
+            dfree(d[k][i]);
+        }
+    dfree(dXo);
+    return ok;
+}
+
+/* The residual streams in bf16 (the ops' xbf16; DSI_CUDA_XBF16=1, step 52): each op that reads
+ * or writes them, on bf16 streams, against the same op of the same backend on floats of the same
+ * values, bit for bit (the same values through the same operations; only the loads and stores
+ * differ). The backends take the TF32 mix from 1 row and never k_hc_pre_one
+ * (DSI_CUDA_HC_TF_MIN=1, DSI_CUDA_HC_ONE=0), so the float runs take the kernels the bf16 ones
+ * do: the hc_post inside the mix (DSI_CUDA_HC_PTF=2, the default; 1; 3, which bf16 streams run
+ * as 2), k_hc_post's launch before k_hc_mix_tf (=0), the norm inside the finish
+ * (DSI_CUDA_HC_FIN_NORM=1). Then the embedding into bf16 streams and gather out of them. */
+int test_cuda_hc_xbf16(struct test_ctx *t) {
+    NEED_GPU();
+    struct rng r = rng_of(t, 11);
+    enum { NB = 5 };
+    const char *set[NB] = {"", ",DSI_CUDA_HC_PTF=1", ",DSI_CUDA_HC_PTF=3", ",DSI_CUDA_HC_PTF=0",
+                           ",DSI_CUDA_HC_FIN_NORM=1"};
+    struct dsi_backend *bes[NB];
+    for (int b = 0; b < NB; b++) {
+        char buf[160];
+        snprintf(buf, sizeof(buf), "DSI_CUDA_XBF16=1,DSI_CUDA_HC_TF_MIN=1,DSI_CUDA_HC_ONE=0%s",
+                 set[b]);
+        bes[b] = cuda_backend_with(buf);
+        TEST_ASSERT(bes[b] != NULL);
+    }
+    struct dsi_backend *be0 = bes[0];
+    TEST_ASSERT(be0->ops->xbf16_ok && be0->ops->xbf16_ok(be0, 1, 4, 4096));
+    TEST_ASSERT(!be0->ops->xbf16_ok(be0, 1, 4, 200)); /* (dim % 16) */
+    TEST_ASSERT(!be0->ops->xbf16_ok(be0, 1, 3, 4096));
+    const int64_t dims[] = {128, 4096}, ns[] = {1, 17, 40, 601};
+    const char *names[11] = {"streams", "y",        "post",     "comb",  "z",     "zq",
+                             "y (2)",   "post (2)", "comb (2)", "z (2)", "zq (2)"};
+    for (int di = 0; di < (tiny_only() ? 1 : 2); di++)
+        for (int ni = 0; ni < 4; ni++) {
+            int64_t D = dims[di], n = ns[ni], hc = 4, len = hc * D, mix = (2 + hc) * hc,
+                    nx = n * len, nz = n * D;
+            struct wt fn, base, scale, nw;
+            wt_make(&fn, &r, DSI_TYPE_F32, mix, len, 1.0f / sqrtf((float)len));
+            float *bv = fnorm(&r, mix, 0.5f), *wv = fnorm(&r, D, 0.2f), sv[3];
+            for (int i = 0; i < 3; i++)
+                sv[i] = 1.0f + 0.1f * rnorm(&r);
+            vec_make(&base, bv, mix, DSI_TYPE_F32);
+            vec_make(&scale, sv, 3, DSI_TYPE_F32);
+            vec_make(&nw, wv, D, DSI_TYPE_F32);
+            uint16_t *Xb;
+            float *X = xb_rows(&r, nx, 1.0f, &Xb);
+            float *f = fnorm(&r, nz, 1.0f), *post = fnorm(&r, n * hc, 1.0f),
+                  *comb = fnorm(&r, n * hc * hc, 0.5f);
+            float *dX = dput(X, sizeof(float) * (size_t)nx),
+                  *df = dput(f, sizeof(float) * (size_t)nz);
+            void *dXb = dput(Xb, sizeof(uint16_t) * (size_t)nx);
+            struct dsi_hc_pre_args tmpl = {.n = n,
+                                           .hc = hc,
+                                           .dim = D,
+                                           .fn = &fn.d,
+                                           .base = &base.d,
+                                           .scale = &scale.d,
+                                           .iters = 20,
+                                           .norm_eps = 1e-6f,
+                                           .hc_eps = 1e-6f,
+                                           .round_bf16 = true,
+                                           .fast = true,
+                                           .norm_w = &nw.d,
+                                           .z_eps = 1e-6f};
+            for (int b = 0; b < NB; b++) {
+                float *o[2][11];
+                TEST_ASSERT(xb_run(bes[b], &tmpl, dX, df, post, comb, false, o[0]));
+                TEST_ASSERT(xb_run(bes[b], &tmpl, dXb, df, post, comb, true, o[1]));
+                int64_t sz[11] = {nx, nz,     n * hc,      n * hc * hc, nz, nz,
+                                  nz, n * hc, n * hc * hc, nz,          nz};
+                for (int i = 0; i < 11; i++) {
+                    char what[96];
+                    snprintf(what, sizeof(what), "bf16 streams (%s, n %lld, D %lld): %s",
+                             set[b][0] ? set[b] + 1 : "default", (long long)n, (long long)D,
+                             names[i]);
+                    TEST_ASSERT(same(what, o[1][i], o[0][i], sizeof(float) * (size_t)sz[i]));
+                    free(o[0][i]);
+                    free(o[1][i]);
+                }
+            }
+            /* gather: rows 0 and n - 1 (twice) of the bf16 streams, widened */
+            int32_t idx[3] = {(int32_t)(n - 1), 0, (int32_t)(n - 1)};
+            int32_t *didx = dput(idx, sizeof(idx));
+            float *dg = dpoison(sizeof(float) * (size_t)(3 * len));
+            struct dsi_gather_args ga = {(const float *)dXb, didx, dg, 3, len, true};
+            be0->ops->gather(be0, &ga);
+            TEST_ASSERT(gsync_on(be0, "gather (bf16 rows)") == 0);
+            float *gg = xb_get(dg, 3 * len, false);
+            for (int i = 0; i < 3; i++)
+                TEST_ASSERT(same("gather (bf16 rows)", gg + i * len, X + idx[i] * len,
+                                 sizeof(float) * (size_t)len));
+            free(gg);
+            dfree(dg);
+            dfree(didx);
+            dfree(dX);
+            dfree(df);
+            dfree(dXb);
+            free(X);
+            free(Xb);
+            free(f);
+            free(post);
+            free(comb);
+            free(bv);
+            free(wv);
+            wt_free(&fn);
+            wt_free(&base);
+            wt_free(&scale);
+            wt_free(&nw);
+        }
+    /* the embedding into bf16 streams: 4 copies of BF16 rows, their bits */
+    {
+        struct wt tab;
+        int64_t D = 4096, n = 5, cp = 4, no = n * cp * D;
+        wt_make(&tab, &r, DSI_TYPE_BF16, 300, D, 1.0f);
+        int32_t tok[5] = {0, 299, 7, 7, 150};
+        int32_t *dtok = dput(tok, sizeof(tok));
+        float *df = dpoison(sizeof(float) * (size_t)no);
+        void *db = dpoison(sizeof(uint16_t) * (size_t)no);
+        struct dsi_embed_args ea = {&tab.d, dtok, n, cp, df, false};
+        be0->ops->embed(be0, &ea);
+        ea.out = db;
+        ea.xbf16 = true;
+        be0->ops->embed(be0, &ea);
+        TEST_ASSERT(gsync_on(be0, "embed (bf16 streams)") == 0);
+        float *of = xb_get(df, no, false), *ob = xb_get(db, no, true);
+        TEST_ASSERT(same("embed (bf16 streams)", ob, of, sizeof(float) * (size_t)no));
+        free(of);
+        free(ob);
+        dfree(dtok);
+        dfree(df);
+        dfree(db);
+        wt_free(&tab);
+    }
+    for (int b = 0; b < NB; b++)
+        bes[b]->ops->free(bes[b]);
     return 0;
 }

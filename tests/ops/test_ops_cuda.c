@@ -125,7 +125,7 @@ int test_cuda_small_ops(struct test_ctx *t) {
         float *oc = hpoison(no), *og = hpoison(no);
         int32_t *dtok = dput(tok, sizeof(tok));
         float *dout = dpoison(sizeof(float) * (size_t)no);
-        struct dsi_embed_args ea = {&tab.h, tok, n, cp, oc};
+        struct dsi_embed_args ea = {&tab.h, tok, n, cp, oc, false};
         g_cpu->ops->embed(g_cpu, &ea);
         ea.table = &tab.d;
         ea.tokens = dtok;
@@ -181,7 +181,7 @@ int test_cuda_small_ops(struct test_ctx *t) {
     float *dsrc = dput(src, sizeof(float) * (size_t)(ns * dim)),
           *ddst = dpoison(sizeof(float) * (size_t)(4 * dim));
     int32_t *didx = dput(idx, sizeof(idx));
-    struct dsi_gather_args ga = {src, idx, gc, 4, dim};
+    struct dsi_gather_args ga = {src, idx, gc, 4, dim, false};
     g_cpu->ops->gather(g_cpu, &ga);
     ga.src = dsrc;
     ga.idx = didx;

@@ -228,6 +228,9 @@ struct cu_ctx {
     /* the MoE block GEMMs' up epilogue (wg_finish: wg.cu, wgr.cu, wgq.cu): the gate's exp in
        single precision (DSI_CUDA_WG_EXP=1; step 51, off until measured: exp_nb's double) */
     bool wg_exp;
+    /* the residual streams in bf16 where the forward asks (cuda_xbf16_ok: DSI_CUDA_XBF16=1, from
+       the rows hc_pre's TF32 mix takes; step 52, off until measured) */
+    bool xbf16;
     void *tmap_encode;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,
        not yet run on a GPU) */

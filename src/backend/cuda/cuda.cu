@@ -411,6 +411,15 @@ void cu_fork_free(cudaStream_t *s, cudaEvent_t *fork, cudaEvent_t *join) {
     *fork = *join = NULL;
 }
 
+/* The ops' xbf16: the residual streams in bf16 (c->xbf16) for a step that hc_pre runs on the
+ * TF32 mix (hc_tf.cu's kernels, which with k_hc_post, hc_pre's finish, the embedding and gather
+ * are the ones that read or write the streams in bf16): hc = 4, dim % 16 == 0, from
+ * c->hc_tf_min rows (past k_hc_pre_one's; hc_pre skips it for bf16 streams anyway). */
+static bool cuda_xbf16_ok(struct dsi_backend *be, int64_t n, int64_t hc, int64_t dim) {
+    const struct cu_ctx *c = cu_ctx_of(be);
+    return c->xbf16 && hc == 4 && dim % 16 == 0 && c->hc_tf_min > 0 && n >= c->hc_tf_min;
+}
+
 static const struct dsi_backend_ops g_cuda_ops = {
     cuda_alloc,       cuda_mfree,       cuda_upload,    cuda_download,    cuda_import,
     cuda_sync,        cuda_reserve,     cuda_free,      cuda_gemm,        cuda_act_quant,
@@ -419,6 +428,7 @@ static const struct dsi_backend_ops g_cuda_ops = {
     cuda_indexer,     cuda_kv_store,    cuda_comp_ape,  cuda_compress,    cuda_comp_store,
     cuda_entry_store, cuda_gather,      cuda_moe_route, cuda_moe,         cuda_sample,
     cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset, cuda_prefetch,
+    cuda_xbf16_ok,
 };
 
 #define PROF_OP(op, T)                                                                             \
@@ -459,6 +469,7 @@ static const struct dsi_backend_ops g_cuda_prof_ops = {
     prof_indexer,     prof_kv_store,    prof_comp_ape,  prof_compress,    prof_comp_store,
     prof_entry_store, prof_gather,      prof_moe_route, prof_moe,         prof_sample,
     cuda_mem_info,    cuda_graph_begin, cuda_graph_end, cuda_graph_reset, cuda_prefetch,
+    cuda_xbf16_ok,
 };
 
 extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct dsi_err *err) {
@@ -669,6 +680,8 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
     c->wgr_sb = !(wrsb && *wrsb == '0');
     const char *wgx = getenv("DSI_CUDA_WG_EXP");
     c->wg_exp = wgx && *wgx == '1';
+    const char *xbf = getenv("DSI_CUDA_XBF16");
+    c->xbf16 = xbf && *xbf == '1';
     c->tmap_encode = NULL;
     if (c->wgr_tma) {
         cudaDriverEntryPointQueryResult q;

@@ -243,8 +243,9 @@ struct hc_norm_p {
 #define HC_CU(HM) (20 / (HM)) /* float4 columns per collapse thread in flight */
 
 /* The loads of one round of hc_collapse_norm's (a collapse thread's CU float4 columns from
- * e0 of each of the hc streams of X4, d4 float4 a stream; zeros past them). */
-template <int HM, bool CG>
+ * e0 of each of the hc streams of X4, d4 float4 a stream; zeros past them). XB: X4 holds bf16
+ * values (xs_ld4), 4 a column as before. */
+template <int HM, bool CG, bool XB = false>
 __device__ __forceinline__ void
 hc_collapse_load(const float4 *X4, int hc, int64_t d4, int64_t e0, float4 (&xv)[HC_CU(HM)][HM]) {
 #pragma unroll
@@ -252,8 +253,9 @@ hc_collapse_load(const float4 *X4, int hc, int64_t d4, int64_t e0, float4 (&xv)[
 #pragma unroll
         for (int k = 0; k < HM; k++) {
             int64_t e = e0 + (int64_t)u * HC_ONE_CW;
-            xv[u][k] = e < d4 && k < hc ? (CG ? __ldcg(X4 + k * d4 + e) : X4[k * d4 + e])
-                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xv[u][k] = e < d4 && k < hc ? xs_ld4 < XB,
+            CG ? XS_CG : 0 > ((const float *)X4, (k * d4 + e) * 4)
+                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 }
 
@@ -264,8 +266,8 @@ hc_collapse_load(const float4 *X4, int hc, int64_t d4, int64_t e0, float4 (&xv)[
  * equal but for the rare last-bit tie, as between the other kernels) and with nm.zq its act_quant
  * copy. red: CU_WARPS doubles of shared memory. Used by k_hc_pre_one and k_hc_pre_finish.
  * PRE: xpre holds the thread's first round of loads, made by the caller with hc_collapse_load
- * ahead of the work before (else null). */
-template <int HM, bool CG = false, bool PRE = false>
+ * ahead of the work before (else null). XB: Xr holds bf16 values (xs_at's pointer). */
+template <int HM, bool CG = false, bool PRE = false, bool XB = false>
 __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
                                                  const float *pre_s,
                                                  int hc,
@@ -292,7 +294,7 @@ __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
                 for (int k = 0; k < HM; k++)
                     xv[u][k] = xpre[u][k];
         } else {
-            hc_collapse_load<HM, CG>(X4, hc, d4, e0, xv);
+            hc_collapse_load<HM, CG, XB>(X4, hc, d4, e0, xv);
         }
 #pragma unroll
         for (int u = 0; u < CU; u++) {
@@ -351,8 +353,9 @@ __device__ __forceinline__ void hc_collapse_norm(const float *Xr,
  * output's nq values in chunk order (chunk_sum_staged, as k_gemm_reduce: the same bits) instead
  * of a reduce launch reading them before. With ssp (`fast` numerics, hc_tf.cu), cv holds
  * hc_mix_tf's nq split values in the same layout and ssp [nq][n] the splits' sums of squares,
- * added here in double: X is read once, by the collapse. The finish runs on CU_THREADS threads. */
-template <bool NORM>
+ * added here in double: X is read once, by the collapse. The finish runs on CU_THREADS threads.
+ * XB: X holds bf16 values (dsi_hc_pre_args.xbf16; only with ssp). */
+template <bool NORM, bool XB>
 __global__ void k_hc_pre_finish(const float *X,
                                 const float *mraw,
                                 const float *cv,
@@ -378,7 +381,7 @@ __global__ void k_hc_pre_finish(const float *X,
     __shared__ float M[HC_MAX * HC_MAX];
     __shared__ float mix_s[(2 + HC_MAX) * HC_MAX];
     int64_t r = blockIdx.x, len = hc * dim;
-    const float *Xr = X + r * len;
+    const float *Xr = xs_at<XB>(X, r * len);
     int n_mix = (2 + hc) * hc;
     const float *mr = mraw + r * n_mix;
     if (cv) { /* 32 outputs at a time, the block's warps staging their chunk values */
@@ -393,7 +396,7 @@ __global__ void k_hc_pre_finish(const float *X,
         mr = mix_s;
     }
     double ss = 0.0;
-    if (ssp) { /* hc_mix_tf's partial sums of squares, in split order (every thread) */
+    if (XB || ssp) { /* hc_mix_tf's partial sums of squares, in split order (every thread) */
         for (int64_t q = 0; q < nq; q++)
             ss += (double)__ldcg(ssp + q * n + r);
     } else if (len % 4 == 0 && (uintptr_t)Xr % 16 == 0) {
@@ -437,15 +440,17 @@ __global__ void k_hc_pre_finish(const float *X,
             struct hc_norm_p nr = {nm.nw, nm.eps, nm.z + r * dim,
                                    nm.zq ? nm.zq + r * dim : nullptr};
             if (hc == 4)
-                hc_collapse_norm<4>(Xr, pre_s, hc, dim, y + r * dim, nr, round, fin_sm, red);
+                hc_collapse_norm<4, false, false, XB>(Xr, pre_s, hc, dim, y + r * dim, nr, round,
+                                                      fin_sm, red);
             else
-                hc_collapse_norm<5>(Xr, pre_s, hc, dim, y + r * dim, nr, round, fin_sm, red);
+                hc_collapse_norm<5, false, false, XB>(Xr, pre_s, hc, dim, y + r * dim, nr, round,
+                                                      fin_sm, red);
             return;
         }
         int64_t part = (dim + gridDim.y - 1) / gridDim.y;
         int64_t d1 = (blockIdx.y + 1) * part < dim ? (blockIdx.y + 1) * part : dim;
         int first = lead ? tid - small : tid, step = lead ? blockDim.x - small : blockDim.x;
-        if (dim % 4 == 0 && part % 4 == 0 && (uintptr_t)Xr % 16 == 0 &&
+        if (dim % 4 == 0 && part % 4 == 0 && (uintptr_t)Xr % (XB ? 8 : 16) == 0 &&
             (uintptr_t)(y + r * dim) % 16 == 0) {
             /* four columns a thread: the hc float4 loads issued together (step 32: with the sum
                of squares from hc_mix_tf this is the one read of X, no longer an L2 hit after the
@@ -454,7 +459,7 @@ __global__ void k_hc_pre_finish(const float *X,
                 float4 xv[HC_MAX];
 #pragma unroll
                 for (int k = 0; k < HC_MAX; k++)
-                    xv[k] = k < hc ? __ldcs((const float4 *)(Xr + k * dim + d))
+                    xv[k] = k < hc ? xs_ld4<XB, XS_CS>(Xr, k * dim + d)
                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -474,7 +479,7 @@ __global__ void k_hc_pre_finish(const float *X,
             float xv[HC_MAX];
 #pragma unroll
             for (int k = 0; k < HC_MAX; k++)
-                xv[k] = k < hc ? Xr[k * dim + d] : 0.0f;
+                xv[k] = k < hc ? xs_ld1<XB>(Xr, k * dim + d) : 0.0f;
             float acc = 0.0f;
 #pragma unroll
             for (int k = 0; k < HC_MAX; k++)
@@ -803,7 +808,8 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         return;
     }
     bool normed = false;
-    if (hc_pre_one(be, a, &fn, &normed)) { /* (a->post_first in it, or before it) */
+    /* (bf16 streams: only the TF32 mix's kernels below read them) */
+    if (!a->xbf16 && hc_pre_one(be, a, &fn, &normed)) { /* (a->post_first in it, or before it) */
         if (!normed) hc_norm_after(be, a);
         return;
     }
@@ -827,11 +833,17 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
     }
     if (cv)
         ;
-    else if (tf && hc_mix_tf(c, &fn, (int)n_mix, a->X, a->n, len, &tcv, &ssp, &nq))
+    else if (tf && hc_mix_tf(c, &fn, (int)n_mix, a->X, a->xbf16, a->n, len, &tcv, &ssp, &nq))
         cv = tcv;
     else if (c->sticky)
         return;
-    else
+    else if (a->xbf16) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED,
+                "hc_pre: bf16 streams need the TF32 mix (fast numerics, %lld rows from "
+                "DSI_CUDA_HC_TF_MIN, fn F32, hc * dim %% 64 == 0)",
+                (long long)a->n);
+        return;
+    } else
         cv = hc_mix(c, &fn, (int)n_mix, a->X, a->n, len, mraw, c->hc_fuse, &nq);
     int pf = cu_prof_begin(c, "hc_pre.finish");
     /* blocks per row: about one wave over all rows (c->hc_split at most, DSI_CUDA_HC_SPLIT) */
@@ -845,10 +857,11 @@ extern "C" void cuda_hc_pre(struct dsi_backend *be, const struct dsi_hc_pre_args
         nm.z = a->z;
         nm.zq = a->zq;
     }
-    cu_launch(c, fused ? k_hc_pre_finish<true> : k_hc_pre_finish<false>, grid, CU_THREADS,
-              fused ? (size_t)a->dim * 4 : 0, a->X, mraw, cv, (const float *)ssp, nq, a->n, hc,
-              a->dim, cu_vec_of(a->base), cu_vec_of(a->scale), a->iters, a->norm_eps, a->hc_eps,
-              a->y, a->post, a->comb, a->round_bf16, nm);
+    auto fin = a->xbf16 ? (fused ? k_hc_pre_finish<true, true> : k_hc_pre_finish<false, true>)
+                        : (fused ? k_hc_pre_finish<true, false> : k_hc_pre_finish<false, false>);
+    cu_launch(c, fin, grid, CU_THREADS, fused ? (size_t)a->dim * 4 : 0, a->X, mraw, cv,
+              (const float *)ssp, nq, a->n, hc, a->dim, cu_vec_of(a->base), cu_vec_of(a->scale),
+              a->iters, a->norm_eps, a->hc_eps, a->y, a->post, a->comb, a->round_bf16, nm);
     cu_prof_end(c, pf);
     if (cu_check(c, "hc_pre") && !fused) hc_norm_after(be, a);
 }
@@ -867,10 +880,10 @@ static void hc_norm_after(struct dsi_backend *be, const struct dsi_hc_pre_args *
  * times the bytes in flight per thread (step 24: at batch 256 the scalar kernel moved ~1.3 TB/s).
  * No 64-bit divisions. */
 template <int V> struct hc_fv { float v[V]; };
-template <int V> __device__ __forceinline__ hc_fv<V> hc_ld(const float *p) {
+template <int V, bool XB = false> __device__ __forceinline__ hc_fv<V> hc_ld(const float *p) {
     hc_fv<V> r;
     if constexpr (V == 4) {
-        float4 q = *(const float4 *)p;
+        float4 q = xs_ld4<XB>(p, 0);
         r.v[0] = q.x;
         r.v[1] = q.y;
         r.v[2] = q.z;
@@ -882,7 +895,8 @@ template <int V> __device__ __forceinline__ hc_fv<V> hc_ld(const float *p) {
     }
     return r;
 }
-template <int HC, int V>
+/* XB (dsi_hc_post_args.xbf16; V = 4): X and Xo hold bf16 values */
+template <int HC, int V, bool XB>
 __global__ void k_hc_post(const float *f,
                           const float *X,
                           const float *post,
@@ -897,12 +911,13 @@ __global__ void k_hc_post(const float *f,
     int64_t d = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (d >= dim) return;
     for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
-        const float *Xr = X + r * hc * dim + d, *C = comb + r * hc * hc, *P = post + r * hc;
-        float *Or = Xo + r * hc * dim + d;
+        const float *Xr = xs_at<XB>(X, r * hc * dim + d), *C = comb + r * hc * hc,
+                    *P = post + r * hc;
+        float *Or = (float *)xs_at<XB>(Xo, r * hc * dim + d);
         hc_fv<V> x[HC_MAX];
 #pragma unroll
         for (int j = 0; j < HC_MAX; j++)
-            if (j < hc) x[j] = hc_ld<V>(Xr + j * dim);
+            if (j < hc) x[j] = hc_ld<V, XB>(xs_at<XB>(Xr, j * dim));
         hc_fv<V> fd = hc_ld<V>(f + r * dim + d);
 #pragma unroll
         for (int k = 0; k < HC_MAX; k++) {
@@ -917,7 +932,7 @@ __global__ void k_hc_post(const float *f,
                 o.v[i] = rbf(P[k] * fd.v[i] + acc, round);
             }
             if constexpr (V == 4)
-                *(float4 *)(Or + k * dim) = make_float4(o.v[0], o.v[1], o.v[2], o.v[3]);
+                xs_st4<XB>(Or, k * dim, make_float4(o.v[0], o.v[1], o.v[2], o.v[3]));
             else
                 Or[k * dim] = o.v[0];
         }
@@ -931,19 +946,29 @@ extern "C" void cuda_hc_post(struct dsi_backend *be, const struct dsi_hc_post_ar
         cu_fail(c, DSI_ERR_UNSUPPORTED, "hc_post: hc_mult %d (at most %d)", (int)a->hc, HC_MAX);
         return;
     }
-    bool v4 = a->dim % 4 == 0 && (uintptr_t)a->f % 16 == 0 && (uintptr_t)a->X % 16 == 0 &&
-              (uintptr_t)a->Xo % 16 == 0;
+    size_t xa = a->xbf16 ? 8 : 16; /* (the streams' alignment) */
+    bool v4 = a->dim % 4 == 0 && (uintptr_t)a->f % 16 == 0 && (uintptr_t)a->X % xa == 0 &&
+              (uintptr_t)a->Xo % xa == 0;
+    if (a->xbf16 && (!v4 || !a->round_bf16)) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED,
+                "hc_post: bf16 streams need dim %% 4 == 0, aligned rows and bf16 rounding");
+        return;
+    }
     dim3 grid((unsigned)cu_div_up(a->dim, v4 ? 1024 : 256),
               (unsigned)std::min<int64_t>(a->n, 65535));
-#define HC_POST(HC, V)                                                                             \
-    cu_launch(c, k_hc_post<HC, V>, grid, 256, 0, a->f, a->X, a->post, a->comb, a->Xo, a->n,        \
+#define HC_POST(HC, V, XB)                                                                         \
+    cu_launch(c, k_hc_post<HC, V, XB>, grid, 256, 0, a->f, a->X, a->post, a->comb, a->Xo, a->n,    \
               (int)a->hc, a->dim, a->round_bf16)
-    if (v4 && a->hc == 4)
-        HC_POST(4, 4);
+    if (a->xbf16 && a->hc == 4)
+        HC_POST(4, 4, true);
+    else if (a->xbf16)
+        HC_POST(0, 4, true);
+    else if (v4 && a->hc == 4)
+        HC_POST(4, 4, false);
     else if (v4)
-        HC_POST(0, 4);
+        HC_POST(0, 4, false);
     else
-        HC_POST(0, 1);
+        HC_POST(0, 1, false);
 #undef HC_POST
     cu_check(c, "hc_post");
 }

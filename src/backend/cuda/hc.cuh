@@ -10,6 +10,46 @@
 
 #define HC_MAX 8 /* streams; mix rows (2 + hc) * hc <= 80 */
 
+/* The residual streams X as floats, or (XB: dsi_hc_post_args.xbf16, c->xbf16) as bf16 values at
+ * the same address: the 4 values from element i (i % 4 == 0; 16-byte aligned floats, 8-byte
+ * aligned bf16) loaded as floats (CG: through L2 only, CS: streaming, else plain), and 4 floats
+ * stored. The bf16 store keeps the top 16 bits: exact for the bf16 values the streams hold
+ * (hc_post rounds them; the embedding's rows are bf16). */
+template <bool XB, int CO = 0> __device__ __forceinline__ float4 xs_ld4(const float *X, int64_t i) {
+    if constexpr (XB) {
+        const uint2 *p = (const uint2 *)((const uint16_t *)X + i);
+        uint2 u = CO == 1 ? __ldcg(p) : CO == 2 ? __ldcs(p) : *p;
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    } else {
+        const float4 *p = (const float4 *)(X + i);
+        return CO == 1 ? __ldcg(p) : CO == 2 ? __ldcs(p) : *p;
+    }
+}
+#define XS_CG 1
+#define XS_CS 2
+template <bool XB> __device__ __forceinline__ float xs_ld1(const float *X, int64_t i) {
+    if constexpr (XB)
+        return __uint_as_float((uint32_t)((const uint16_t *)X)[i] << 16);
+    else
+        return X[i];
+}
+/* X + i as a pointer (i in elements of X's type) */
+template <bool XB> __device__ __forceinline__ const float *xs_at(const float *X, int64_t i) {
+    if constexpr (XB)
+        return (const float *)((const uint16_t *)X + i);
+    else
+        return X + i;
+}
+template <bool XB> __device__ __forceinline__ void xs_st4(float *X, int64_t i, float4 v) {
+    if constexpr (XB)
+        *(uint2 *)((uint16_t *)X + i) =
+            make_uint2((__float_as_uint(v.x) >> 16) | (__float_as_uint(v.y) & 0xffff0000u),
+                       (__float_as_uint(v.z) >> 16) | (__float_as_uint(v.w) & 0xffff0000u));
+    else
+        *(float4 *)(X + i) = v;
+}
+
 /* hc_post's value of one element: Xo[k][d] from the streams' column x[j] = X[j][d], f[d] and
  * the row's comb column c[j] = comb[j][k] and post[k] (the CPU's operations in its order;
  * k_hc_post, k_hc_pre_one's fused hc_post and hc_tf.cu's k_hc_mix_tf_post, so the same bits) */
@@ -142,11 +182,13 @@ bool hc_pre_cl(struct cu_ctx *c, const struct dsi_hc_pre_args *a, const struct c
 /* fn[o] . X[r] for rows r < n of len floats and outputs o < n_mix <= 32 on the tensor cores
  * (3xTF32, `fast` numerics only), with each row's sum of squares, split along K into *S pieces:
  * *mixp = [S][n n_mix], *ssp = [S][n] (fp32 partial sums), both in CU_SCR_GEMM (valid until the
- * next op). false: not taken (shapes, alignment, fn not F32) or a launch failed (sticky). */
+ * next op). xbf16: X holds bf16 values (xs_ld4). false: not taken (shapes, alignment, fn not
+ * F32) or a launch failed (sticky). */
 bool hc_mix_tf(struct cu_ctx *c,
                const struct cu_w *fn,
                int n_mix,
                const float *X,
+               bool xbf16,
                int64_t n,
                int64_t len,
                float **mixp,
@@ -157,7 +199,7 @@ bool hc_mix_tf(struct cu_ctx *c,
  * with that hc_post in the same pass (k_hc_mix_tf_post: pa->Xo written, bit for bit k_hc_post's;
  * the mix and sums of squares as hc_mix_tf's, split along d, so not its bits). false: not taken
  * (hc != 4, dim % 16, alignment, fn not F32: the caller runs hc_post, then hc_mix_tf) or a
- * launch failed (sticky). */
+ * launch failed (sticky). With pa->xbf16 the streams in and out are bf16 (xs_ld4, xs_st4). */
 bool hc_mix_tf_post(struct cu_ctx *c,
                     const struct cu_w *fn,
                     int n_mix,

@@ -124,14 +124,14 @@ __device__ __forceinline__ void tf_out(
     }
 }
 
-/* NT: n8 tiles of outputs (n_mix <= 8 NT) */
-template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct tf_p p) {
+/* NT: n8 tiles of outputs (n_mix <= 8 NT); XB: X holds bf16 values (xs_ld4) */
+template <int NT, bool XB> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct tf_p p) {
     cu_pdl_enter();
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     int64_t r0 = (int64_t)blockIdx.x * TF_ROWS + 16 * w;
     int64_t ka = (int64_t)blockIdx.y * p.ks, kb = min(p.len, ka + p.ks);
     int64_t ra = min(r0 + g, p.n - 1), rb = min(r0 + g + 8, p.n - 1);
-    const float *xa = p.X + ra * p.len + 4 * t, *xb = p.X + rb * p.len + 4 * t;
+    int64_t xa = ra * p.len + 4 * t, xb = rb * p.len + 4 * t; /* (elements of X) */
     const float *fo[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -145,8 +145,8 @@ template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct 
         float4 va[TF_U], vb[TF_U], vf[TF_U][NT];
 #pragma unroll
         for (int u = 0; u < TF_U; u++) {
-            va[u] = __ldcs((const float4 *)(xa + k0 + 16 * u));
-            vb[u] = __ldcs((const float4 *)(xb + k0 + 16 * u));
+            va[u] = xs_ld4<XB, XS_CS>(p.X, xa + k0 + 16 * u);
+            vb[u] = xs_ld4<XB, XS_CS>(p.X, xb + k0 + 16 * u);
         }
 #pragma unroll
         for (int u = 0; u < TF_U; u++)
@@ -178,7 +178,8 @@ template <int NT> __global__ void __launch_bounds__(TF_T, 2) k_hc_mix_tf(struct 
  * rows); 2, 32 d a step; 3, a ring in shared memory filled by cp.async (step 47, the 8k
  * prefill: 2 -0.7 ms against the two kernels, 3 level at 632 us a call; batch 256 level). The rows'
  * comb columns and post stay in registers. Outputs as k_hc_mix_tf's (tf_out); the values are the
- * same sums in another order, so not its bits. */
+ * same sums in another order, so not its bits. XB: the streams in and out are bf16 values
+ * (xs_ld4, xs_st4; W 1 or 2: the ring's copies are float4). */
 struct tf_post {
     const float *X0, *f, *post, *comb; /* hc_post's inputs: the old streams [n][HC][dim], f
                                           [n][dim], post [n][HC], comb [n][HC][HC] */
@@ -194,9 +195,10 @@ struct tf_post {
 #define TF_SW   (16 * (TF_HC + 1) * 4)           /* W = 3: float4 a step a warp */
 #define TF_RING (TF_T / 32 * TF_NS * TF_SW * 16) /* W = 3: bytes of shared memory a block */
 
-template <int NT, int W>
+template <int NT, int W, bool XB>
 __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struct tf_post q) {
     constexpr int HC = TF_HC;
+    static_assert(!(XB && W == 3), "the ring copies floats");
     cu_pdl_enter();
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     int64_t r0 = (int64_t)blockIdx.x * TF_ROWS + 16 * w, dim = q.dim;
@@ -219,9 +221,9 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
             cb[k][j] = j < HC ? q.comb[rb * HC * HC + j * HC + k] : 0.0f;
         }
     }
-    const float *xa = q.X0 + ra * HC * dim + 4 * t, *xb = q.X0 + rb * HC * dim + 4 * t;
+    /* (the streams' offsets in elements, as X may hold bf16) */
+    int64_t xa = ra * HC * dim + 4 * t, xb = rb * HC * dim + 4 * t;
     const float *fa = q.f + ra * dim + 4 * t, *fb = q.f + rb * dim + 4 * t;
-    float *oa = q.Xo + ra * HC * dim + 4 * t, *ob = q.Xo + rb * HC * dim + 4 * t;
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -231,8 +233,8 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
     auto load = [&](int64_t d0, float4(&v)[2 * HC + 2]) {
 #pragma unroll
         for (int k = 0; k < HC; k++) {
-            v[k] = __ldcs((const float4 *)(xa + k * dim + d0));
-            v[HC + 1 + k] = __ldcs((const float4 *)(xb + k * dim + d0));
+            v[k] = xs_ld4<XB, XS_CS>(q.X0, xa + k * dim + d0);
+            v[HC + 1 + k] = xs_ld4<XB, XS_CS>(q.X0, xb + k * dim + d0);
         }
         v[HC] = __ldcs((const float4 *)(fa + d0));
         v[2 * HC + 1] = __ldcs((const float4 *)(fb + d0));
@@ -271,8 +273,8 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
                                 hc_post_val(cb[k], x2, pb[k], f.z, HC, q.round),
                                 hc_post_val(cb[k], x3, pb[k], f.w, HC, q.round));
             }
-            if (ga) *(float4 *)(oa + k * dim + d0) = a;
-            if (gb) *(float4 *)(ob + k * dim + d0) = b;
+            if (ga) xs_st4<XB>(q.Xo, xa + k * dim + d0, a);
+            if (gb) xs_st4<XB>(q.Xo, xb + k * dim + d0, b);
             tf_take<NT>(acc, sa, sb, a, b, vf[k]);
         }
     };
@@ -296,11 +298,12 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
             step(d0, v0);
             if (two) step(d0 + 16, v1);
         }
-    } else { /* W = 3: each warp's ring of TF_NS steps of 16 d in shared memory, filled by
-                cp.async TF_NS - 1 steps ahead, so the bytes in flight hold no registers. A
-                step's slot: float4 (row, array, part) at row (HC + 1) 4 + array 4 + part (rows
-                past n copy row n - 1); lane (g, t) reads its rows' parts t (conflict-free: the
-                rows' 80-word strides put a quarter warp's 8 float4 on distinct banks). */
+    } else if constexpr (W ==
+                         3) { /* W = 3: each warp's ring of TF_NS steps of 16 d in shared memory,
+           filled by cp.async TF_NS - 1 steps ahead, so the bytes in flight hold no registers. A
+           step's slot: float4 (row, array, part) at row (HC + 1) 4 + array 4 + part (rows
+           past n copy row n - 1); lane (g, t) reads its rows' parts t (conflict-free: the
+           rows' 80-word strides put a quarter warp's 8 float4 on distinct banks). */
         extern __shared__ float4 tf_sm[];
         constexpr int SW = TF_SW; /* float4 a step a warp */
         float4 *ring = tf_sm + (size_t)w * TF_NS * SW;
@@ -339,27 +342,34 @@ __global__ void __launch_bounds__(TF_T, 1) k_hc_mix_tf_post(struct tf_p p, struc
     tf_out<NT>(p, acc, sa, sb, r0, g, t);
 }
 
-/* k_hc_mix_tf_post<NT, q.w> (W = 3 with its ring's shared memory, the limit raised once) */
+/* k_hc_mix_tf_post<NT, q.w> (W = 3 with its ring's shared memory, the limit raised once; with
+   bf16 streams W = 2 in its place) */
 template <int NT>
-static void
-tf_launch_post(struct cu_ctx *c, dim3 grid, const struct tf_p &p, const struct tf_post &q) {
+static void tf_launch_post(
+    struct cu_ctx *c, dim3 grid, const struct tf_p &p, const struct tf_post &q, bool xb) {
     static bool done;
-    if (q.w == 3) {
-        if (smem_limit(c, k_hc_mix_tf_post<NT, 3>, TF_RING, &done, "hc mix with hc_post"))
-            cu_launch(c, k_hc_mix_tf_post<NT, 3>, grid, TF_T, TF_RING, p, q);
+    if (xb) {
+        if (q.w == 1)
+            cu_launch(c, k_hc_mix_tf_post<NT, 1, true>, grid, TF_T, 0, p, q);
+        else
+            cu_launch(c, k_hc_mix_tf_post<NT, 2, true>, grid, TF_T, 0, p, q);
+    } else if (q.w == 3) {
+        if (smem_limit(c, k_hc_mix_tf_post<NT, 3, false>, TF_RING, &done, "hc mix with hc_post"))
+            cu_launch(c, k_hc_mix_tf_post<NT, 3, false>, grid, TF_T, TF_RING, p, q);
     } else if (q.w == 2) {
-        cu_launch(c, k_hc_mix_tf_post<NT, 2>, grid, TF_T, 0, p, q);
+        cu_launch(c, k_hc_mix_tf_post<NT, 2, false>, grid, TF_T, 0, p, q);
     } else {
-        cu_launch(c, k_hc_mix_tf_post<NT, 1>, grid, TF_T, 0, p, q);
+        cu_launch(c, k_hc_mix_tf_post<NT, 1, false>, grid, TF_T, 0, p, q);
     }
 }
 
 /* The launch for split [S] of ks (k, or with q d) a block: the scratch for mixp and ssp, then
-   k_hc_mix_tf (q null) or k_hc_mix_tf_post. */
+   k_hc_mix_tf (q null) or k_hc_mix_tf_post; xb: bf16 streams. */
 static bool tf_run(struct cu_ctx *c,
                    const struct cu_w *fn,
                    int n_mix,
                    const float *X,
+                   bool xb,
                    int64_t n,
                    int64_t len,
                    int64_t rt,
@@ -381,9 +391,11 @@ static bool tf_run(struct cu_ctx *c,
 #define TF_LAUNCH(NT)                                                                              \
     do {                                                                                           \
         if (q)                                                                                     \
-            tf_launch_post<NT>(c, grid, p, *q);                                                    \
+            tf_launch_post<NT>(c, grid, p, *q, xb);                                                \
+        else if (xb)                                                                               \
+            cu_launch(c, k_hc_mix_tf<NT, true>, grid, TF_T, 0, p);                                 \
         else                                                                                       \
-            cu_launch(c, k_hc_mix_tf<NT>, grid, TF_T, 0, p);                                       \
+            cu_launch(c, k_hc_mix_tf<NT, false>, grid, TF_T, 0, p);                                \
     } while (0)
     if (nt == 1)
         TF_LAUNCH(1);
@@ -406,13 +418,15 @@ bool hc_mix_tf(struct cu_ctx *c,
                const struct cu_w *fn,
                int n_mix,
                const float *X,
+               bool xbf16,
                int64_t n,
                int64_t len,
                float **mixp,
                float **ssp,
                int64_t *S_out) {
     if (n <= 0 || n_mix < 1 || n_mix > 32 || len % TF_K || fn->type != DSI_TYPE_F32 ||
-        (uintptr_t)X % 16 || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 || fn->K < len)
+        (uintptr_t)X % (xbf16 ? 8 : 16) || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 ||
+        fn->K < len)
         return false;
     /* splits along K: at most two blocks per SM (two fit), one wave (step 32's first form
        rounded up: 320 blocks for 264 places at 8192 rows, a second wave a fifth full), in whole
@@ -421,7 +435,7 @@ bool hc_mix_tf(struct cu_ctx *c,
     int64_t S = std::max<int64_t>(1, std::min<int64_t>(pieces, 2 * c->n_sms / rt));
     int64_t ks = cu_div_up(pieces, S) * TF_K;
     S = cu_div_up(len, ks);
-    return tf_run(c, fn, n_mix, X, n, len, rt, ks, S, NULL, mixp, ssp, S_out);
+    return tf_run(c, fn, n_mix, X, xbf16, n, len, rt, ks, S, NULL, mixp, ssp, S_out);
 }
 
 bool hc_mix_tf_post(struct cu_ctx *c,
@@ -432,9 +446,10 @@ bool hc_mix_tf_post(struct cu_ctx *c,
                     float **ssp,
                     int64_t *S_out) {
     int64_t n = pa->n, dim = pa->dim, len = TF_HC * dim;
+    size_t xa = pa->xbf16 ? 8 : 16; /* (the streams' alignment) */
     if (n <= 0 || pa->hc != TF_HC || n_mix < 1 || n_mix > 32 || dim % 16 ||
-        fn->type != DSI_TYPE_F32 || (uintptr_t)pa->X % 16 || (uintptr_t)pa->f % 16 ||
-        (uintptr_t)pa->Xo % 16 || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 || fn->K < len)
+        fn->type != DSI_TYPE_F32 || (uintptr_t)pa->X % xa || (uintptr_t)pa->f % 16 ||
+        (uintptr_t)pa->Xo % xa || (uintptr_t)fn->data % 16 || fn->row_bytes % 16 || fn->K < len)
         return false;
     /* splits along d: one block per SM (its registers), one wave, in whole steps of 16 d */
     int64_t rt = cu_div_up(n, TF_ROWS), pieces = dim / 16;
@@ -442,5 +457,5 @@ bool hc_mix_tf_post(struct cu_ctx *c,
     int64_t ks = cu_div_up(pieces, S) * 16;
     S = cu_div_up(dim, ks);
     struct tf_post q = {pa->X, pa->f, pa->post, pa->comb, pa->Xo, dim, pa->round_bf16, c->hc_ptf};
-    return tf_run(c, fn, n_mix, pa->Xo, n, len, rt, ks, S, &q, mixp, ssp, S_out);
+    return tf_run(c, fn, n_mix, pa->Xo, pa->xbf16, n, len, rt, ks, S, &q, mixp, ssp, S_out);
 }

@@ -20,7 +20,9 @@ k_embed(struct cu_w tab, const int32_t *tokens, int64_t n, int64_t copies, float
 /* BF16 tables (the checkpoint's), D % 8 == 0, 16-byte aligned rows and output: a thread per 8
  * values of a row (one 16-byte load, two 16-byte stores per copy), rows in grid.y (strided past
  * 65535). No divisions: k_embed's two 64-bit ones per value made the 8k prefill's embed 746 us
- * for 134 MB written (step 24's profile; step 25). The same values (bf16 widened exactly). */
+ * for 134 MB written (step 24's profile; step 25). The same values (bf16 widened exactly), or
+ * (XB: dsi_embed_args.xbf16) the bf16 bytes themselves. */
+template <bool XB>
 __global__ void k_embed_bf16(const uint8_t *tab,
                              int64_t row_bytes,
                              const int32_t *tokens,
@@ -33,6 +35,12 @@ __global__ void k_embed_bf16(const uint8_t *tab,
     if (k >= D) return;
     for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
         uint4 u = *(const uint4 *)(tab + (int64_t)tokens[r] * row_bytes + k * 2);
+        if constexpr (XB) {
+            uint4 *o = (uint4 *)((uint16_t *)out + r * copies * D + k);
+            for (int cp = 0; cp < copies; cp++, o += D / 8)
+                *o = u;
+            continue;
+        }
         float4 lo = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                                 __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
         float4 hi = make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
@@ -49,11 +57,17 @@ extern "C" void cuda_embed(struct dsi_backend *be, const struct dsi_embed_args *
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->copies <= 0) return;
     struct cu_w w = cu_w_of(a->table);
-    if (w.type == DSI_TYPE_BF16 && w.K % 8 == 0 && w.row_bytes % 16 == 0 &&
-        (uintptr_t)w.data % 16 == 0 && (uintptr_t)a->out % 16 == 0 && a->copies <= INT32_MAX) {
+    bool v = w.type == DSI_TYPE_BF16 && w.K % 8 == 0 && w.row_bytes % 16 == 0 &&
+             (uintptr_t)w.data % 16 == 0 && (uintptr_t)a->out % 16 == 0 && a->copies <= INT32_MAX;
+    if (a->xbf16 && !v) {
+        cu_fail(c, DSI_ERR_UNSUPPORTED,
+                "embed: bf16 streams need a BF16 table with rows of 8k values, 16-byte aligned");
+        return;
+    }
+    if (v) {
         dim3 grid((unsigned)cu_div_up(w.K / 8, 128), (unsigned)std::min<int64_t>(a->n, 65535));
-        cu_launch(c, k_embed_bf16, grid, 128, 0, w.data, w.row_bytes, a->tokens, a->n,
-                  (int)a->copies, w.K, a->out);
+        cu_launch(c, a->xbf16 ? k_embed_bf16<true> : k_embed_bf16<false>, grid, 128, 0, w.data,
+                  w.row_bytes, a->tokens, a->n, (int)a->copies, w.K, a->out);
     } else {
         cu_launch(c, k_embed, GRID1(a->n * a->copies * w.K), w, a->tokens, a->n, a->copies, a->out);
     }
@@ -114,18 +128,21 @@ extern "C" void cuda_copy(struct dsi_backend *be, const struct dsi_copy_args *a)
     cu_check(c, "copy");
 }
 
+/* XB (dsi_gather_args.xbf16): src's rows hold bf16 values, widened */
+template <bool XB>
 __global__ void k_gather(const float *src, const int32_t *idx, float *dst, int64_t n, int64_t dim) {
     cu_pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * dim) return;
-    int64_t i = t / dim, d = t % dim;
-    dst[t] = src[(int64_t)idx[i] * dim + d];
+    int64_t i = t / dim, d = t % dim, e = (int64_t)idx[i] * dim + d;
+    dst[t] = XB ? __uint_as_float((uint32_t)((const uint16_t *)src)[e] << 16) : src[e];
 }
 
 extern "C" void cuda_gather(struct dsi_backend *be, const struct dsi_gather_args *a) {
     struct cu_ctx *c = cu_ctx_of(be);
     if (a->n <= 0 || a->dim <= 0) return;
-    cu_launch(c, k_gather, GRID1(a->n * a->dim), a->src, a->idx, a->dst, a->n, a->dim);
+    cu_launch(c, a->xbf16 ? k_gather<true> : k_gather<false>, GRID1(a->n * a->dim), a->src, a->idx,
+              a->dst, a->n, a->dim);
     cu_check(c, "gather");
 }
 
