@@ -24,28 +24,36 @@
 # (gpu_ktime.sh's KT_DETAIL, KT_DETAIL_SRC=1, the 8k prefill after one batch-1 decode step) on
 # each space-separated item REGEX[:SKIP[:COUNT]] (count default 1; REGEX without spaces: '.'
 # for one, e.g. 'k_wgr<.int.1,.*224' 'k_attn_fa<:8:2'), into $OUT/detail<i>/, with the settings
-# of PRE_DETAIL_ENV (comma-separated VAR=value, as a variant; none by default). PRE_OLD_PACK (a
-# second pack, e.g. build/pre/old.txz, carried too): variants "old" or "old,VAR=value,..." in
-# PRE_VARIANTS / PRE_CHUNK_VARIANTS run its dsinfer instead, for an A/B of changes without a
-# switch in one run. Usage (repository
+# of PRE_DETAIL_ENV (comma-separated VAR=value, as a variant; none by default). The pack's
+# dsinfer-old (`--pack OLD`), else PRE_OLD_PACK's (a second pack, e.g. build/pre/old.txz, carried
+# too): variants "old" or "old,VAR=value,..." in PRE_VARIANTS / PRE_CHUNK_VARIANTS run it instead,
+# for an A/B of changes without a switch in one run. Usage (repository
 # root, on the GPU machine):
 #   OUT=$OUT PRE_VARIANTS="base DSI_CUDA_WG_Q8=1" PRE_DEADLINE=540 bash tests/ops/gpu_pre.sh
 set -u
-# --pack: build/pre/pre.txz from build/cuda; --pack-old DIR: build/pre/old.txz, the dsinfer of
-# another build (DIR/build/cuda/dsinfer: a worktree of an older commit) for PRE_OLD_PACK. xz -9e
-# (a 64 MB dictionary): the two binaries share their CUDA code, so both together are ~12 MB
-# instead of ~23 MB with the default level, which leaves room under the device's 64 MiB for an
-# old pack (~12 MB) beside the tracked tree (~41 MB; step 51). ~2 minutes each.
+# --pack [OLD]: build/pre/pre.txz from build/cuda, with OLD (another build's dsinfer, e.g. a
+# worktree of an older commit's build/cuda/dsinfer) as dsinfer-old, which the variants named
+# "old" run; --pack-old DIR: build/pre/old.txz, DIR/build/cuda/dsinfer alone, for PRE_OLD_PACK.
+# xz -9e with a 192 MiB dictionary: the binaries (~54 MB each) share their CUDA code, so all three
+# are ~21 MB (step 52) against ~25 MB as two packs, under the device's 64 MiB beside the tracked
+# tree (~41 MB). ~2-3 minutes.
 if [ "${1:-}" = --pack ] || [ "${1:-}" = --pack-old ]; then
     rm -rf build/pre/x && mkdir -p build/pre/x || exit 1
     if [ "$1" = --pack ]; then
         src=build/cuda files="dsinfer dsinfer-test" dst=build/pre/pre.txz
+        if [ -n "${2:-}" ]; then
+            strip -o build/pre/x/dsinfer-old "$2" || exit 1
+            files="dsinfer dsinfer-old dsinfer-test"
+        fi
     else
         src=${2:?usage: gpu_pre.sh --pack-old DIR}/build/cuda files=dsinfer dst=build/pre/old.txz
     fi
-    for f in $files; do strip -o "build/pre/x/$f" "$src/$f" || exit 1; done
+    for f in $files; do
+        [ "$f" = dsinfer-old ] || strip -o "build/pre/x/$f" "$src/$f" || exit 1
+    done
     # shellcheck disable=SC2086 # (the names, split)
-    tar cf - -C build/pre/x $files | xz -9e -T1 >"$dst" && rm -rf build/pre/x && ls -la "$dst"
+    tar cf - -C build/pre/x $files | xz --lzma2=preset=9e,dict=192MiB -T1 >"$dst" &&
+        rm -rf build/pre/x && ls -la "$dst"
     exit $?
 fi
 OUT=${OUT:-/tmp/dsinfer-gpu-out}
@@ -57,8 +65,14 @@ log "binaries unpacked"
 if [ -n "${PRE_OLD_PACK:-}" ]; then
     mkdir -p build/old && tar xJf "$PRE_OLD_PACK" -C build/old && log "old binaries unpacked"
 fi
-# bin_of V: the dsinfer of variant V; envs_of V: its settings (into the array envs)
-bin_of() { case "$1" in old | old,*) echo build/old/dsinfer ;; *) echo build/cuda/dsinfer ;; esac; }
+# bin_of V: the dsinfer of variant V (old: the pack's dsinfer-old, else PRE_OLD_PACK's); envs_of
+# V: its settings (into the array envs)
+bin_of() {
+    case "$1" in
+    old | old,*) if [ -x build/cuda/dsinfer-old ]; then echo build/cuda/dsinfer-old; else echo build/old/dsinfer; fi ;;
+    *) echo build/cuda/dsinfer ;;
+    esac
+}
 envs_of() {
     envs=()
     local v=${1#old}
