@@ -248,17 +248,17 @@ static int model_case(struct test_ctx *t, const char *name, bool fast_check) {
             }
             if (!getenv("DSI_CUDA_XBF16") && !getenv("DSI_CUDA_HC_TF_MIN") &&
                 !getenv("DSI_CUDA_HC_ONE")) {
-                /* the residual streams in bf16 (DSI_CUDA_XBF16=1, step 52; their values are
-                   bf16) change no `fast` logit: whole and token by token, against the same
-                   kernels on float streams (both from 1 row on the TF32 mix, without
-                   k_hc_pre_one: DSI_CUDA_HC_TF_MIN=1, DSI_CUDA_HC_ONE=0) */
+                /* the residual streams in bf16 (step 52; on by default from 128 rows; their
+                   values are bf16) change no `fast` logit: whole and token by token, against the
+                   same kernels on float streams (DSI_CUDA_XBF16=0; both from 1 row on the TF32
+                   mix, without k_hc_pre_one: DSI_CUDA_HC_TF_MIN=1, DSI_CUDA_HC_ONE=0) */
                 float *o2 = malloc(sizeof(float) * (size_t)n);
                 TEST_ASSERT(o2 != NULL);
                 setenv("DSI_CUDA_HC_TF_MIN", "1", 1);
                 setenv("DSI_CUDA_HC_ONE", "0", 1);
                 bool same[2];
                 for (int ch = 0; ch < 2; ch++) {
-                    unsetenv("DSI_CUDA_XBF16");
+                    setenv("DSI_CUDA_XBF16", "0", 1);
                     int r1 = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, ch, &ps, o, NULL);
                     setenv("DSI_CUDA_XBF16", "1", 1);
                     int r2 = engine_logits(model, "cuda", DSI_OPT_NUMERICS_FAST, ch, &ps, o2, NULL);

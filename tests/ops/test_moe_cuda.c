@@ -389,9 +389,9 @@ int test_cuda_moe_fast(struct test_ctx *t) {
        each thread's cp.async copies, DSI_CUDA_WGR_TMA=0, also with blocks of 256 rows); the
        routed blocks as wide as the mean rows an expert plus two standard deviations (step 48;
        the default from step 49, so the cases run once more with the widths before it,
-       DSI_CUDA_WG_BN_FIT=0); the TMA blocks' warpgroups without a barrier a step
-       (DSI_CUDA_WGR_DEC=1, step 50; 3 stages at 224 rows, 4 at 192); the up projection's gate
-       exp in single precision (DSI_CUDA_WG_EXP=1, step 51; on wgr.cu's blocks and on wg.cu's);
+       DSI_CUDA_WG_BN_FIT=0); the up projection's gate exp in double precision, exp_nb
+       (DSI_CUDA_WG_EXP=0; single precision by default since step 52; on wgr.cu's blocks and on
+       wg.cu's);
        wgq.cu's FP8 tensor cores on act_quant's codes (DSI_CUDA_WG_Q8=1, its DYN and full-width
        blocks of 64 and 128 rows, FP4 and FP8 experts, the shared expert from 512 rows; and from
        3 rows with the routed tiles there from 1 row per expert, DSI_CUDA_WGQ_MIN=1, blocks of
@@ -430,10 +430,8 @@ int test_cuda_moe_fast(struct test_ctx *t) {
                  {"DSI_CUDA_WGR_TMA=0", 40, INT64_MAX},
                  {"DSI_CUDA_WGR_TMA=0,DSI_CUDA_WG_BN=256", 40, INT64_MAX},
                  {"DSI_CUDA_WG_BN_FIT=0", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_DEC=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WGR_DEC=1,DSI_CUDA_WG_BN=192", 40, INT64_MAX},
-                 {"DSI_CUDA_WG_EXP=1", 40, INT64_MAX},
-                 {"DSI_CUDA_WG_EXP=1,DSI_CUDA_WG_RS=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_EXP=0", 40, INT64_MAX},
+                 {"DSI_CUDA_WG_EXP=0,DSI_CUDA_WG_RS=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_DYN=0", 40, INT64_MAX},
                  {"DSI_CUDA_WG_Q8=1,DSI_CUDA_WG_BN=64", 40, INT64_MAX},

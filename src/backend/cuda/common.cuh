@@ -218,18 +218,15 @@ struct cu_ctx {
        DSI_CUDA_WGR_TMA=0: each thread's cp.async copies); tmap_encode: the driver's
        cuTensorMapEncodeTiled (from the runtime's entry point at creation; NULL: wgr_tma is off) */
     bool wgr_tma;
-    /* wgr.cu's TMA blocks with their warpgroups not meeting at a block barrier each step: a
-       stage's reuse ordered by an mbarrier (DSI_CUDA_WGR_DEC=1; step 50, off until measured) */
-    bool wgr_dec;
     /* wgr.cu's MoE blocks (routed or shared) without the large-scale decode path where every
        scale byte of their weights is within the short path's (cu_moe_table's sb_max and
        sb_max_sh; DSI_CUDA_WGR_SB=0: always the checked kernels; step 51, not yet run on a GPU) */
     bool wgr_sb;
     /* the MoE block GEMMs' up epilogue (wg_finish: wg.cu, wgr.cu, wgq.cu): the gate's exp in
-       single precision (DSI_CUDA_WG_EXP=1; step 51, off until measured: exp_nb's double) */
+       single precision (step 51; on since step 52; DSI_CUDA_WG_EXP=0: exp_nb's double) */
     bool wg_exp;
-    /* the residual streams in bf16 where the forward asks (cuda_xbf16_ok: DSI_CUDA_XBF16=1, from
-       the rows hc_pre's TF32 mix takes; step 52, off until measured) */
+    /* the residual streams in bf16 where the forward asks (cuda_xbf16_ok: from the rows hc_pre's
+       TF32 mix takes; step 52, on; DSI_CUDA_XBF16=0: floats) */
     bool xbf16;
     void *tmap_encode;
     /* the MoE's block GEMMs on the FP8 tensor cores (wgq.cu, DSI_CUDA_WG_Q8=1; off: step 28's,

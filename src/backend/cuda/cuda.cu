@@ -672,16 +672,16 @@ extern "C" int dsi_backend_cuda_new(struct dsi_backend **out, int device, struct
        DSI_CUDA_WGR_TMA=0, or where the driver lacks cuTensorMapEncodeTiled) */
     const char *wt = getenv("DSI_CUDA_WGR_TMA");
     c->wgr_tma = !(wt && *wt == '0');
-    const char *wdec = getenv("DSI_CUDA_WGR_DEC");
-    c->wgr_dec = wdec && *wdec == '1';
     /* wgr.cu's routed blocks without the scale tests where cu_moe_table found none needed
        (step 51; DSI_CUDA_WGR_SB=0: the checked kernels) */
     const char *wrsb = getenv("DSI_CUDA_WGR_SB");
     c->wgr_sb = !(wrsb && *wrsb == '0');
+    /* (step 52: the 8k prefill -0.8 ms with it; DSI_CUDA_WG_EXP=0: exp_nb's double) */
     const char *wgx = getenv("DSI_CUDA_WG_EXP");
-    c->wg_exp = wgx && *wgx == '1';
+    c->wg_exp = !(wgx && *wgx == '0');
+    /* (step 52: the 8k prefill -1.15 ms with it; DSI_CUDA_XBF16=0: the streams in floats) */
     const char *xbf = getenv("DSI_CUDA_XBF16");
-    c->xbf16 = xbf && *xbf == '1';
+    c->xbf16 = !(xbf && *xbf == '0');
     c->tmap_encode = NULL;
     if (c->wgr_tma) {
         cudaDriverEntryPointQueryResult q;

@@ -90,29 +90,15 @@ wr_mma_group(float (&d)[BN / 2], int nsel, const uint32_t (&a)[4][4], uint32_t d
  * own cp.async copies. The tile's rows are consecutive positions from opos[0]; the rows past the
  * tile (DYN: its wgmma do not read them; else their outputs are dropped) are whatever follows,
  * zeros past the end. */
-/*
- * DEC (c->wgr_dec, DSI_CUDA_WGR_DEC=1; step 50, off until measured; TMA only): the two warpgroups
- * do not meet at a block barrier every step, so that one's decode can run under the other's
- * wgmma (the tensor cores are busy ~55% of a step at the 8k prefill; but step 49's source
- * counters put only 3.9% of the warps' samples on that barrier: each warp's ~551 instructions a
- * step, latency-bound, are the step). A stage's reuse is ordered by a second mbarrier a stage
- * (ebar, 8 arrivals: lane 0 of every warp once the wgmma that read the stage are done, i.e.
- * after the first wait of the next step), on which thread 0 waits before it copies into that
- * stage. The copy of step t into stage t % WR_ST waits for the use of step
- * t - WR_ST (WR_ST - WR_AH = 2 steps back), so a warp cannot arrive for a stage's next use
- * before every warp has arrived for its current one, and no full barrier runs two phases past
- * a waiting warp.
- */
 /* SB (c->wgr_sb, step 51; the MoE's TMA blocks, routed or shared, where cu_moe_table found
  * every scale byte of their weights within tc_decode_w's short path): the decodes without the
  * scale test and the large-scale path (~110 instructions a call inline at 224 rows: of the ~2000
  * of the K loop's code, ~900 never run, and 4 tests and branches a step). */
-template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool DEC = false, bool SB = false>
+template <int MODE, int WT, int BN, bool DYN, bool TMA = false, bool SB = false>
 __global__ void __launch_bounds__(WR_T, 1)
     k_wgr(struct tc_p p, const __grid_constant__ CUtensorMap tm) {
 #ifdef WG_HAVE
-    static_assert(!DEC || TMA, "DEC: the TMA copies' barriers");
-    static_assert(wr_st(BN) - wr_ah(BN) == 2, "DEC: a stage refilled for the use 2 steps on");
+    static_assert(wr_st(BN) - wr_ah(BN) == 2, "step's refilled stage: (s + WR_AH) % WR_ST");
     cu_pdl_enter();
     constexpr int XC = BN * 16 / WR_T; /* 16-byte activation chunks per thread and step */
     /* FP4's rare large-scale decode out of line (tc_decode_w) up to 192 rows: wider blocks then
@@ -127,9 +113,8 @@ __global__ void __launch_bounds__(WR_T, 1)
        shared window's special register every step) */
     const uint32_t base = wg_held((smem_u32(wr_smem) + 1023u) & ~1023u);
     __shared__ const uint16_t *xrow[BN];
-    __shared__ int64_t opos[BN];            /* h / out position of the row; -1: none */
-    __shared__ alignas(8) uint64_t bar[4];  /* TMA: a stage's copies */
-    __shared__ alignas(8) uint64_t ebar[4]; /* DEC: a stage's use done by every warp */
+    __shared__ int64_t opos[BN];           /* h / out position of the row; -1: none */
+    __shared__ alignas(8) uint64_t bar[4]; /* TMA: a stage's copies */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2, w4 = warp & 3;
     int g = lane >> 2, t4 = lane & 3;
 
@@ -140,10 +125,8 @@ __global__ void __launch_bounds__(WR_T, 1)
     static_assert(!TMA || MODE != TC_DENSE, "TMA: the MoE's copies by position");
     if (TMA && tid == 0) {
 #pragma unroll
-        for (int i = 0; i < WR_ST; i++) {
+        for (int i = 0; i < WR_ST; i++)
             mbar_init(smem_u32(&bar[i]), 1);
-            if (DEC) mbar_init(smem_u32(&ebar[i]), WR_T / 32);
-        }
         mbar_fence_init();
     }
     /* this thread's weight rows: A rows g (h = 0) and g + 8 (h = 1) of its warp */
@@ -178,16 +161,13 @@ __global__ void __launch_bounds__(WR_T, 1)
     bool live = true;                        /* TMA: no wait has failed (mbar_wait) */
     /* the barriers' shared addresses, once (step 51: each smem_u32 of bar[i] in the loop was a
        special-register read and two address instructions) */
-    const uint32_t bar0 = wg_held(smem_u32(&bar[0])), ebar0 = wg_held(smem_u32(&ebar[0]));
+    const uint32_t bar0 = wg_held(smem_u32(&bar[0]));
     /* step s's tile into stage st = s % WR_ST */
     auto load_x = [&](uint32_t s, uint32_t st) {
         if (TMA) {
             if (tid == 0 && s < steps) {
                 uint32_t B = base + st * STAGE;
                 uint32_t mb = bar0 + 8u * st;
-                /* DEC: the stage's use by step s - WR_ST (use s / WR_ST - 1) done by every warp */
-                if (DEC && s >= WR_ST)
-                    live = live && mbar_wait(ebar0 + 8u * st, (s / WR_ST - 1) & 1u, 1u << 24);
                 mbar_expect(mb, STAGE);
                 tma_load_2d(B, &tm, (int)(s * WR_BK), row0, mb);
                 tma_load_2d(B + SUB, &tm, (int)(s * WR_BK + 64), row0, mb);
@@ -237,7 +217,7 @@ __global__ void __launch_bounds__(WR_T, 1)
            wgmma's reads, and its barrier's phase orders them (step 51: the fence was a
            MEMBAR.ALL.CTA a step) */
         if (!TMA) wg_fence_smem();
-        if (!DEC) __syncthreads();
+        __syncthreads();
         /* (s + WR_AH) % WR_ST, WR_AH = WR_ST - 2 */
         load_x(s + WR_AH, stg >= 2u ? stg - 2u : stg + (uint32_t)WR_AH);
         struct tc_wraw k0 = w[0], k1 = w[1];
@@ -247,8 +227,6 @@ __global__ void __launch_bounds__(WR_T, 1)
         frag(d0, d1, a);
         wr_mma_group<BN>(acc, nv >> 5, a, wg_desc_lo(b0));
         wg_wait<1>();
-        /* DEC: every wgmma of step s - 1 done (the wait leaves only this step's first group) */
-        if (DEC && lane == 0 && s >= 1) mbar_arrive(ebar0 + 8u * (stg > 0 ? stg - 1u : WR_ST - 1u));
         tc_decode_w<WT, 2, 2, OUTL, SB>(k0, vr0, e0);
         tc_decode_w<WT, 2, 2, OUTL, SB>(k1, vr1, e1);
         frag(e0, e1, a);
@@ -275,16 +253,16 @@ __global__ void __launch_bounds__(WR_T, 1)
 /* A kernel parameter for the kernels without TMA. */
 static const CUtensorMap wr_no_map = {};
 
-/* k_wgr<MODE, WT, BN, D, T, DEC, SB>'s launch (its dynamic shared memory raised once per
+/* k_wgr<MODE, WT, BN, D, T, SB>'s launch (its dynamic shared memory raised once per
  * instance; tm: T's tensor map) */
-template <int MODE, int WT, int BN, bool D, bool T = false, bool DEC = false, bool SB = false>
+template <int MODE, int WT, int BN, bool D, bool T = false, bool SB = false>
 static bool wr_launch1(struct cu_ctx *c, const struct tc_p *p, dim3 grid, const CUtensorMap *tm) {
     static bool smem_done = false;
     size_t sm = wr_smem_bytes(BN);
-    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, DEC, SB>, sm, &smem_done,
+    if (!smem_limit(c, k_wgr<MODE, WT, BN, D, T, SB>, sm, &smem_done,
                     "wgmma, weights in registers"))
         return false;
-    cu_launch(c, k_wgr<MODE, WT, BN, D, T, DEC, SB>, grid, WR_T, sm, *p, *tm);
+    cu_launch(c, k_wgr<MODE, WT, BN, D, T, SB>, grid, WR_T, sm, *p, *tm);
     return cu_check(c, MODE == TC_DENSE ? "gemm (wgmma, weights in registers)"
                                         : "moe (wgmma, weights in registers)");
 }
@@ -295,9 +273,8 @@ static bool
 wr_launch(struct cu_ctx *c, const struct tc_p *p, bool dyn, dim3 grid, const CUtensorMap *tm) {
     if constexpr (MODE != TC_DENSE) {
         if (dyn && tm) {
-            if (c->wgr_dec) return wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm);
             if (c->wgr_sb && p->m.sb_max <= tc_sb_short(WT))
-                return wr_launch1<MODE, WT, BN, true, true, false, true>(c, p, grid, tm);
+                return wr_launch1<MODE, WT, BN, true, true, true>(c, p, grid, tm);
             return wr_launch1<MODE, WT, BN, true, true>(c, p, grid, tm);
         }
         if (dyn) return wr_launch1<MODE, WT, BN, true>(c, p, grid, &wr_no_map);
