@@ -248,14 +248,14 @@ struct hc_norm_p {
 template <int HM, bool CG, bool XB = false>
 __device__ __forceinline__ void
 hc_collapse_load(const float4 *X4, int hc, int64_t d4, int64_t e0, float4 (&xv)[HC_CU(HM)][HM]) {
+    constexpr int CO = CG ? XS_CG : 0;
 #pragma unroll
     for (int u = 0; u < HC_CU(HM); u++)
 #pragma unroll
         for (int k = 0; k < HM; k++) {
             int64_t e = e0 + (int64_t)u * HC_ONE_CW;
-            xv[u][k] = e < d4 && k < hc ? xs_ld4 < XB,
-            CG ? XS_CG : 0 > ((const float *)X4, (k * d4 + e) * 4)
-                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xv[u][k] = e < d4 && k < hc ? xs_ld4<XB, CO>((const float *)X4, (k * d4 + e) * 4)
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 }
 
